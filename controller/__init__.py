@@ -1,0 +1,1 @@
+"""Controller: P4Runtime driver, reuse-value policy, simulator and daemons."""

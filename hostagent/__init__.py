@@ -1,0 +1,1 @@
+"""Host agent: KV tensors to kvpool packets and back, on inference nodes and holders."""

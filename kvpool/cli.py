@@ -1,0 +1,44 @@
+"""``kvpool``: the umbrella command (``kvpool sim``, ``kvpool demo``, ...).
+
+Each subcommand lives in the module that owns it and exposes two functions,
+``add_arguments(parser)`` and ``run(args) -> int``; this file only maps names to modules,
+imported lazily so ``kvpool --help`` does not pay for torch or Mininet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("controller.sim.cli", "replay a prefix-reuse trace over a modelled cluster"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool`` argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(prog="kvpool", description="In-network KV-cache pool for LLM inference.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvpool`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._module.run(args))
+    except KeyboardInterrupt:
+        print("kvpool: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run every check: ruff, mypy, then the test suite.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k wire`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+VENV=${KVPOOL_VENV:-.venv}
+echo "[test] ruff"; "$VENV/bin/ruff" check .
+echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller
+echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"
