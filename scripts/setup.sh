@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KVPOOL_VENV:-.venv}
-APT_PACKAGES=(mininet iproute2 iputils-ping ethtool libibverbs1 tcpdump python3-venv)
+APT_PACKAGES=(mininet iproute2 iputils-ping ethtool libibverbs1 libcurl4 libnuma1 tcpdump python3-venv)
 
 say() { printf '[setup] %s\n' "$*"; }
 
