@@ -1,0 +1,1 @@
+"""Emulation topologies (JSON data + generators) and the Mininet builder for either target."""
