@@ -1,0 +1,332 @@
+"""Serialized chunks to kvpool DATA records and back, vectorised over whole chunks.
+
+A chunk of ``chunk_len`` bytes becomes ``wire.fragment_count(chunk_len)`` DATA datagrams,
+each exactly ``wire.DATA_DATAGRAM_LEN`` bytes (32-byte header + ``FRAG_PAYLOAD`` bytes of
+payload, the last one zero-padded).  Both directions work on numpy arrays of
+``wire.DATA_PACKET_DTYPE`` records laid end to end, so a transport can hand the array's
+buffer to ``sendmmsg`` / receive into one and no Python object is created per packet:
+
+* ``fragment`` / ``fragment_into`` fill the records' headers with a few array-wide
+  assignments and copy the payload with one reshape-copy.
+* ``Reassembler.add_batch`` validates a whole array of received records with array-wide
+  comparisons, drops duplicates, and scatters the payloads into a preallocated buffer;
+  ``Reassembler.add`` does the same for one datagram (control path, tests).
+
+The reassembler never writes outside its buffer and never stores any part of a
+fragment that failed validation; content integrity is the serialization checksum's job
+(``hostagent.serialize``), checked once the chunk is complete.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool import wire
+
+BufferLike = bytes | bytearray | memoryview | npt.NDArray[np.uint8]
+"""Anything exposing the buffer protocol as contiguous bytes."""
+
+_HEADER_WORDS: Final = wire.HEADER_LEN // 8
+_RECORD_WORDS: Final = wire.DATA_DATAGRAM_LEN // 8
+assert wire.DATA_DATAGRAM_LEN % 8 == 0 and wire.HEADER_LEN % 8 == 0
+
+
+def _as_u8(data: BufferLike) -> npt.NDArray[np.uint8]:
+    """A flat uint8 view of ``data`` without copying (read-only if the source is)."""
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim != 1:
+            data = data.reshape(-1).view(np.uint8)
+        return data
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _fragment_range(chunk_len: int, first: int, count: int | None) -> tuple[int, int]:
+    """Total fragments of the chunk and the number selected; validates the range."""
+    total = wire.fragment_count(chunk_len)
+    if count is None:
+        count = total - first
+    if first < 0 or count <= 0 or first + count > total:
+        raise wire.WireError("bad_range", f"fragments {first}+{count} of a {total}-fragment chunk")
+    return total, count
+
+
+def _check_header_values(chunk_key: int, generation: int, request_id: int, flags: int) -> None:
+    """Reject header values that do not fit their fields before any record is written."""
+    for name, value in (("chunk_key", chunk_key), ("generation", generation),
+                        ("request_id", request_id), ("flags", flags)):
+        field = wire.FIELD_BY_NAME[name]
+        if not 0 <= value <= field.max:
+            raise wire.WireError("out_of_range", f"{name}={value} outside 0..{field.max}")
+    if flags & ~wire.KNOWN_FLAGS:
+        raise wire.WireError("bad_flags", f"unknown flag bits {flags & ~wire.KNOWN_FLAGS:#x}")
+
+
+def _template_header(chunk_key: int, frag_count: int, chunk_len: int, generation: int,
+                     request_id: int, flags: int) -> npt.NDArray[np.uint8]:
+    """The 32 header bytes shared by every fragment of a chunk (index and length zero)."""
+    hdr = wire.Header(wire.Opcode.DATA, chunk_key, 0, frag_count, request_id, generation,
+                      0, chunk_len=chunk_len, flags=flags)
+    # Header.pack validates each field except payload_len = 0, which we overwrite anyway.
+    return np.frombuffer(wire.HEADER_STRUCT.pack(*hdr.as_tuple()), dtype=np.uint8)
+
+
+def records_view(buf: BufferLike) -> npt.NDArray[np.void]:
+    """View a buffer of back-to-back DATA datagrams as ``DATA_PACKET_DTYPE`` records (no copy)."""
+    raw = _as_u8(buf)
+    if raw.size % wire.DATA_DATAGRAM_LEN:
+        raise wire.WireError("bad_length", f"{raw.size} bytes is not a whole number of "
+                             f"{wire.DATA_DATAGRAM_LEN}-byte DATA datagrams")
+    return raw.view(wire.DATA_PACKET_DTYPE)
+
+
+def empty_records(count: int) -> npt.NDArray[np.void]:
+    """An uninitialised, contiguous array of ``count`` DATA records for ``fragment_into``."""
+    return np.empty(count, dtype=wire.DATA_PACKET_DTYPE)
+
+
+def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key: int, *,
+                  generation: int = 0, request_id: int = 0, flags: int = 0, first: int = 0,
+                  count: int | None = None) -> npt.NDArray[np.void]:
+    """Write fragments ``first .. first+count-1`` of a chunk into ``out[:count]``; return that slice.
+
+    ``out`` must be a C-contiguous ``DATA_PACKET_DTYPE`` array with at least ``count``
+    records (see ``empty_records``); nothing is allocated per call beyond small index
+    arrays.  Each record's bytes equal ``wire.data_packet`` for the same fragment.
+    """
+    src = _as_u8(chunk_bytes)
+    chunk_len = int(src.size)
+    total, count = _fragment_range(chunk_len, first, count)
+    if out.dtype != wire.DATA_PACKET_DTYPE or out.ndim != 1 or not out.flags.c_contiguous:
+        raise ValueError("out must be a 1-D C-contiguous array of wire.DATA_PACKET_DTYPE records")
+    if out.size < count:
+        raise ValueError(f"out holds {out.size} records, {count} fragments requested")
+    _check_header_values(chunk_key, generation, request_id, flags)
+    recs = out[:count]
+    raw = recs.view(np.uint8).reshape(count, wire.DATA_DATAGRAM_LEN)
+
+    # Headers: broadcast the shared 32 bytes, then set the two per-fragment fields.
+    raw[:, : wire.HEADER_LEN] = _template_header(chunk_key, total, chunk_len, generation,
+                                                 request_id, flags)
+    hdr = recs["hdr"]
+    hdr["frag_index"] = np.arange(first, first + count, dtype=np.uint16)
+    hdr["payload_len"] = wire.FRAG_PAYLOAD
+
+    # Payload: every selected fragment except possibly the chunk's last is full, so one
+    # reshape-copy moves them; the tail fragment is copied and zero-padded on its own.
+    last_is_tail = first + count == total
+    full = count - 1 if last_is_tail else count
+    start = first * wire.FRAG_PAYLOAD
+    payload = raw[:, wire.HEADER_LEN:]
+    if full:
+        end = start + full * wire.FRAG_PAYLOAD
+        payload[:full] = src[start:end].reshape(full, wire.FRAG_PAYLOAD)
+    if last_is_tail:
+        tail_start = (total - 1) * wire.FRAG_PAYLOAD
+        tail_len = chunk_len - tail_start
+        payload[full, :tail_len] = src[tail_start:]
+        payload[full, tail_len:] = 0
+        hdr["payload_len"][full] = tail_len
+    return recs
+
+
+def fragment(chunk_bytes: BufferLike, chunk_key: int, *, generation: int = 0, request_id: int = 0,
+             flags: int = 0, first: int = 0, count: int | None = None) -> npt.NDArray[np.void]:
+    """Fragments ``first .. first+count-1`` (default: all) of a serialized chunk as new DATA records."""
+    _, n = _fragment_range(int(_as_u8(chunk_bytes).size), first, count)
+    return fragment_into(empty_records(n), chunk_bytes, chunk_key, generation=generation,
+                         request_id=request_id, flags=flags, first=first, count=n)
+
+
+class Reassembler:
+    """Collects the DATA fragments of one chunk into a preallocated buffer.
+
+    ``add`` takes one datagram, ``add_batch`` an array of ``DATA_PACKET_DTYPE`` records.
+    A fragment is accepted only if it is a valid DATA packet of exactly this chunk
+    (key, generation, chunk length, fragment count); the first copy of each fragment
+    wins and later duplicates are ignored.  ``missing_ranges`` lists what to ask for
+    again.  The buffer is written only at the offset a validated fragment owns.
+    """
+
+    def __init__(self, chunk_key: int, chunk_len: int, generation: int = 0,
+                 buffer: BufferLike | None = None) -> None:
+        self.chunk_key = chunk_key
+        self.chunk_len = chunk_len
+        self.generation = generation
+        self.frag_count = wire.fragment_count(chunk_len)
+        _check_header_values(chunk_key, generation, 0, 0)
+        padded = self.frag_count * wire.FRAG_PAYLOAD
+        if buffer is None:
+            # Padded to whole fragments so every fragment, the tail too, lands with one
+            # row copy; only the first chunk_len bytes are ever exposed.
+            self._buf = np.empty(padded, dtype=np.uint8)
+        else:
+            self._buf = _as_u8(buffer)
+            if self._buf.size < chunk_len:
+                raise ValueError(f"buffer of {self._buf.size} bytes cannot hold a {chunk_len}-byte chunk")
+            if not self._buf.flags.writeable:
+                raise ValueError("buffer must be writable")
+        # Fragments copied as whole rows.  A caller's buffer is written only in its first
+        # chunk_len bytes, so there the tail fragment (if short) takes a separate short copy.
+        writable = padded if buffer is None else chunk_len
+        self._rows = min(self.frag_count, writable // wire.FRAG_PAYLOAD)
+        self._grid = self._buf[: self._rows * wire.FRAG_PAYLOAD].reshape(self._rows, wire.FRAG_PAYLOAD)
+        self._tail_len = chunk_len - (self.frag_count - 1) * wire.FRAG_PAYLOAD
+        self.received = np.zeros(self.frag_count, dtype=np.bool_)
+        """Per-fragment flag: True once that fragment has been stored."""
+        self.received_count = 0
+        self.rejected = 0
+        """Invalid records skipped by non-strict ``add_batch`` calls."""
+        # Expected header words under the mask below: everything but flags, frag_index,
+        # request_id and payload_len must equal the template for this chunk.
+        tmpl = _template_header(chunk_key, self.frag_count, chunk_len, generation, 0, 0)
+        mask = np.full(wire.HEADER_LEN, 0xFF, dtype=np.uint8)
+        for name in ("flags", "frag_index", "request_id", "payload_len"):
+            f = wire.FIELD_BY_NAME[name]
+            mask[f.offset : f.offset + f.bits // 8] = 0
+        self._mask_words = mask.view(np.uint64)
+        self._expect_words = (tmpl & mask).view(np.uint64)
+
+    # ----------------------------------------------------------------------------- state
+
+    @property
+    def complete(self) -> bool:
+        """True once every fragment has been stored."""
+        return self.received_count == self.frag_count
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole chunk-sized buffer, whatever has arrived so far (for zero-copy use)."""
+        return self._buf[: self.chunk_len].data
+
+    @property
+    def data(self) -> memoryview:
+        """The assembled chunk; raises ``RuntimeError`` until every fragment has arrived."""
+        if not self.complete:
+            raise RuntimeError(f"chunk {self.chunk_key:#x} incomplete: "
+                               f"{self.received_count}/{self.frag_count} fragments")
+        return self.buffer
+
+    def missing_ranges(self, max_ranges: int | None = None) -> list[tuple[int, int]]:
+        """Runs of fragments not yet received, as ``(start, count)``, for selective GETs."""
+        missing = np.flatnonzero(~self.received)
+        if missing.size == 0:
+            return []
+        # A run starts wherever the index is not the previous index + 1.
+        breaks = np.flatnonzero(np.diff(missing) != 1) + 1
+        starts = missing[np.concatenate(([0], breaks))]
+        ends = missing[np.concatenate((breaks - 1, [missing.size - 1]))]
+        ranges = [(int(s), int(e - s + 1)) for s, e in zip(starts, ends, strict=True)]
+        return ranges if max_ranges is None else ranges[:max_ranges]
+
+    # ----------------------------------------------------------------------------- input
+
+    def _check_one(self, hdr: wire.Header, datagram_len: int) -> None:
+        """Raise ``WireError`` unless ``hdr`` is a DATA fragment of this very chunk."""
+        wire.validate(hdr, datagram_len)
+        if hdr.opcode != wire.Opcode.DATA:
+            raise wire.WireError("bad_opcode", f"{wire.Opcode(hdr.opcode).name} is not DATA")
+        if hdr.chunk_key != self.chunk_key:
+            raise wire.WireError("wrong_key", f"chunk {hdr.chunk_key:#x}, reassembling {self.chunk_key:#x}")
+        if hdr.generation != self.generation:
+            raise wire.WireError("wrong_generation", f"generation {hdr.generation}, expected {self.generation}")
+        if hdr.chunk_len != self.chunk_len:
+            raise wire.WireError("wrong_length", f"chunk_len {hdr.chunk_len}, expected {self.chunk_len}")
+        # wire.validate already tied frag_count and payload_len to chunk_len.
+
+    def _store(self, index: int, payload: npt.NDArray[np.uint8]) -> None:
+        """Copy one validated fragment's payload to its place in the buffer."""
+        if index < self._rows:
+            self._grid[index] = payload
+        else:  # the tail fragment of a caller buffer that is not padded to whole fragments
+            off = index * wire.FRAG_PAYLOAD
+            self._buf[off : off + self._tail_len] = payload[: self._tail_len]
+
+    def add(self, datagram: BufferLike) -> bool:
+        """Store one DATA datagram; True if new, False if a duplicate; ``WireError`` if invalid."""
+        view = _as_u8(datagram)
+        hdr = wire.unpack_header(view.data)
+        self._check_one(hdr, int(view.size))
+        idx = hdr.frag_index
+        if self.received[idx]:
+            return False
+        self._store(idx, view[wire.HEADER_LEN :])
+        self.received[idx] = True
+        self.received_count += 1
+        return True
+
+    def _invalid(self, recs: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+        """Per record, True where it is not a valid DATA fragment of this chunk (vectorised)."""
+        if recs.flags.c_contiguous:
+            words = recs.view(np.uint64).reshape(recs.size, _RECORD_WORDS)[:, :_HEADER_WORDS]
+        else:
+            words = np.ascontiguousarray(recs["hdr"]).view(np.uint64).reshape(recs.size, _HEADER_WORDS)
+        # One pass over the fixed fields: version, opcode, key, count, generation, status, chunk_len.
+        bad: npt.NDArray[np.bool_] = ((words & self._mask_words) != self._expect_words).any(axis=1)
+        hdr = recs["hdr"]
+        idx = hdr["frag_index"]
+        bad |= (hdr["flags"] & ~np.uint16(wire.KNOWN_FLAGS)) != 0
+        bad |= idx >= self.frag_count
+        # Every fragment but the last carries a full payload; the last carries the tail.
+        want = np.where(idx == self.frag_count - 1, self._tail_len, wire.FRAG_PAYLOAD)
+        bad |= hdr["payload_len"] != want
+        return bad
+
+    def _first_invalid_reason(self, recs: npt.NDArray[np.void], bad: npt.NDArray[np.bool_]) -> wire.WireError:
+        """The ``WireError`` the per-packet path gives for the first invalid record."""
+        i = int(np.flatnonzero(bad)[0])
+        rec = recs[i : i + 1].view(np.uint8)
+        try:
+            self._check_one(wire.unpack_header(rec.data), wire.DATA_DATAGRAM_LEN)
+        except wire.WireError as err:
+            return wire.WireError(err.reason, f"record {i}: {err}")
+        raise AssertionError("vectorised and per-packet validation disagree")  # pragma: no cover
+
+    def add_batch(self, records: npt.NDArray[np.void], *, strict: bool = True) -> int:
+        """Store many DATA records at once; return how many new fragments were stored.
+
+        With ``strict`` (default) any invalid record raises ``WireError`` (the reason of
+        the first one) and nothing from the batch is stored.  Without it, invalid records
+        are skipped and counted in ``rejected``, and the valid ones stored.  Duplicates,
+        inside the batch or of earlier fragments, are ignored (the first copy wins).
+        """
+        if records.dtype != wire.DATA_PACKET_DTYPE or records.ndim != 1:
+            raise ValueError("records must be a 1-D array of wire.DATA_PACKET_DTYPE (np.concatenate "
+                             "changes the dtype; fill empty_records() or use records_view())")
+        if records.size == 0:
+            return 0
+        bad = self._invalid(records)
+        if bad.any():
+            if strict:
+                raise self._first_invalid_reason(records, bad)
+            self.rejected += int(bad.sum())
+            records = records[~bad]
+            if records.size == 0:
+                return 0
+        idx = records["hdr"]["frag_index"].astype(np.intp)
+        payload = records["payload"]
+        n = int(idx.size)
+        first = int(idx[0])
+        if (int(idx[-1]) == first + n - 1 and bool((np.diff(idx) == 1).all())
+                and not self.received[first : first + n].any()):
+            # The common case, a run in order with nothing yet seen: one slice copy.
+            rows = max(0, min(n, self._rows - first))
+            self._grid[first : first + rows] = payload[:rows]
+            for k in range(rows, n):  # only an unpadded tail fragment can fall outside the grid
+                self._store(first + k, payload[k])
+            self.received[first : first + n] = True
+            self.received_count += n
+            return n
+        # Out of order or with duplicates: keep the first copy of each fragment not yet seen.
+        uniq, pos = np.unique(idx, return_index=True)
+        fresh = ~self.received[uniq]
+        uniq, pos = uniq[fresh], pos[fresh]
+        in_grid = uniq < self._rows
+        self._grid[uniq[in_grid]] = payload[pos[in_grid]]
+        for i, p in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
+            self._store(int(i), payload[int(p)])
+        self.received[uniq] = True
+        self.received_count += int(uniq.size)
+        return int(uniq.size)

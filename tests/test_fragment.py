@@ -1,0 +1,301 @@
+"""Fragmentation into DATA records and reassembly: wire equality, order, loss, malformed input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hostagent.fragment import Reassembler, empty_records, fragment, fragment_into, records_view
+from kvpool import wire
+
+KEY = 0xDEADBEEF01234567
+P = wire.FRAG_PAYLOAD
+LENGTHS = [1, P - 1, P, P + 1, 2 * P, 5000, 100_003]
+
+
+def _chunk(length: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, length, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_records_equal_wire_data_packet(length: int) -> None:
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=7, request_id=0xABCDEF, flags=int(wire.Flag.RETRANSMIT))
+    assert recs.dtype == wire.DATA_PACKET_DTYPE
+    assert recs.size == wire.fragment_count(length)
+    for i in range(recs.size):
+        assert recs[i : i + 1].tobytes() == wire.data_packet(KEY, i, chunk, 0xABCDEF, 7, int(wire.Flag.RETRANSMIT))
+        assert wire.parse(recs[i : i + 1].tobytes()).frag_index == i
+
+
+def test_selected_range_for_retransmit() -> None:
+    chunk = _chunk(10 * P + 17)
+    recs = fragment(chunk, KEY, first=3, count=4)
+    assert [int(i) for i in recs["hdr"]["frag_index"]] == [3, 4, 5, 6]
+    assert recs[0:1].tobytes() == wire.data_packet(KEY, 3, chunk)
+    tail = fragment(chunk, KEY, first=9)
+    assert tail.size == 2
+    assert tail[1:2].tobytes() == wire.data_packet(KEY, 10, chunk)
+
+
+@pytest.mark.parametrize(("first", "count"), [(-1, 1), (0, 0), (10, 2), (11, None), (0, 12)])
+def test_bad_range_rejected(first: int, count: int | None) -> None:
+    with pytest.raises(wire.WireError) as err:
+        fragment(_chunk(10 * P + 17), KEY, first=first, count=count)
+    assert err.value.reason == "bad_range"
+
+
+def test_bad_header_values_rejected() -> None:
+    chunk = _chunk(100)
+    with pytest.raises(wire.WireError, match="generation"):
+        fragment(chunk, KEY, generation=1 << 32)
+    with pytest.raises(wire.WireError, match="chunk_key"):
+        fragment(chunk, -1)
+    with pytest.raises(wire.WireError) as err:
+        fragment(chunk, KEY, flags=0x8000)
+    assert err.value.reason == "bad_flags"
+    with pytest.raises(wire.WireError) as err:
+        fragment(b"", KEY)
+    assert err.value.reason == "bad_length"
+
+
+def test_fragment_into_preallocated_reuses_buffer() -> None:
+    out = empty_records(8)
+    out.view(np.uint8)[:] = 0xAA  # stale garbage must be fully overwritten, padding included
+    chunk = _chunk(3 * P - 5)
+    got = fragment_into(out, chunk, KEY)
+    assert got.size == 3
+    assert np.shares_memory(got, out)
+    assert got.tobytes() == fragment(chunk, KEY).tobytes()
+    assert (out[3:].view(np.uint8) == 0xAA).all()  # records past the chunk untouched
+    with pytest.raises(ValueError, match="holds 2 records"):
+        fragment_into(empty_records(2), chunk, KEY)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fragment_into(empty_records(8)[::2], chunk, KEY)
+    with pytest.raises(ValueError, match="DATA_PACKET_DTYPE"):
+        fragment_into(np.zeros(8, dtype=np.uint8), chunk, KEY)  # type: ignore[arg-type]
+
+
+def test_fragment_accepts_numpy_and_memoryview() -> None:
+    arr = np.arange(4000, dtype=np.float32)  # any dtype: fragmented as its raw bytes
+    ref = fragment(arr.tobytes(), KEY).tobytes()
+    assert fragment(arr, KEY).tobytes() == ref
+    assert fragment(memoryview(arr.tobytes()), KEY).tobytes() == ref
+
+
+def test_records_view_round_trip() -> None:
+    chunk = _chunk(4 * P)
+    wire_bytes = bytearray(fragment(chunk, KEY).tobytes())
+    recs = records_view(wire_bytes)
+    assert recs.size == 4
+    r = Reassembler(KEY, len(chunk))
+    assert r.add_batch(recs) == 4
+    assert bytes(r.data) == chunk
+    with pytest.raises(wire.WireError):
+        records_view(wire_bytes[:-1])
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_shuffled_single_adds(length: int) -> None:
+    chunk = _chunk(length, seed=length)
+    recs = fragment(chunk, KEY, generation=2)
+    r = Reassembler(KEY, length, generation=2)
+    order = np.random.default_rng(1).permutation(recs.size)
+    for i in order:
+        assert not r.complete
+        assert r.add(recs[i : i + 1].tobytes()) is True
+    assert r.complete and r.received_count == recs.size
+    assert bytes(r.data) == chunk
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("caller_buffer", [False, True])
+def test_shuffled_batch_with_duplicates(length: int, caller_buffer: bool) -> None:
+    chunk = _chunk(length, seed=3)
+    recs = fragment(chunk, KEY)
+    rng = np.random.default_rng(2)
+    # Every fragment once, plus a random third of them again, all shuffled.
+    order = np.concatenate([np.arange(recs.size), rng.integers(0, recs.size, recs.size // 3 + 1)])
+    rng.shuffle(order)
+    buf = bytearray(length) if caller_buffer else None
+    r = Reassembler(KEY, length, buffer=buf)
+    assert r.add_batch(recs[order]) == recs.size
+    assert r.complete and bytes(r.data) == chunk
+    assert r.add_batch(recs) == 0  # all duplicates now
+    if buf is not None:
+        assert bytes(buf) == chunk  # assembled in place, zero-copy for the caller
+
+
+def test_first_copy_wins_and_duplicates_report_false() -> None:
+    chunk = _chunk(3 * P)
+    recs = fragment(chunk, KEY)
+    forged = recs.copy()
+    forged["payload"][1] = 0x55
+    r = Reassembler(KEY, len(chunk))
+    assert r.add(recs[1:2].tobytes()) is True
+    assert r.add(forged[1:2].tobytes()) is False
+    assert r.add_batch(forged[[1, 1]]) == 0
+    batch = empty_records(4)  # np.concatenate would turn the dtype native-endian
+    batch[:2], batch[2:] = recs[[0, 2]], forged[[0, 2]]
+    assert r.add_batch(batch) == 2  # first occurrence in the batch is kept
+    assert bytes(r.data) == chunk
+
+
+def test_missing_ranges_for_selective_retransmit() -> None:
+    chunk = _chunk(20 * P - 3)
+    recs = fragment(chunk, KEY)
+    r = Reassembler(KEY, len(chunk))
+    assert r.missing_ranges() == [(0, 20)]
+    keep = [i for i in range(20) if i not in {0, 1, 5, 9, 10, 11, 19}]
+    r.add_batch(recs[keep])
+    assert r.missing_ranges() == [(0, 2), (5, 1), (9, 3), (19, 1)]
+    assert r.missing_ranges(max_ranges=2) == [(0, 2), (5, 1)]
+    with pytest.raises(RuntimeError, match="incomplete"):
+        _ = r.data
+    # Ask for exactly what is missing, as a holder answering the GETs would send it.
+    for start, count in r.missing_ranges():
+        r.add_batch(fragment(chunk, KEY, first=start, count=count))
+    assert r.missing_ranges() == [] and r.complete
+    assert bytes(r.data) == chunk
+
+
+Mutator = Callable[[npt.NDArray[np.void]], None]
+
+
+def _set(field: str, value: int) -> Mutator:
+    def mutate(rec: npt.NDArray[np.void]) -> None:
+        rec["hdr"][field] = value
+
+    return mutate
+
+
+MALFORMED: list[tuple[str, Mutator, str]] = [
+    ("version", _set("version", 2), "bad_version"),
+    ("opcode_unknown", _set("opcode", 9), "bad_opcode"),
+    ("unknown_flag", _set("flags", 0x4000), "bad_flags"),
+    ("status", _set("status", 1), "bad_status"),
+    ("wrong_key", _set("chunk_key", KEY ^ 1), "wrong_key"),
+    ("wrong_generation", _set("generation", 6), "wrong_generation"),
+    ("wrong_chunk_len", _set("chunk_len", 5 * P - 100 + 1), "wrong_length"),
+    ("frag_count_mismatch", _set("frag_count", 6), "bad_length"),
+    ("index_out_of_range", _set("frag_index", 5), "bad_range"),
+    ("index_far_out", _set("frag_index", 0xFFFF), "bad_range"),
+    ("payload_len_short", _set("payload_len", P - 1), "bad_length"),
+    ("payload_len_zero", _set("payload_len", 0), "bad_length"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_single_rejected_without_side_effects(name: str, mutate: Mutator, reason: str) -> None:
+    length = 5 * P - 100
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=5)
+    r = Reassembler(KEY, length, generation=5)
+    r.add(recs[0:1].tobytes())
+    before = bytes(r.buffer)
+    bad = recs[2:3].copy()
+    mutate(bad)
+    bad["payload"][:] = 0x77
+    with pytest.raises(wire.WireError) as err:
+        r.add(bad.tobytes())
+    assert err.value.reason == reason
+    assert bytes(r.buffer) == before and r.received_count == 1 and r.received.sum() == 1
+
+
+@pytest.mark.parametrize(("name", "mutate", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_batch_strict_and_lenient(name: str, mutate: Mutator, reason: str) -> None:
+    length = 5 * P - 100
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=5)
+    bad = recs.copy()
+    mutate(bad[2:3])
+    bad["payload"][2] = 0x77
+    r = Reassembler(KEY, length, generation=5)
+    before = bytes(r.buffer)
+    with pytest.raises(wire.WireError) as err:
+        r.add_batch(bad)
+    assert err.value.reason == reason
+    assert "record 2" in str(err.value)
+    assert r.received_count == 0 and bytes(r.buffer) == before  # strict: nothing stored
+    assert r.add_batch(bad, strict=False) == 4
+    assert r.rejected == 1
+    assert r.missing_ranges() == [(2, 1)]
+    assert r.add(recs[2:3].tobytes())
+    assert bytes(r.data) == chunk
+
+
+def test_malformed_datagram_lengths_and_opcodes() -> None:
+    chunk = _chunk(3 * P)
+    good = fragment(chunk, KEY)[0:1].tobytes()
+    r = Reassembler(KEY, len(chunk))
+    cases = {
+        "truncated": good[:20],
+        "bad_length": good[:-1],
+    }
+    for reason, datagram in cases.items():
+        with pytest.raises(wire.WireError) as err:
+            r.add(datagram)
+        assert err.value.reason == reason
+    with pytest.raises(wire.WireError) as err:
+        r.add(wire.get_packet(KEY, 0))
+    assert err.value.reason == "bad_opcode"
+    with pytest.raises(wire.WireError) as err:
+        r.add(good + b"\0")
+    assert err.value.reason == "bad_length"
+    assert r.received_count == 0
+
+
+def test_batch_with_get_header_rejected() -> None:
+    chunk = _chunk(2 * P)
+    recs = fragment(chunk, KEY)
+    recs["hdr"]["opcode"][1] = int(wire.Opcode.GET)
+    r = Reassembler(KEY, len(chunk))
+    with pytest.raises(wire.WireError):
+        r.add_batch(recs)
+    assert r.add_batch(recs, strict=False) == 1 and r.rejected == 1
+
+
+def test_never_writes_outside_caller_buffer() -> None:
+    length = 3 * P + 10
+    chunk = _chunk(length)
+    backing = bytearray(b"\xee" * (length + 4 * P))  # room for padded rows, which must stay unused
+    view = memoryview(backing)[:length]
+    r = Reassembler(KEY, length, buffer=view)
+    r.add_batch(fragment(chunk, KEY)[::-1].copy())
+    assert bytes(backing[:length]) == chunk
+    assert backing[length:] == b"\xee" * (4 * P)
+
+
+def test_buffer_checks() -> None:
+    with pytest.raises(ValueError, match="cannot hold"):
+        Reassembler(KEY, 3 * P, buffer=bytearray(3 * P - 1))
+    with pytest.raises(ValueError, match="writable"):
+        Reassembler(KEY, 10, buffer=bytes(10))
+    with pytest.raises(wire.WireError):
+        Reassembler(KEY, 0)
+    with pytest.raises(wire.WireError):
+        Reassembler(KEY, wire.MAX_CHUNK_LEN + 1)
+
+
+def test_batch_input_checks() -> None:
+    r = Reassembler(KEY, 10)
+    assert r.add_batch(empty_records(0)) == 0
+    with pytest.raises(ValueError, match="DATA_PACKET_DTYPE"):
+        r.add_batch(np.zeros(3, dtype=np.uint8))  # type: ignore[arg-type]
+
+
+def test_non_contiguous_batch_is_validated_too() -> None:
+    chunk = _chunk(6 * P)
+    recs = fragment(chunk, KEY)
+    r = Reassembler(KEY, len(chunk))
+    assert r.add_batch(recs[::2]) == 3
+    assert r.add_batch(recs[1::2]) == 3
+    assert bytes(r.data) == chunk
+    bad = fragment(chunk, KEY, generation=1)
+    r2 = Reassembler(KEY, len(chunk))
+    with pytest.raises(wire.WireError) as err:
+        r2.add_batch(bad[::2])
+    assert err.value.reason == "wrong_generation"
