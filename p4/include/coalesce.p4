@@ -1,0 +1,199 @@
+/* -*- P4_16 -*- */
+/*
+ * Coalescing: absorb duplicate GETs for a fragment in flight, multicast the response.
+ *
+ * Pending state, indexed by crc32(chunk_key, frag_index) mod PENDING_SLOTS:
+ *   pending_tag     {chunk_key, frag_index} the slot is waiting for
+ *   pending_ts      ingress_global_timestamp of the GET that opened it (us)
+ *   pending_waiters bitmap over waiter ids; 0 = slot free
+ * and, in egress, pending_reply[slot * MAX_WAITERS + waiter] = {request_id, UDP port}
+ * of that waiter's latest GET.  It lives in egress because a register belongs to one
+ * control and the replicas read it there; ingress marks the GET and egress records it.
+ *
+ * Waiters.  The controller gives each host a waiter id 0..MAX_WAITERS-1 (waiter_lookup
+ * on its IPv4 address, waiter_egress on the id) and programs ONE multicast group,
+ * COALESCE_MCAST_GRP, with a replica (port towards waiter w, egress_rid = w) for every
+ * waiter.  A release multicasts to that group with the waiter bitmap in user metadata
+ * (BMv2 copies it into every replica); egress drops replicas whose bit is clear and
+ * rewrites the rest.  One group serves every subset: no group per subset.
+ *
+ * GET (single fragment, not answered by the pool), from a host with a waiter id:
+ *   slot free or timed out  -> take it: tag, now, bitmap = {me}; forward to the holder.
+ *   slot live, same tag     -> set my bit, record my reply; absorb (drop in egress),
+ *                              except a RETRANSMIT GET, which also goes upstream in case
+ *                              the first GET or its answer was lost.
+ *   slot live, other tag    -> collision: forward normally, no coalescing.
+ * A GET from a host without a waiter id is forwarded normally.
+ *
+ * DATA or NACK from a writer, addressed to a waiter whose bit is set in a slot with the
+ * same tag (age does not matter: the answer satisfies everyone who waits): clear the
+ * bitmap and multicast.  Each replica gets the waiter's IPv4/MAC and its own recorded
+ * request_id and UDP port; all but the one for the original destination get
+ * FLAG_COALESCED.  Other DATA is forwarded normally.
+ *
+ * Limits: one outstanding request per (host, fragment) (the latest GET's request_id
+ * wins); a GET recorded in egress while a release for the same slot is being replicated
+ * may see its reply record overwritten (BMv2 runs ingress and egress concurrently).
+ */
+#ifndef KVPOOL_COALESCE_P4
+#define KVPOOL_COALESCE_P4
+
+/*************************************************************************
+ ***********************  C O A L E S C E   (ingress)  *******************
+ *************************************************************************/
+
+control Coalesce(inout headers_t hdr,
+                 inout metadata_t meta,
+                 inout standard_metadata_t standard_metadata) {
+
+    register<bit<80>>(PENDING_SLOTS)      pending_tag;
+    register<timestamp_t>(PENDING_SLOTS)  pending_ts;
+    register<waiterMask_t>(PENDING_SLOTS) pending_waiters;
+    counter(COALESCE_STATS, CounterType.packets) coalesce_stats;
+
+    timestamp_t pending_timeout;
+
+    action set_pending_timeout(timestamp_t timeout_us) {
+        pending_timeout = timeout_us;
+    }
+
+    // Keyless: the controller changes the timeout by modifying the default action.
+    table coalesce_config {
+        actions = { set_pending_timeout; }
+        size = 1;
+        default_action = set_pending_timeout(DEFAULT_PENDING_TIMEOUT_US);
+    }
+
+    action set_waiter_id(waiterId_t waiter_id) {
+        meta.has_waiter = 1;
+        meta.waiter_id = waiter_id;
+    }
+
+    // Host IPv4 (source of a GET, destination of a response) -> waiter id.
+    table waiter_lookup {
+        key = { meta.waiter_addr: exact; }
+        actions = { set_waiter_id; NoAction; }
+        size = MAX_WAITERS;
+        default_action = NoAction();
+    }
+
+    apply {
+        coalesce_config.apply();
+        if (hdr.kv.opcode == OP_GET) {
+            meta.waiter_addr = hdr.ipv4.srcAddr;
+        } else {
+            meta.waiter_addr = hdr.ipv4.dstAddr;
+        }
+        waiter_lookup.apply();
+        if (meta.waiter_id >= MAX_WAITERS) {
+            meta.has_waiter = 0;  // an id with no bit in the bitmap cannot wait
+        }
+
+        hash(meta.pending_idx, HashAlgorithm.crc32, (bit<32>)0,
+             { hdr.kv.chunk_key, hdr.kv.frag_index }, (bit<32>)PENDING_SLOTS);
+        bit<80> tag = hdr.kv.chunk_key ++ hdr.kv.frag_index;
+        bit<80> slot_tag;
+        timestamp_t slot_ts;
+        waiterMask_t slot_mask;
+        pending_tag.read(slot_tag, meta.pending_idx);
+        pending_ts.read(slot_ts, meta.pending_idx);
+        pending_waiters.read(slot_mask, meta.pending_idx);
+        waiterMask_t me = (waiterMask_t)1 << meta.waiter_id;
+        timestamp_t now = standard_metadata.ingress_global_timestamp;
+
+        if (hdr.kv.opcode == OP_GET) {
+            bool live = slot_mask != 0 && now - slot_ts < pending_timeout;
+            if (meta.has_waiter == 0) {
+                coalesce_stats.count(CO_NO_WAITER_ID);
+            } else if (live && slot_tag == tag) {
+                pending_waiters.write(meta.pending_idx, slot_mask | me);
+                meta.record_reply = 1;
+                if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
+                    coalesce_stats.count(CO_RETRANSMIT);
+                } else {
+                    meta.absorb = 1;
+                    coalesce_stats.count(CO_ABSORBED);
+                }
+            } else if (live) {
+                coalesce_stats.count(CO_COLLISION);
+            } else {
+                if (slot_mask != 0) {
+                    coalesce_stats.count(CO_EXPIRED_REUSED);
+                }
+                pending_tag.write(meta.pending_idx, tag);
+                pending_ts.write(meta.pending_idx, now);
+                pending_waiters.write(meta.pending_idx, me);
+                meta.record_reply = 1;
+                coalesce_stats.count(CO_FIRST);
+            }
+        } else if (meta.has_waiter == 1 && slot_tag == tag && (slot_mask & me) != 0) {
+            // DATA or NACK from a writer answering a waited-for fragment.
+            pending_waiters.write(meta.pending_idx, 0);
+            meta.release = 1;
+            meta.release_mask = slot_mask;
+            meta.release_dst = meta.waiter_id;
+            standard_metadata.mcast_grp = COALESCE_MCAST_GRP;
+            coalesce_stats.count(CO_RELEASE);
+        }
+    }
+}
+
+/*************************************************************************
+ ***********************  C O A L E S C E   (egress)  ********************
+ *************************************************************************/
+
+control CoalesceEgress(inout headers_t hdr,
+                       inout metadata_t meta,
+                       inout standard_metadata_t standard_metadata) {
+
+    // {request_id, UDP source port} of each waiter's GET, per pending slot.
+    register<bit<48>>(PENDING_REPLIES) pending_reply;
+    counter(MAX_WAITERS, CounterType.packets) waiter_replicas;
+    counter(EGRESS_STATS, CounterType.packets) egress_stats;
+
+    action rewrite_waiter(ip4Addr_t addr, macAddr_t mac) {
+        hdr.ipv4.dstAddr = addr;
+        hdr.ethernet.dstAddr = mac;
+    }
+
+    // Waiter id (the replica's egress_rid) -> where that waiter lives.
+    table waiter_egress {
+        key = { standard_metadata.egress_rid: exact; }
+        actions = { rewrite_waiter; NoAction; }
+        size = MAX_WAITERS;
+        default_action = NoAction();
+    }
+
+    apply {
+        if (meta.release == 1) {
+            waiterId_t rid = standard_metadata.egress_rid;
+            if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << rid)) == 0) {
+                mark_to_drop(standard_metadata);
+                egress_stats.count(EG_REPLICA_PRUNED);
+            } else if (waiter_egress.apply().hit) {
+                bit<48> reply;
+                pending_reply.read(reply, meta.pending_idx * MAX_WAITERS + (bit<32>)rid);
+                hdr.kv.request_id = reply[47:16];
+                hdr.udp.dstPort = reply[15:0];
+                if (rid != meta.release_dst) {
+                    hdr.kv.flags = hdr.kv.flags | FLAG_COALESCED;
+                }
+                hdr.udp.checksum = 0;
+                waiter_replicas.count((bit<32>)rid);
+                egress_stats.count(EG_REPLICA_SENT);
+            } else {
+                mark_to_drop(standard_metadata);
+                egress_stats.count(EG_NO_WAITER_ENTRY);
+            }
+        } else if (meta.record_reply == 1) {
+            pending_reply.write(meta.pending_idx * MAX_WAITERS + (bit<32>)meta.waiter_id,
+                                hdr.kv.request_id ++ hdr.udp.srcPort);
+            egress_stats.count(EG_REPLY_RECORDED);
+            if (meta.absorb == 1) {
+                mark_to_drop(standard_metadata);
+            }
+        }
+    }
+}
+
+#endif  // KVPOOL_COALESCE_P4

@@ -1,0 +1,163 @@
+/* -*- P4_16 -*- */
+/*
+ * kvpool constants: wire format, pool geometry, reason and statistic indices.
+ *
+ * The wire-format values mirror kvpool/wire.py; tests/test_p4_constants.py parses this
+ * file and checks every one of them against the Python module, so edit both together.
+ * The geometry constants are #defines because P4_16 needs compile-time integers for
+ * register, counter and table sizes and for header-stack lengths.
+ */
+#ifndef KVPOOL_CONSTANTS_P4
+#define KVPOOL_CONSTANTS_P4
+
+/*************************************************************************
+ ***********************  W I R E   F O R M A T  *************************
+ *************************************************************************/
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<16> ETHERTYPE_ARP  = 0x0806;
+const bit<8>  IPPROTO_UDP    = 17;
+
+const bit<16> KVPOOL_UDP_PORT = 7470;
+const bit<8>  KVPOOL_VERSION  = 1;
+
+// Opcodes (kvpool.wire.Opcode).
+const bit<8> OP_GET        = 1;
+const bit<8> OP_DATA       = 2;
+const bit<8> OP_INVALIDATE = 3;
+const bit<8> OP_NACK       = 4;
+const bit<8> OP_MAX        = 4;
+
+// Flag bits (kvpool.wire.Flag); anything outside KNOWN_FLAGS is malformed.
+const bit<16> FLAG_SWITCH_SERVED = 0x0001;
+const bit<16> FLAG_RETRANSMIT    = 0x0002;
+const bit<16> FLAG_COALESCED     = 0x0004;
+const bit<16> FLAG_NO_CACHE      = 0x0008;
+const bit<16> KNOWN_FLAGS        = 0x000F;
+
+// NACK status codes (kvpool.wire.Status): OK (0) on every other opcode, 1..STATUS_MAX on NACK.
+const bit<16> STATUS_OK  = 0;
+const bit<16> STATUS_MAX = 5;
+
+// Header and payload geometry (kvpool.wire.HEADER_LEN, SLICE_BYTES, SLICES_PER_FRAGMENT).
+#define KV_HEADER_BYTES     32
+#define SLICE_BITS          1024
+#define SLICE_BYTES         128
+#define SLICES_PER_FRAGMENT 11
+// FRAG_PAYLOAD = SLICE_BYTES * SLICES_PER_FRAGMENT = 1408 bytes in every DATA packet.
+const bit<16> FRAG_PAYLOAD  = 1408;
+const bit<16> MAX_FRAG_INDEX = 0xFFFF;  // frag_index must stay below this (wire.MAX_FRAGMENTS)
+
+// Lengths of the packets the switch checks or creates (IPv4 without options).
+const bit<16> IPV4_HEADER_BYTES = 20;
+const bit<16> UDP_HEADER_BYTES  = 8;
+const bit<16> KV_UDP_LEN_NO_PAYLOAD = 40;    // UDP 8 + kvpool 32: GET, INVALIDATE, NACK
+const bit<16> KV_UDP_LEN_DATA       = 1448;  // UDP 8 + kvpool 32 + payload 1408
+const bit<16> KV_IPV4_LEN_DATA      = 1468;  // IPv4 20 + KV_UDP_LEN_DATA
+const bit<8>  SWITCH_REPLY_TTL      = 64;
+
+/*************************************************************************
+ ***********************  P O O L   G E O M E T R Y  *********************
+ *************************************************************************/
+
+// Fragment-sized rows of switch memory; a chunk occupies frag_count consecutive slots
+// from its base slot.  11 x 1024 slots x 128 B = 1.375 MiB of register memory.
+#define POOL_SLOTS      1024
+// Chunks the pool table can hold (at most one per slot).
+#define POOL_ENTRIES    1024
+// Pending-request slots for coalescing, indexed by crc32(chunk_key, frag_index).
+#define PENDING_SLOTS   1024
+// Hosts that can wait on a coalesced fragment; the waiter bitmap is bit<MAX_WAITERS>.
+#define MAX_WAITERS     32
+// Per (pending slot, waiter) reply records: PENDING_SLOTS * MAX_WAITERS.
+#define PENDING_REPLIES 32768
+// Count-min sketch: SKETCH_ROWS (fixed at 3) rows of SKETCH_COLS counters.
+#define SKETCH_COLS     4096
+// Bloom filter against duplicate hot-chunk reports: 2 rows of BLOOM_BITS cells.
+#define BLOOM_BITS      4096
+// Routes and ARP entries.
+#define ROUTE_ENTRIES   1024
+#define ARP_ENTRIES     1024
+#define WRITER_ENTRIES  256
+
+// Multicast group the controller programs with one replica per waiter:
+// (port towards waiter w, egress_rid = w) for every w in 0..MAX_WAITERS-1.
+const bit<16> COALESCE_MCAST_GRP = 1;
+
+// Defaults of the runtime-settable configuration tables (default actions).
+const bit<48> DEFAULT_PENDING_TIMEOUT_US = 100000;  // 100 ms, BMv2 timestamps are in us
+const bit<32> DEFAULT_HOT_THRESHOLD      = 8;
+const bit<7>  DEFAULT_SKETCH_EPOCH       = 1;
+
+// Pool entry states (action parameter `state` of pool_entry).
+const bit<8> POOL_STATE_DISABLED = 0;  // entry kept but neither filled nor served
+const bit<8> POOL_STATE_FILLING  = 1;  // every authorised DATA is written; filled fragments served
+const bit<8> POOL_STATE_VALID    = 2;  // served; DATA only rewrites fragments not current
+
+// Count saturates instead of wrapping (count-min counters are {tag:8, count:24}).
+const bit<24> SKETCH_COUNT_MAX = 0xFFFFFF;
+const bit<32> DIGEST_RECEIVER  = 1;  // ignored by BMv2's P4Runtime server, required by v1model
+
+/*************************************************************************
+ ***********************  D R O P   R E A S O N S  ***********************
+ *************************************************************************/
+// Index into MyIngress.drop_reason; mirrored by the DropReason enum in p4/README.md.
+// DROP_NONE is never counted: it means "not dropped".
+typedef bit<8> dropReason_t;
+const dropReason_t DROP_NONE             = 0;
+const dropReason_t DROP_PARSE_ERROR      = 1;   // truncated header or payload
+const dropReason_t DROP_BAD_CHECKSUM     = 2;   // IPv4 header checksum wrong
+const dropReason_t DROP_TTL_EXPIRED      = 3;   // IPv4 TTL <= 1 on a forwarded packet
+const dropReason_t DROP_NO_ROUTE         = 4;   // no ipv4_route / arp_forward entry
+const dropReason_t DROP_UNHANDLED        = 5;   // neither IPv4 nor ARP (e.g. IPv6)
+const dropReason_t DROP_BAD_VERSION      = 6;
+const dropReason_t DROP_BAD_OPCODE       = 7;
+const dropReason_t DROP_BAD_FLAGS        = 8;
+const dropReason_t DROP_BAD_RANGE        = 9;   // frag_count 0, frag_index out of range
+const dropReason_t DROP_BAD_LENGTH       = 10;  // payload_len / UDP length / chunk_len inconsistent
+const dropReason_t DROP_BAD_STATUS       = 11;
+const dropReason_t DROP_NOT_WRITER       = 12;  // INVALIDATE from a source not on the writers ACL
+const dropReason_t DROP_FILL_MISMATCH    = 13;  // authorised DATA disagrees with the pool entry
+#define DROP_REASONS 16
+
+/*************************************************************************
+ ***********************  S T A T I S T I C S  ***************************
+ *************************************************************************/
+// Index into MyIngress.pool.pool_stats.
+const bit<32> POOL_LOOKUP_MISS      = 0;   // kvpool packet whose chunk is not in the pool
+const bit<32> POOL_HIT              = 1;   // GET answered from switch memory
+const bit<32> POOL_MISS_UNFILLED    = 2;   // admitted, but the slot does not hold the current generation
+const bit<32> POOL_BYPASS           = 3;   // range GET, NO_CACHE, generation pinned, or state disabled
+const bit<32> POOL_FILL             = 4;   // fragment written into its slot
+const bit<32> POOL_FILL_STALE       = 5;   // DATA older than the chunk's generation, not written
+const bit<32> POOL_FILL_SKIPPED     = 6;   // VALID state and slot already current: no write needed
+const bit<32> POOL_FILL_UNAUTH      = 7;   // DATA for an admitted chunk from a non-writer, not written
+const bit<32> POOL_INVALIDATE       = 8;   // generation advanced (INVALIDATE or newer DATA)
+const bit<32> POOL_INVALIDATE_STALE = 9;   // INVALIDATE not newer than the current generation
+const bit<32> POOL_SLOT_RANGE       = 10;  // base_slot + frag_index >= POOL_SLOTS (controller bug)
+#define POOL_STATS 16
+
+// Index into MyIngress.coalesce.coalesce_stats.
+const bit<32> CO_FIRST              = 0;   // GET opened a pending slot and went to the holder
+const bit<32> CO_ABSORBED           = 1;   // duplicate GET absorbed
+const bit<32> CO_RETRANSMIT         = 2;   // RETRANSMIT GET joined the waiters and went upstream
+const bit<32> CO_COLLISION          = 3;   // slot busy with another fragment: GET forwarded
+const bit<32> CO_NO_WAITER_ID       = 4;   // requester has no waiter id: GET forwarded
+const bit<32> CO_RELEASE            = 5;   // DATA/NACK released a pending slot (multicast)
+const bit<32> CO_EXPIRED_REUSED     = 6;   // a timed-out slot was taken over by a new GET
+#define COALESCE_STATS 8
+
+// Index into MyIngress.popularity.popularity_stats.
+const bit<32> POP_COUNTED           = 0;   // missed GET counted in the sketch
+const bit<32> POP_REPORTED          = 1;   // digest sent
+const bit<32> POP_SUPPRESSED        = 2;   // over threshold but already reported this epoch
+#define POPULARITY_STATS 4
+
+// Index into MyEgress.coalesce.egress_stats.
+const bit<32> EG_REPLICA_SENT       = 0;   // coalesced replica rewritten and sent
+const bit<32> EG_REPLICA_PRUNED     = 1;   // replica for a waiter not in the bitmap
+const bit<32> EG_NO_WAITER_ENTRY    = 2;   // replica whose egress_rid has no waiter_egress entry
+const bit<32> EG_REPLY_RECORDED     = 3;   // (request_id, port) of a waiter stored
+#define EGRESS_STATS 8
+
+#endif  // KVPOOL_CONSTANTS_P4

@@ -1,0 +1,260 @@
+/* -*- P4_16 -*- */
+/*
+ * Pool: chunk lookup, hits served from register memory, fill on pass, coherence.
+ *
+ * Memory.  A slot is one fragment: SLICES_PER_FRAGMENT register arrays of bit<1024>
+ * (slice_0 .. slice_10), all indexed by the slot number, hold its 1408 bytes.  The value
+ * is sliced because a register cell is one field and BMv2 handles 1024-bit fields well
+ * while one 11264-bit field would be an outlier nobody tests; one slice per array also
+ * lets a hardware target spread the arrays over stages.  A chunk occupies frag_count
+ * consecutive slots from the base slot the controller allocated (paged, no
+ * fragmentation).
+ *
+ * Validity.  Each slot carries a tag written with its data: slot_key (chunk key),
+ * slot_gen (generation) and slot_valid (written at least once).  A fragment is served
+ * only when all three say "this chunk, current generation", so a slot reused for
+ * another chunk, or left over from before an INVALIDATE, is never served: no register
+ * ever has to be cleared, which matters because BMv2's P4Runtime server cannot write
+ * registers.  A chunk becomes servable fragment by fragment as DATA passes.
+ *
+ * Generations.  The pool entry carries the generation the controller installed.  The
+ * data plane may move it forward without the controller: chunk_gen / chunk_gen_key,
+ * indexed by the base slot (unique per admitted chunk) and tagged with the key, hold a
+ * newer generation learnt from an authorised INVALIDATE or from authorised DATA
+ * carrying a newer generation.  The current generation is the larger of the two.
+ */
+#ifndef KVPOOL_POOL_P4
+#define KVPOOL_POOL_P4
+
+/*************************************************************************
+ ***********************  P O O L  ***************************************
+ *************************************************************************/
+
+control Pool(inout headers_t hdr,
+             inout metadata_t meta,
+             inout standard_metadata_t standard_metadata) {
+
+    // Fragment payloads: one array per 128-byte slice.
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_0;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_1;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_2;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_3;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_4;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_5;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_6;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_7;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_8;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_9;
+    register<bit<SLICE_BITS>>(POOL_SLOTS) slice_10;
+
+    // Per-slot tag: which chunk and generation the slot's bytes belong to.
+    register<chunkKey_t>(POOL_SLOTS)   slot_key;
+    register<generation_t>(POOL_SLOTS) slot_gen;
+    register<bit<1>>(POOL_SLOTS)       slot_valid;
+
+    // Per-chunk generation advanced by the data plane, indexed by base slot.
+    register<generation_t>(POOL_SLOTS) chunk_gen;
+    register<chunkKey_t>(POOL_SLOTS)   chunk_gen_key;
+
+    counter(POOL_SLOTS, CounterType.packets) slot_hits;
+    counter(POOL_SLOTS, CounterType.packets) slot_fills;
+    counter(POOL_STATS, CounterType.packets) pool_stats;
+
+    action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
+                      generation_t generation, bit<8> state) {
+        meta.pool_found = 1;
+        meta.base_slot = base_slot;
+        meta.pool_frag_count = frag_count;
+        meta.pool_chunk_len = chunk_len;
+        meta.pool_generation = generation;
+        meta.pool_state = state;
+    }
+
+    // Chunk key -> where and what the chunk is in switch memory.
+    table pool_lookup {
+        key = { hdr.kv.chunk_key: exact; }
+        actions = { pool_entry; NoAction; }
+        size = POOL_ENTRIES;
+        default_action = NoAction();
+    }
+
+    action advance_generation(generation_t generation) {
+        chunk_gen.write(meta.base_slot, generation);
+        chunk_gen_key.write(meta.base_slot, hdr.kv.chunk_key);
+        meta.cur_generation = generation;
+    }
+
+    action write_slot(slotIdx_t slot) {
+        slice_0.write(slot, hdr.payload[0].v);
+        slice_1.write(slot, hdr.payload[1].v);
+        slice_2.write(slot, hdr.payload[2].v);
+        slice_3.write(slot, hdr.payload[3].v);
+        slice_4.write(slot, hdr.payload[4].v);
+        slice_5.write(slot, hdr.payload[5].v);
+        slice_6.write(slot, hdr.payload[6].v);
+        slice_7.write(slot, hdr.payload[7].v);
+        slice_8.write(slot, hdr.payload[8].v);
+        slice_9.write(slot, hdr.payload[9].v);
+        slice_10.write(slot, hdr.payload[10].v);
+        slot_key.write(slot, hdr.kv.chunk_key);
+        slot_gen.write(slot, meta.cur_generation);
+        slot_valid.write(slot, 1);
+    }
+
+    // Turn the GET into the DATA reply in place and send it back where it came from.
+    action serve(slotIdx_t slot, bit<16> payload_len) {
+        hdr.payload[0].setValid();
+        hdr.payload[1].setValid();
+        hdr.payload[2].setValid();
+        hdr.payload[3].setValid();
+        hdr.payload[4].setValid();
+        hdr.payload[5].setValid();
+        hdr.payload[6].setValid();
+        hdr.payload[7].setValid();
+        hdr.payload[8].setValid();
+        hdr.payload[9].setValid();
+        hdr.payload[10].setValid();
+        slice_0.read(hdr.payload[0].v, slot);
+        slice_1.read(hdr.payload[1].v, slot);
+        slice_2.read(hdr.payload[2].v, slot);
+        slice_3.read(hdr.payload[3].v, slot);
+        slice_4.read(hdr.payload[4].v, slot);
+        slice_5.read(hdr.payload[5].v, slot);
+        slice_6.read(hdr.payload[6].v, slot);
+        slice_7.read(hdr.payload[7].v, slot);
+        slice_8.read(hdr.payload[8].v, slot);
+        slice_9.read(hdr.payload[9].v, slot);
+        slice_10.read(hdr.payload[10].v, slot);
+
+        macAddr_t mac = hdr.ethernet.dstAddr;
+        hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
+        hdr.ethernet.srcAddr = mac;
+        ip4Addr_t addr = hdr.ipv4.dstAddr;
+        hdr.ipv4.dstAddr = hdr.ipv4.srcAddr;
+        hdr.ipv4.srcAddr = addr;
+        hdr.ipv4.totalLen = KV_IPV4_LEN_DATA;
+        hdr.ipv4.ttl = SWITCH_REPLY_TTL;
+        bit<16> port = hdr.udp.dstPort;
+        hdr.udp.dstPort = hdr.udp.srcPort;
+        hdr.udp.srcPort = port;
+        hdr.udp.length = KV_UDP_LEN_DATA;
+        hdr.udp.checksum = 0;
+
+        // request_id and frag_index are echoed; the rest describes the stored fragment.
+        hdr.kv.opcode = OP_DATA;
+        hdr.kv.flags = FLAG_SWITCH_SERVED;
+        hdr.kv.frag_count = meta.pool_frag_count;
+        hdr.kv.generation = meta.cur_generation;
+        hdr.kv.payload_len = payload_len;
+        hdr.kv.status = STATUS_OK;
+        hdr.kv.chunk_len = meta.pool_chunk_len;
+        meta.served = 1;
+    }
+
+    apply {
+        if (pool_lookup.apply().hit) {
+            // Current generation: installed, or newer if the data plane learnt one.
+            chunkKey_t gen_key;
+            generation_t gen_val;
+            chunk_gen_key.read(gen_key, meta.base_slot);
+            chunk_gen.read(gen_val, meta.base_slot);
+            meta.cur_generation = meta.pool_generation;
+            if (gen_key == hdr.kv.chunk_key && gen_val > meta.pool_generation) {
+                meta.cur_generation = gen_val;
+            }
+
+            slotIdx_t slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
+            // Checking base_slot too guards against the sum wrapping around 2^32.
+            bool slot_ok = meta.base_slot < POOL_SLOTS && slot < POOL_SLOTS;
+            bool usable = meta.pool_state == POOL_STATE_FILLING
+                          || meta.pool_state == POOL_STATE_VALID;
+
+            chunkKey_t tag_key;
+            generation_t tag_gen;
+            bit<1> tag_valid;
+
+            if (hdr.kv.opcode == OP_GET) {
+                if (hdr.kv.frag_count != 1
+                        || (hdr.kv.flags & FLAG_NO_CACHE) != 0
+                        || (hdr.kv.generation != 0 && hdr.kv.generation != meta.cur_generation)
+                        || !usable
+                        || hdr.kv.frag_index >= meta.pool_frag_count) {
+                    // Not a single fragment this switch may answer: the holder decides.
+                    pool_stats.count(POOL_BYPASS);
+                } else if (!slot_ok) {
+                    pool_stats.count(POOL_SLOT_RANGE);
+                } else {
+                    slot_valid.read(tag_valid, slot);
+                    slot_key.read(tag_key, slot);
+                    slot_gen.read(tag_gen, slot);
+                    if (tag_valid == 1 && tag_key == hdr.kv.chunk_key
+                            && tag_gen == meta.cur_generation) {
+                        // Valid payload bytes: min(1408, chunk_len - frag_index * 1408).
+                        bit<32> rest = meta.pool_chunk_len
+                                       - (bit<32>)hdr.kv.frag_index * (bit<32>)FRAG_PAYLOAD;
+                        bit<16> payload_len = FRAG_PAYLOAD;
+                        if (rest < (bit<32>)FRAG_PAYLOAD) {
+                            payload_len = (bit<16>)rest;
+                        }
+                        serve(slot, payload_len);
+                        slot_hits.count(slot);
+                        pool_stats.count(POOL_HIT);
+                    } else {
+                        pool_stats.count(POOL_MISS_UNFILLED);
+                    }
+                }
+            } else if (hdr.kv.opcode == OP_DATA) {
+                if (meta.is_writer == 0) {
+                    pool_stats.count(POOL_FILL_UNAUTH);
+                } else if (hdr.kv.frag_count != meta.pool_frag_count
+                           || hdr.kv.chunk_len != meta.pool_chunk_len) {
+                    // A fragment of a different chunk geometry (or beyond the admitted
+                    // chunk): the controller must re-admit before such DATA may pass.
+                    meta.drop_reason = DROP_FILL_MISMATCH;
+                } else if (hdr.kv.generation < meta.cur_generation) {
+                    pool_stats.count(POOL_FILL_STALE);
+                } else {
+                    if (hdr.kv.generation > meta.cur_generation) {
+                        // The holder already has newer content: same as an INVALIDATE.
+                        advance_generation(hdr.kv.generation);
+                        pool_stats.count(POOL_INVALIDATE);
+                    }
+                    if (!usable) {
+                        // Disabled entry: pass the DATA on, remember nothing.
+                    } else if (!slot_ok) {
+                        pool_stats.count(POOL_SLOT_RANGE);
+                    } else {
+                        bool current = false;
+                        if (meta.pool_state == POOL_STATE_VALID) {
+                            slot_valid.read(tag_valid, slot);
+                            slot_key.read(tag_key, slot);
+                            slot_gen.read(tag_gen, slot);
+                            current = tag_valid == 1 && tag_key == hdr.kv.chunk_key
+                                      && tag_gen == meta.cur_generation;
+                        }
+                        if (current) {
+                            pool_stats.count(POOL_FILL_SKIPPED);
+                        } else {
+                            write_slot(slot);
+                            slot_fills.count(slot);
+                            pool_stats.count(POOL_FILL);
+                        }
+                    }
+                }
+            } else if (hdr.kv.opcode == OP_INVALIDATE) {
+                // Only writers get here (Safety drops the rest).  The INVALIDATE itself
+                // goes on to its destination so holders and agents see it too.
+                if (hdr.kv.generation > meta.cur_generation) {
+                    advance_generation(hdr.kv.generation);
+                    pool_stats.count(POOL_INVALIDATE);
+                } else {
+                    pool_stats.count(POOL_INVALIDATE_STALE);
+                }
+            }
+        } else {
+            pool_stats.count(POOL_LOOKUP_MISS);
+        }
+    }
+}
+
+#endif  // KVPOOL_POOL_P4
