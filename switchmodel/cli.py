@@ -1,0 +1,81 @@
+"""``kvpool-switch``: run the reference switch model behind a P4Runtime gRPC server.
+
+Like ``simple_switch_grpc``, the switch starts without a pipeline; a controller pushes
+P4Info + BMv2 JSON with SetForwardingPipelineConfig. ``--p4info`` preloads one instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from switchmodel.p4info import P4Info
+from switchmodel.p4rt_server import P4RuntimeServer
+from switchmodel.state import SwitchState
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the switch's options on ``parser``."""
+    parser.add_argument("--grpc-addr", default="127.0.0.1:9559",
+                        help="P4Runtime listen address host:port (default %(default)s; port 0 picks a free one)")
+    parser.add_argument("--device-id", type=int, default=1, help="P4Runtime device id (default %(default)s)")
+    parser.add_argument("--p4info", type=Path, help="preload this P4Info (text or binary) as the pipeline")
+    parser.add_argument("--json", type=Path, help="BMv2 JSON to preload with --p4info (default actions come from it)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool-switch`` argument parser."""
+    parser = argparse.ArgumentParser(prog="kvpool-switch", description=(__doc__ or "").strip().splitlines()[0])
+    add_arguments(parser)
+    return parser
+
+
+def make_state(args: argparse.Namespace) -> SwitchState:
+    """A switch state from the parsed options, with the preloaded pipeline if any."""
+    state = SwitchState(device_id=args.device_id)
+    if args.p4info is not None:
+        device_config = args.json.read_bytes() if args.json is not None else b""
+        state.set_pipeline(P4Info.load(args.p4info), device_config)
+    return state
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.json is not None and args.p4info is None:
+        print("kvpool-switch: --json needs --p4info", file=sys.stderr)
+        return 2
+    for path in (args.p4info, args.json):
+        if path is not None and not path.is_file():
+            print(f"kvpool-switch: {path}: no such file", file=sys.stderr)
+            return 2
+    try:
+        state = make_state(args)
+        server = P4RuntimeServer(state, args.grpc_addr).start()
+    except (OSError, ValueError) as e:
+        print(f"kvpool-switch: {e}", file=sys.stderr)
+        return 1
+    host = args.grpc_addr.rsplit(":", 1)[0]
+    # One line on stdout so a parent process can learn the port when it asked for port 0.
+    print(f"kvpool-switch: device {args.device_id} serving P4Runtime on {host}:{server.port}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvpool-switch`` console script."""
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
