@@ -1,0 +1,958 @@
+"""P4Runtime driver: the controller's connection to one switch (BMv2 or the model).
+
+Callers speak names (tables, match fields, actions, parameters, counters, digests from the
+P4Info) and plain values (ints, IP/MAC strings); the driver encodes them to the widths the
+P4Info gives and ships batched P4Runtime writes. It keeps the *intended* state (entries,
+default actions, multicast groups, digest config) and, after a dropped channel or a
+restarted switch, reconnects, pushes the pipeline if the switch lost it and makes the
+switch match the intended state again (read, diff, write).
+
+Typical use::
+
+    sw = P4RuntimeSwitch("127.0.0.1:9559", p4info="p4/build/kvpool.p4info.txtpb",
+                         device_config="p4/build/kvpool.json")
+    sw.connect()                      # arbitration + pipeline push + resync
+    sw.insert_entries([Entry("MyIngress.fwd", {"hdr.ipv4.dstAddr": "10.0.0.2"},
+                             "MyIngress.forward", {"port": 2})])
+    sw.set_multicast_group(7, [(1, 0), (2, 1)])
+    sw.configure_digest("hot_key_digest_t", max_list_size=16)
+    digest = sw.digests.get(timeout=1)  # acked automatically
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.rpc import code_pb2, status_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from switchmodel.p4info import (
+    P4Info,
+    P4InfoError,
+    TableInfo,
+    Value,
+    decode_bytes,
+    encode_int,
+    prefix_mask,
+    to_int,
+)
+
+log = logging.getLogger(__name__)
+
+#: A match value: a plain value (exact, optional; ternary with a full mask), or a pair:
+#: (value, prefix_len) for lpm, (value, mask) for ternary, (low, high) for range.
+#: lpm also takes "10.0.0.0/8".
+MatchValue = Value | tuple[Value, Value]
+
+_UPDATE_NAMES = {v: k for k, v in p4runtime_pb2.Update.Type.items()}
+
+
+class SwitchUnreachableError(ConnectionError):
+    """The switch's P4Runtime server did not answer in time (the message says where and how long)."""
+
+
+class NotMasterError(PermissionError):
+    """This controller lost (or never won) arbitration: another has a higher election id."""
+
+
+@dataclass(frozen=True)
+class UpdateError:
+    """Why the switch rejected one update of a batch."""
+
+    index: int
+    update: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"#{self.index} {self.update}: {self.code}: {self.message}"
+
+
+class WriteError(RuntimeError):
+    """The switch rejected some updates of a write; ``errors`` has one UpdateError per rejected update."""
+
+    def __init__(self, address: str, total: int, errors: list[UpdateError]) -> None:
+        self.errors = errors
+        lines = "\n  ".join(str(e) for e in errors)
+        super().__init__(f"switch {address} rejected {len(errors)} of {total} update(s):\n  {lines}")
+
+    @property
+    def codes(self) -> list[str]:
+        """Status code names of the rejected updates, in batch order."""
+        return [e.code for e in self.errors]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A table entry by names: table, match field -> value, action and its parameters, priority."""
+
+    table: str
+    match: Mapping[str, MatchValue]
+    action: str = ""
+    params: Mapping[str, Value] = field(default_factory=dict)
+    priority: int = 0
+
+    def describe(self) -> str:
+        """One-line text form for error messages."""
+        match = ", ".join(f"{k}={_fmt(v)}" for k, v in self.match.items())
+        return f"{self.table} {{{match}}}" + (f" prio {self.priority}" if self.priority else "")
+
+
+def _fmt(v: MatchValue) -> str:
+    if isinstance(v, tuple):
+        return "/".join(_fmt(x) for x in v)
+    return hex(v) if isinstance(v, int) else str(v)
+
+
+@dataclass(frozen=True)
+class Digest:
+    """One DigestList from the switch: digest name, list id and the items (member name -> value)."""
+
+    name: str
+    list_id: int
+    items: list[dict[str, int]]
+    timestamp_ns: int
+
+
+@dataclass(frozen=True)
+class PacketIn:
+    """A packet sent to the controller, with its ``packet_in`` header fields by name."""
+
+    payload: bytes
+    metadata: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CounterValue:
+    """Packets and bytes of one counter cell."""
+
+    packets: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DigestConfig:
+    """P4Runtime DigestEntry.Config."""
+
+    max_timeout_ns: int = 0
+    max_list_size: int = 1
+    ack_timeout_ns: int = 1_000_000_000
+
+
+# Normalized, hashable identity of a table entry: (table, ((field, kind, value, arg), ...), priority).
+_Key = tuple[str, tuple[tuple[str, str, int, int], ...], int]
+
+
+@dataclass
+class _Intended:
+    """What the controller wants on the switch; replayed after a reconnect."""
+
+    entries: dict[_Key, Entry] = field(default_factory=dict)
+    defaults: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
+    groups: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    digests: dict[str, DigestConfig] = field(default_factory=dict)
+
+
+def _pipeline_cookie(p4info: bytes, device_config: bytes) -> int:
+    """A 64-bit cookie naming the pipeline, so a reconnect can tell whether the switch still runs it."""
+    return int.from_bytes(hashlib.blake2b(p4info + b"\0" + device_config, digest_size=8).digest(), "big") >> 1
+
+
+class P4RuntimeSwitch:
+    """A P4Runtime client for one switch, addressed by P4Info names (see the module docstring)."""
+
+    def __init__(
+        self,
+        address: str,
+        p4info: str | Path | P4Info,
+        device_config: str | Path | bytes | None = None,
+        device_id: int = 1,
+        election_id: tuple[int, int] = (0, 1),
+        timeout_s: float = 5.0,
+        reconnect: bool = True,
+        batch_size: int = 512,
+        on_digest: Callable[[Digest], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.p4info = p4info if isinstance(p4info, P4Info) else P4Info.load(p4info)
+        if device_config is None:
+            self.device_config = b""
+        elif isinstance(device_config, bytes):
+            self.device_config = device_config
+        else:
+            self.device_config = Path(device_config).read_bytes()
+        self.device_id = device_id
+        self.election_id = election_id
+        self.timeout_s = timeout_s
+        self.reconnect = reconnect
+        self.batch_size = batch_size
+        self.on_digest = on_digest
+        #: Digest lists received (already acked to the switch), oldest first.
+        self.digests: queue.Queue[Digest] = queue.Queue()
+        #: PacketIns received, oldest first.
+        self.packet_ins: queue.Queue[PacketIn] = queue.Queue()
+        #: Reconnects performed (each followed by a resync).
+        self.reconnects = 0
+        self.cookie = _pipeline_cookie(self.p4info.message.SerializeToString(deterministic=True), self.device_config)
+        self._intended = _Intended()
+        self._lock = threading.RLock()  # guards the intended state and serialises writes with resync
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._requests: queue.Queue[Any] | None = None
+        self._arbitration: queue.Queue[Any] = queue.Queue()
+        self._connected = threading.Event()  # stream up and arbitration answered
+        self._ready = threading.Event()  # connected and resynced: callers may use the switch
+        self._resync_thread: int | None = None
+        self._lost = threading.Event()
+        self._closed = threading.Event()
+        self._is_master = False
+        self._watcher: threading.Thread | None = None
+
+    # --- connection ------------------------------------------------------------------------------
+
+    @property
+    def is_master(self) -> bool:
+        """True while this controller holds mastership of the switch."""
+        return self._is_master and self._connected.is_set()
+
+    @property
+    def connected(self) -> bool:
+        """True while the stream channel to the switch is up."""
+        return self._connected.is_set()
+
+    def connect(self, push_pipeline: bool = True) -> P4RuntimeSwitch:
+        """Open the channel, win arbitration, push the pipeline if needed and resync; returns self.
+
+        Raises SwitchUnreachableError when the switch does not answer within ``timeout_s`` and
+        NotMasterError when a controller with a higher election id holds the switch.
+        """
+        self._closed.clear()
+        try:
+            self._open()
+        except NotMasterError:
+            self._ready.set()  # a backup may still read
+            raise
+        if push_pipeline:
+            self._resync_as_owner()
+        self._ready.set()
+        if self.reconnect and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name=f"p4rt-watch-{self.address}", daemon=True)
+            self._watcher.start()
+        return self
+
+    def _open(self) -> None:
+        self._teardown()
+        channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", 256 << 20),
+                                                               ("grpc.max_send_message_length", 256 << 20)])
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self.timeout_s)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} did not answer within "
+                                    f"{self.timeout_s:.1f} s (is simple_switch_grpc or kvpool-switch running "
+                                    "there?)") from None
+        self._channel = channel
+        self._stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+        requests: queue.Queue[Any] = queue.Queue()
+        self._requests = requests
+        self._arbitration = queue.Queue()
+
+        def request_iter() -> Iterator[Any]:
+            while True:
+                msg = requests.get()
+                if msg is None:
+                    return
+                yield msg
+
+        stream = self._stub.StreamChannel(request_iter())
+        threading.Thread(target=self._receive, args=(stream, requests), name=f"p4rt-recv-{self.address}",
+                         daemon=True).start()
+        req = p4runtime_pb2.StreamMessageRequest()
+        req.arbitration.device_id = self.device_id
+        req.arbitration.election_id.high, req.arbitration.election_id.low = self.election_id
+        requests.put(req)
+        try:
+            reply = self._arbitration.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._teardown()
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address}: no arbitration reply within "
+                                    f"{self.timeout_s:.1f} s") from None
+        if reply is None:
+            self._teardown()
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} closed the stream before arbitration")
+        if isinstance(reply, grpc.RpcError):
+            self._teardown()
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} refused the stream: "
+                                    f"{reply.code().name}: {reply.details()}")
+        self._lost.clear()
+        self._connected.set()
+        if not self._is_master:
+            raise NotMasterError(f"switch {self.address}: election id {self.election_id} is not the highest "
+                            f"({reply.arbitration.status.message}); this controller is a backup")
+
+    def _receive(self, stream: Any, requests: queue.Queue[Any]) -> None:
+        try:
+            for msg in stream:
+                kind = msg.WhichOneof("update")
+                if kind == "arbitration":
+                    self._is_master = msg.arbitration.status.code == code_pb2.OK
+                    self._arbitration.put(msg)
+                elif kind == "digest":
+                    self._handle_digest(msg.digest, requests)
+                elif kind == "packet":
+                    self._handle_packet_in(msg.packet)
+                elif kind == "error":
+                    log.warning("switch %s stream error: %s", self.address, msg.error.message)
+        except grpc.RpcError as e:
+            if not self._connected.is_set():
+                self._arbitration.put(e)
+            elif not self._closed.is_set():
+                log.warning("switch %s: stream channel dropped (%s)", self.address, e.code().name)
+        finally:
+            self._arbitration.put(None)  # unblocks a connect waiting for its arbitration reply
+            if self._requests is requests:
+                self._connected.clear()
+                self._ready.clear()
+                self._is_master = False
+                self._lost.set()
+
+    def _handle_digest(self, msg: Any, requests: queue.Queue[Any]) -> None:
+        try:
+            info = self.p4info.digest(int(msg.digest_id))
+        except P4InfoError:
+            log.warning("switch %s sent a digest with unknown id %d", self.address, msg.digest_id)
+            return
+        items = []
+        for data in msg.data:
+            members = data.struct.members
+            items.append({name: decode_bytes(m.bitstring, width) for (name, width), m in
+                          zip(info.members, members, strict=True)})
+        digest = Digest(info.name, int(msg.list_id), items, int(msg.timestamp))
+        if self.on_digest is not None:
+            try:
+                self.on_digest(digest)
+            except Exception:  # the callback's bug must not kill the stream
+                log.exception("digest callback failed")
+        else:
+            self.digests.put(digest)
+        ack = p4runtime_pb2.StreamMessageRequest()
+        ack.digest_ack.digest_id = info.id
+        ack.digest_ack.list_id = msg.list_id
+        requests.put(ack)
+
+    def _handle_packet_in(self, msg: Any) -> None:
+        headers = [h for h in self.p4info.packet_metadata_headers if h.name == "packet_in"]
+        fields = {fid: (name, width) for fid, name, width in headers[0].metadata} if headers else {}
+        meta = {fields[m.metadata_id][0]: decode_bytes(m.value, fields[m.metadata_id][1])
+                for m in msg.metadata if m.metadata_id in fields}
+        self.packet_ins.put(PacketIn(bytes(msg.payload), meta))
+
+    def _watch(self) -> None:
+        delay = 0.1
+        while not self._closed.is_set():
+            if not self._lost.wait(timeout=0.5) or self._closed.is_set():
+                continue
+            try:
+                self._open()
+                self._resync_as_owner()
+                self._ready.set()
+                self.reconnects += 1
+                log.info("switch %s: reconnected and resynced", self.address)
+                delay = 0.1
+            except (SwitchUnreachableError, NotMasterError, grpc.RpcError, WriteError) as e:
+                log.info("switch %s: reconnect failed (%s); retrying in %.1f s", self.address,
+                         str(e).splitlines()[0], delay)
+                self._lost.set()
+                self._closed.wait(delay)
+                delay = min(2.0, delay * 2)
+
+    def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """Block until the switch is connected and resynced (after a reconnect); False on timeout."""
+        return self._ready.wait(self.timeout_s if timeout_s is None else timeout_s)
+
+    def _resync_as_owner(self) -> None:
+        with self._lock:
+            self._resync_thread = threading.get_ident()
+            try:
+                self.resync()
+            finally:
+                self._resync_thread = None
+
+    def _teardown(self) -> None:
+        self._connected.clear()
+        self._ready.clear()
+        requests, self._requests = self._requests, None
+        if requests is not None:
+            requests.put(None)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def close(self) -> None:
+        """Close the stream and channel and stop reconnecting."""
+        self._closed.set()
+        self._lost.set()
+        self._teardown()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
+
+    def __enter__(self) -> P4RuntimeSwitch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- RPC plumbing ----------------------------------------------------------------------------
+
+    def _wait_ready(self) -> None:
+        """Wait (outside the lock) for a reconnect + resync in progress, up to ``timeout_s``."""
+        if self._resync_thread == threading.get_ident() or self._ready.is_set():
+            return
+        if not self._ready.wait(self.timeout_s):
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected "
+                                    f"(waited {self.timeout_s:.1f} s for a reconnect)")
+
+    def _require(self) -> Any:
+        """The stub, for a call made now: resync may use a connected switch, callers need a resynced one."""
+        event = self._connected if self._resync_thread == threading.get_ident() else self._ready
+        if not event.is_set():
+            self._wait_ready()
+        stub = self._stub
+        if stub is None or not self._connected.is_set():
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected")
+        return stub
+
+    def _election_msg(self, msg: Any) -> None:
+        msg.high, msg.low = self.election_id
+
+    def _rpc_error(self, what: str, e: grpc.RpcError) -> Exception:
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return SwitchUnreachableError(f"P4Runtime switch at {self.address} unavailable ({what}): {e.details()}")
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return NotMasterError(f"switch {self.address} refused {what}: {e.details()}")
+        return RuntimeError(f"switch {self.address}: {what} failed: {code.name}: {e.details()}")
+
+    # --- pipeline --------------------------------------------------------------------------------
+
+    def switch_cookie(self) -> int | None:
+        """Cookie of the pipeline the switch runs, or None when it has none."""
+        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
+            device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
+        try:
+            resp = self._require().GetForwardingPipelineConfig(req, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return None
+            raise self._rpc_error("GetForwardingPipelineConfig", e) from None
+        if not resp.config.HasField("cookie"):
+            return 0
+        return int(resp.config.cookie.cookie)
+
+    def push_pipeline(self) -> None:
+        """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and cookie."""
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        self._election_msg(req.election_id)
+        req.config.p4info.CopyFrom(self.p4info.message)
+        req.config.p4_device_config = self.device_config
+        req.config.cookie.cookie = self.cookie
+        try:
+            self._require().SetForwardingPipelineConfig(req, timeout=max(self.timeout_s, 30.0))
+        except grpc.RpcError as e:
+            raise self._rpc_error("SetForwardingPipelineConfig", e) from None
+
+    # --- encoding --------------------------------------------------------------------------------
+
+    def _table(self, name: str | int) -> TableInfo:
+        return self.p4info.table(name)
+
+    def _normalize(self, entry: Entry) -> tuple[_Key, Entry]:
+        """Validate an entry against the P4Info; its identity key and a canonical copy (ints)."""
+        t = self._table(entry.table)
+        items: list[tuple[str, str, int, int]] = []
+        match: dict[str, MatchValue] = {}
+        for name, raw in entry.match.items():
+            f = t.match_field(name)
+            kind, bw = f.match_type, f.bitwidth
+            if kind in ("exact", "optional"):
+                if isinstance(raw, tuple):
+                    raise ValueError(f"{t.name}.{f.name} is {kind}: give one value, not {raw!r}")
+                value, arg = to_int(raw, bw), 0
+            elif kind == "lpm":
+                if isinstance(raw, str) and "/" in raw:
+                    addr, plen = raw.split("/", 1)
+                    value, arg = to_int(addr, bw), int(plen)
+                elif isinstance(raw, tuple):
+                    value, arg = to_int(raw[0], bw), to_int(raw[1], 16)
+                else:
+                    value, arg = to_int(raw, bw), bw
+                if not 0 <= arg <= bw:
+                    raise ValueError(f"{t.name}.{f.name}: prefix length {arg} not in 0..{bw}")
+                if value & ~prefix_mask(arg, bw):
+                    raise ValueError(f"{t.name}.{f.name}: {_fmt(raw)} has host bits set beyond /{arg}")
+                if arg == 0:
+                    continue  # /0 is a wildcard: P4Runtime wants the field omitted
+            elif kind == "ternary":
+                if isinstance(raw, tuple):
+                    value, arg = to_int(raw[0], bw), to_int(raw[1], bw)
+                else:
+                    value, arg = to_int(raw, bw), (1 << bw) - 1
+                if value & ~arg:
+                    raise ValueError(f"{t.name}.{f.name}: value {value:#x} has bits outside mask {arg:#x}")
+                if arg == 0:
+                    continue
+            elif kind == "range":
+                if not isinstance(raw, tuple):
+                    raise ValueError(f"{t.name}.{f.name} is a range: give (low, high)")
+                value, arg = to_int(raw[0], bw), to_int(raw[1], bw)
+                if value > arg:
+                    raise ValueError(f"{t.name}.{f.name}: range low {value} > high {arg}")
+                if value == 0 and arg == (1 << bw) - 1:
+                    continue
+            else:
+                raise ValueError(f"{t.name}.{f.name}: match kind {kind} is not supported")
+            items.append((f.name, kind, value, arg))
+            match[f.name] = value if kind in ("exact", "optional") else (value, arg)
+        missing = [f.name for f in t.match_fields if f.match_type == "exact" and f.name not in entry.match]
+        if missing:
+            raise ValueError(f"table {t.name}: exact field(s) {', '.join(missing)} missing")
+        order = {f.name: i for i, f in enumerate(t.match_fields)}
+        items.sort(key=lambda it: order[it[0]])
+        params: dict[str, Value] = {}
+        if entry.action:
+            action = self.p4info.action(entry.action)
+            params = {action.param(k).name: to_int(v, action.param(k).bitwidth) for k, v in entry.params.items()}
+            missing = [p.name for p in action.params if p.name not in params]
+            if missing:
+                raise ValueError(f"action {action.name}: parameter(s) {', '.join(missing)} missing")
+            action_name = action.name
+        else:
+            action_name = ""
+        canon = Entry(t.name, {k: match[k] for k in sorted(match, key=order.__getitem__)}, action_name, params,
+                      entry.priority)
+        return (t.name, tuple(items), entry.priority), canon
+
+    def _table_entry_pb(self, key: _Key, entry: Entry, out: Any) -> None:
+        t = self._table(entry.table)
+        out.table_id = t.id
+        out.priority = entry.priority
+        for name, kind, value, arg in key[1]:
+            f = t.match_field(name)
+            m = out.match.add()
+            m.field_id = f.id
+            bw = f.bitwidth
+            if kind == "exact":
+                m.exact.value = encode_int(value, bw)
+            elif kind == "optional":
+                m.optional.value = encode_int(value, bw)
+            elif kind == "lpm":
+                m.lpm.value = encode_int(value, bw)
+                m.lpm.prefix_len = arg
+            elif kind == "ternary":
+                m.ternary.value = encode_int(value, bw)
+                m.ternary.mask = encode_int(arg, bw)
+            else:
+                m.range.low = encode_int(value, bw)
+                m.range.high = encode_int(arg, bw)
+        if entry.action:
+            self._action_pb(entry.action, entry.params, out.action.action)
+
+    def _action_pb(self, action_name: str, params: Mapping[str, Value], out: Any) -> None:
+        action = self.p4info.action(action_name)
+        out.action_id = action.id
+        for pid, value in self.p4info.encode_params(action.name, params):
+            out.params.add(param_id=pid, value=value)
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    def _write(self, updates: Sequence[tuple[Any, str]]) -> list[UpdateError]:
+        """Send updates in batches; returns the rejected ones (index into ``updates``)."""
+        stub = self._require()
+        errors: list[UpdateError] = []
+        for start in range(0, len(updates), self.batch_size):
+            chunk = updates[start:start + self.batch_size]
+            req = p4runtime_pb2.WriteRequest(device_id=self.device_id)
+            self._election_msg(req.election_id)
+            for update, _ in chunk:
+                req.updates.append(update)
+            try:
+                stub.Write(req, timeout=max(self.timeout_s, 30.0))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNKNOWN:
+                    raise self._rpc_error("Write", e) from None
+                errors.extend(self._batch_errors(e, chunk, start))
+        return errors
+
+    @staticmethod
+    def _batch_errors(e: grpc.RpcError, chunk: Sequence[tuple[Any, str]], start: int) -> list[UpdateError]:
+        status = None
+        for key, value in e.trailing_metadata() or ():  # type: ignore[attr-defined]
+            if key == "grpc-status-details-bin":
+                status = status_pb2.Status()
+                status.ParseFromString(value)
+        if status is None or len(status.details) != len(chunk):
+            return [UpdateError(start + i, desc, "UNKNOWN", str(e.details())) for i, (_, desc) in enumerate(chunk)]
+        out = []
+        for i, (detail, (_, desc)) in enumerate(zip(status.details, chunk, strict=True)):
+            err = p4runtime_pb2.Error()
+            detail.Unpack(err)
+            if err.canonical_code != code_pb2.OK:
+                out.append(UpdateError(start + i, desc, code_pb2.Code.Name(err.canonical_code), str(err.message)))
+        return out
+
+    def _entry_update(self, utype: int, key: _Key, entry: Entry) -> tuple[Any, str]:
+        u = p4runtime_pb2.Update(type=utype)
+        self._table_entry_pb(key, entry, u.entity.table_entry)
+        return u, f"{_UPDATE_NAMES[utype]} {entry.describe()}"
+
+    def _write_entries(self, utype: int, entries: Iterable[Entry]) -> None:
+        self._wait_ready()
+        with self._lock:
+            normalized = [self._normalize(e) for e in entries]
+            for (_, _, _), e in normalized:
+                if utype != p4runtime_pb2.Update.DELETE and not e.action:
+                    raise ValueError(f"{e.describe()}: an action is required")
+            updates = [self._entry_update(utype, k, e) for k, e in normalized]
+            errors = self._write(updates)
+            failed = {err.index for err in errors}
+            for i, (key, e) in enumerate(normalized):
+                if i in failed:
+                    continue
+                if utype == p4runtime_pb2.Update.DELETE:
+                    self._intended.entries.pop(key, None)
+                else:
+                    self._intended.entries[key] = e
+            if errors:
+                raise WriteError(self.address, len(updates), errors)
+
+    def insert_entries(self, entries: Iterable[Entry]) -> None:
+        """INSERT table entries in batches; WriteError lists the rejected ones (others stay applied)."""
+        self._write_entries(p4runtime_pb2.Update.INSERT, entries)
+
+    def modify_entries(self, entries: Iterable[Entry]) -> None:
+        """MODIFY the action of existing entries, in batches."""
+        self._write_entries(p4runtime_pb2.Update.MODIFY, entries)
+
+    def delete_entries(self, entries: Iterable[Entry]) -> None:
+        """DELETE entries (match + priority identify them; the action is ignored), in batches."""
+        self._write_entries(p4runtime_pb2.Update.DELETE, entries)
+
+    def insert_entry(self, table: str, match: Mapping[str, MatchValue], action: str,
+                     params: Mapping[str, Value] | None = None, priority: int = 0) -> None:
+        """INSERT one entry."""
+        self.insert_entries([Entry(table, match, action, dict(params or {}), priority)])
+
+    def modify_entry(self, table: str, match: Mapping[str, MatchValue], action: str,
+                     params: Mapping[str, Value] | None = None, priority: int = 0) -> None:
+        """MODIFY one entry."""
+        self.modify_entries([Entry(table, match, action, dict(params or {}), priority)])
+
+    def delete_entry(self, table: str, match: Mapping[str, MatchValue], priority: int = 0) -> None:
+        """DELETE one entry."""
+        self.delete_entries([Entry(table, match, priority=priority)])
+
+    def set_default_action(self, table: str, action: str, params: Mapping[str, Value] | None = None) -> None:
+        """MODIFY a table's default entry."""
+        self._wait_ready()
+        with self._lock:
+            t = self._table(table)
+            act = self.p4info.action(action)
+            encoded = {act.param(k).name: to_int(v, act.param(k).bitwidth) for k, v in (params or {}).items()}
+            u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
+            u.entity.table_entry.table_id = t.id
+            u.entity.table_entry.is_default_action = True
+            self._action_pb(act.name, encoded, u.entity.table_entry.action.action)
+            errors = self._write([(u, f"MODIFY default of {t.name} -> {act.name}")])
+            if errors:
+                raise WriteError(self.address, 1, errors)
+            self._intended.defaults[t.name] = (act.name, dict(encoded))
+
+    # --- multicast -------------------------------------------------------------------------------
+
+    def _group_update(self, utype: int, gid: int, replicas: Sequence[tuple[int, int]]) -> tuple[Any, str]:
+        u = p4runtime_pb2.Update(type=utype)
+        g = u.entity.packet_replication_engine_entry.multicast_group_entry
+        g.multicast_group_id = gid
+        for port, rid in replicas:
+            g.replicas.add(egress_port=port, instance=rid)
+        return u, f"{_UPDATE_NAMES[utype]} multicast group {gid} {list(replicas)}"
+
+    def set_multicast_group(self, group_id: int, replicas: Iterable[tuple[int, int]]) -> None:
+        """Create or replace multicast group ``group_id`` with (egress port, replica id) copies."""
+        reps = tuple((int(p), int(r)) for p, r in replicas)
+        self._wait_ready()
+        with self._lock:
+            utype = p4runtime_pb2.Update.MODIFY if group_id in self._intended.groups else p4runtime_pb2.Update.INSERT
+            errors = self._write([self._group_update(utype, group_id, reps)])
+            if errors and errors[0].code in ("ALREADY_EXISTS", "NOT_FOUND"):
+                # The switch disagrees with what we believed; take its word and retry the other way.
+                other = p4runtime_pb2.Update.INSERT if utype == p4runtime_pb2.Update.MODIFY else \
+                    p4runtime_pb2.Update.MODIFY
+                errors = self._write([self._group_update(other, group_id, reps)])
+            if errors:
+                raise WriteError(self.address, 1, errors)
+            self._intended.groups[group_id] = reps
+
+    def delete_multicast_group(self, group_id: int) -> None:
+        """Delete a multicast group."""
+        self._wait_ready()
+        with self._lock:
+            errors = self._write([self._group_update(p4runtime_pb2.Update.DELETE, group_id, ())])
+            if errors:
+                raise WriteError(self.address, 1, errors)
+            self._intended.groups.pop(group_id, None)
+
+    # --- digests ---------------------------------------------------------------------------------
+
+    def _digest_update(self, utype: int, name: str, config: DigestConfig) -> tuple[Any, str]:
+        u = p4runtime_pb2.Update(type=utype)
+        d = u.entity.digest_entry
+        d.digest_id = self.p4info.digest(name).id
+        d.config.max_timeout_ns = config.max_timeout_ns
+        d.config.max_list_size = config.max_list_size
+        d.config.ack_timeout_ns = config.ack_timeout_ns
+        return u, f"{_UPDATE_NAMES[utype]} digest {name}"
+
+    def configure_digest(self, name: str, max_timeout_ns: int = 0, max_list_size: int = 1,
+                         ack_timeout_ns: int = 1_000_000_000) -> None:
+        """Enable (or reconfigure) a digest; its lists arrive in :attr:`digests` or ``on_digest``."""
+        info = self.p4info.digest(name)
+        config = DigestConfig(max_timeout_ns, max_list_size, ack_timeout_ns)
+        self._wait_ready()
+        with self._lock:
+            utype = p4runtime_pb2.Update.MODIFY if info.name in self._intended.digests else \
+                p4runtime_pb2.Update.INSERT
+            errors = self._write([self._digest_update(utype, info.name, config)])
+            if errors:
+                raise WriteError(self.address, 1, errors)
+            self._intended.digests[info.name] = config
+
+    # --- reads -----------------------------------------------------------------------------------
+
+    def _read(self, entities: Iterable[Any]) -> list[Any]:
+        req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+        for e in entities:
+            req.entities.append(e)
+        try:
+            return [e for resp in self._require().Read(req, timeout=max(self.timeout_s, 30.0))
+                    for e in resp.entities]
+        except grpc.RpcError as e:
+            raise self._rpc_error("Read", e) from None
+
+    def _decode_entry(self, te: Any) -> Entry:
+        t = self._table(int(te.table_id))
+        match: dict[str, MatchValue] = {}
+        for m in te.match:
+            f = t.match_field(int(m.field_id))
+            kind = m.WhichOneof("field_match_type")
+            bw = f.bitwidth
+            if kind == "exact":
+                match[f.name] = decode_bytes(m.exact.value, bw)
+            elif kind == "optional":
+                match[f.name] = decode_bytes(m.optional.value, bw)
+            elif kind == "lpm":
+                match[f.name] = (decode_bytes(m.lpm.value, bw), int(m.lpm.prefix_len))
+            elif kind == "ternary":
+                match[f.name] = (decode_bytes(m.ternary.value, bw), decode_bytes(m.ternary.mask, bw))
+            elif kind == "range":
+                match[f.name] = (decode_bytes(m.range.low, bw), decode_bytes(m.range.high, bw))
+        action, params = "", {}
+        if te.action.WhichOneof("type") == "action":
+            act = self.p4info.action(int(te.action.action.action_id))
+            action = act.name
+            params = {act.param(int(p.param_id)).name: decode_bytes(p.value, act.param(int(p.param_id)).bitwidth)
+                      for p in te.action.action.params}
+        return Entry(t.name, match, action, params, int(te.priority))
+
+    def read_entries(self, table: str | None = None) -> list[Entry]:
+        """Every entry of ``table`` (or of all tables) as the switch holds it."""
+        e = p4runtime_pb2.Entity()
+        e.table_entry.table_id = self._table(table).id if table else 0
+        return [self._decode_entry(x.table_entry) for x in self._read([e])]
+
+    def read_default_action(self, table: str) -> tuple[str, dict[str, int]]:
+        """The (action, params) a miss in ``table`` runs on the switch."""
+        e = p4runtime_pb2.Entity()
+        e.table_entry.table_id = self._table(table).id
+        e.table_entry.is_default_action = True
+        (got,) = self._read([e])
+        entry = self._decode_entry(got.table_entry)
+        return entry.action, {k: v for k, v in entry.params.items() if isinstance(v, int)}
+
+    def read_counter(self, name: str, index: int | None = None) -> dict[int, CounterValue]:
+        """Cells of an indexed counter: one ``index`` or all of them, index -> value."""
+        info = self.p4info.counter(name)
+        e = p4runtime_pb2.Entity()
+        e.counter_entry.counter_id = info.id
+        if index is not None:
+            e.counter_entry.index.index = index
+        return {int(x.counter_entry.index.index): CounterValue(int(x.counter_entry.data.packet_count),
+                                                               int(x.counter_entry.data.byte_count))
+                for x in self._read([e])}
+
+    def read_direct_counters(self, table: str) -> list[tuple[Entry, CounterValue]]:
+        """Direct-counter value of every entry of ``table``."""
+        e = p4runtime_pb2.Entity()
+        e.direct_counter_entry.table_entry.table_id = self._table(table).id
+        return [(self._decode_entry(x.direct_counter_entry.table_entry),
+                 CounterValue(int(x.direct_counter_entry.data.packet_count),
+                              int(x.direct_counter_entry.data.byte_count))) for x in self._read([e])]
+
+    def read_multicast_groups(self) -> dict[int, list[tuple[int, int]]]:
+        """Every multicast group on the switch: id -> [(egress port, replica id)]."""
+        e = p4runtime_pb2.Entity()
+        e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
+        out: dict[int, list[tuple[int, int]]] = {}
+        for x in self._read([e]):
+            g = x.packet_replication_engine_entry.multicast_group_entry
+            out[int(g.multicast_group_id)] = [(int(r.egress_port), int(r.instance)) for r in g.replicas]
+        return out
+
+    def read_digest_configs(self) -> dict[str, DigestConfig]:
+        """Digests enabled on the switch and their configs."""
+        e = p4runtime_pb2.Entity()
+        e.digest_entry.digest_id = 0
+        out = {}
+        for x in self._read([e]):
+            d = x.digest_entry
+            out[self.p4info.digest(int(d.digest_id)).name] = DigestConfig(
+                int(d.config.max_timeout_ns), int(d.config.max_list_size), int(d.config.ack_timeout_ns))
+        return out
+
+    # --- packet-out ------------------------------------------------------------------------------
+
+    def send_packet_out(self, payload: bytes, **metadata: int) -> None:
+        """Send a packet through the switch's CPU port with ``packet_out`` header fields by name."""
+        headers = [h for h in self.p4info.packet_metadata_headers if h.name == "packet_out"]
+        req = p4runtime_pb2.StreamMessageRequest()
+        req.packet.payload = payload
+        if metadata:
+            if not headers:
+                raise P4InfoError("P4Info has no packet_out controller header")
+            fields = {name: (fid, width) for fid, name, width in headers[0].metadata}
+            for name, value in metadata.items():
+                if name not in fields:
+                    raise P4InfoError(f"packet_out has no field {name!r} (fields: {', '.join(fields)})")
+                fid, width = fields[name]
+                req.packet.metadata.add(metadata_id=fid, value=encode_int(value, width))
+        self._require()
+        requests = self._requests
+        if requests is None:
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected")
+        requests.put(req)
+
+    # --- resync ----------------------------------------------------------------------------------
+
+    @property
+    def intended_entries(self) -> list[Entry]:
+        """Entries the controller wants on the switch (what a resync restores)."""
+        with self._lock:
+            return list(self._intended.entries.values())
+
+    def resync(self) -> dict[str, int]:
+        """Make the switch match the intended state: pipeline, entries, defaults, groups, digests.
+
+        Pushes the pipeline when the switch runs none or another one (cookie differs), then
+        reads what the switch holds and writes only the difference. Returns counts of the
+        updates sent, by kind.
+        """
+        counts = {"pipeline": 0, "insert": 0, "modify": 0, "delete": 0}
+        with self._lock:
+            if self.switch_cookie() != self.cookie:
+                self.push_pipeline()
+                counts["pipeline"] = 1
+            updates: list[tuple[Any, str]] = []
+            # Entries: switch's view keyed the same way as the intended state.
+            have: dict[_Key, Entry] = {}
+            for e in self.read_entries():
+                key, canon = self._normalize(e)
+                have[key] = canon
+            want = self._intended.entries
+            for key, e in have.items():
+                if key not in want:
+                    updates.append(self._entry_update(p4runtime_pb2.Update.DELETE, key, e))
+                    counts["delete"] += 1
+            for key, e in want.items():
+                if key not in have:
+                    updates.append(self._entry_update(p4runtime_pb2.Update.INSERT, key, e))
+                    counts["insert"] += 1
+                elif (have[key].action, dict(have[key].params)) != (e.action, dict(e.params)):
+                    updates.append(self._entry_update(p4runtime_pb2.Update.MODIFY, key, e))
+                    counts["modify"] += 1
+            for table, (action, params) in self._intended.defaults.items():
+                if self.read_default_action(table) != (action, params):
+                    u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
+                    u.entity.table_entry.table_id = self._table(table).id
+                    u.entity.table_entry.is_default_action = True
+                    self._action_pb(action, params, u.entity.table_entry.action.action)
+                    updates.append((u, f"MODIFY default of {table} -> {action}"))
+                    counts["modify"] += 1
+            groups = self.read_multicast_groups()
+            for gid in groups:
+                if gid not in self._intended.groups:
+                    updates.append(self._group_update(p4runtime_pb2.Update.DELETE, gid, ()))
+                    counts["delete"] += 1
+            for gid, want_reps in self._intended.groups.items():
+                if gid not in groups:
+                    updates.append(self._group_update(p4runtime_pb2.Update.INSERT, gid, want_reps))
+                    counts["insert"] += 1
+                elif tuple(groups[gid]) != want_reps:
+                    updates.append(self._group_update(p4runtime_pb2.Update.MODIFY, gid, want_reps))
+                    counts["modify"] += 1
+            digests = self.read_digest_configs()
+            for name, config in self._intended.digests.items():
+                if name not in digests:
+                    updates.append(self._digest_update(p4runtime_pb2.Update.INSERT, name, config))
+                    counts["insert"] += 1
+                elif digests[name] != config:
+                    updates.append(self._digest_update(p4runtime_pb2.Update.MODIFY, name, config))
+                    counts["modify"] += 1
+            for name in digests:
+                if name not in self._intended.digests:
+                    u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.DELETE)
+                    u.entity.digest_entry.digest_id = self.p4info.digest(name).id
+                    updates.append((u, f"DELETE digest {name}"))
+                    counts["delete"] += 1
+            # Deletes first so a full table has room for the inserts.
+            updates.sort(key=lambda u: u[0].type != p4runtime_pb2.Update.DELETE)
+            errors = self._write(updates)
+            if errors:
+                raise WriteError(self.address, len(updates), errors)
+        log.info("switch %s resynced: %s", self.address, counts)
+        return counts
+
+
+@contextlib.contextmanager
+def connected(address: str, p4info: str | Path | P4Info, device_config: str | Path | bytes | None = None,
+              **kwargs: Any) -> Iterator[P4RuntimeSwitch]:
+    """``with connected(addr, p4info, json) as sw:`` — a connected switch, closed afterwards."""
+    sw = P4RuntimeSwitch(address, p4info, device_config, **kwargs)
+    try:
+        sw.connect()
+        yield sw
+    finally:
+        sw.close()
+
+
+def wait_for_port(address: str, timeout_s: float = 10.0) -> None:
+    """Block until a gRPC server answers at ``address`` (SwitchUnreachableError after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
+    except grpc.FutureTimeoutError:
+        raise SwitchUnreachableError(f"nothing answers gRPC at {address} after {timeout_s:.1f} s") from None
+    finally:
+        channel.close()
