@@ -598,7 +598,7 @@ class P4RuntimeSwitch:
     @staticmethod
     def _batch_errors(e: grpc.RpcError, chunk: Sequence[tuple[Any, str]], start: int) -> list[UpdateError]:
         status = None
-        for key, value in e.trailing_metadata() or ():  # type: ignore[attr-defined]
+        for key, value in e.trailing_metadata() or ():
             if key == "grpc-status-details-bin":
                 status = status_pb2.Status()
                 status.ParseFromString(value)

@@ -117,7 +117,7 @@ def write_errors(e: grpc.RpcError) -> list[tuple[str, str]]:
     """(code name, message) per update from a failed Write's status details."""
     assert e.code() == grpc.StatusCode.UNKNOWN
     status = status_pb2.Status()
-    for key, value in e.trailing_metadata():  # type: ignore[attr-defined]
+    for key, value in e.trailing_metadata():
         if key == "grpc-status-details-bin":
             status.ParseFromString(value)
     out = []
