@@ -1,0 +1,36 @@
+"""The ``kvpool-switch`` command: serves P4Runtime in its own process, checks its options."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from controller.p4runtime import P4RuntimeSwitch
+from switchmodel.cli import main
+
+MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+
+
+def test_switch_process_serves_a_preloaded_pipeline() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "switchmodel.cli", "--grpc-addr", "127.0.0.1:0",
+                             "--device-id", "3", "--p4info", str(MINI)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "device 3 serving P4Runtime on 127.0.0.1:" in line
+        address = line.rsplit(" ", 1)[1].strip()
+        sw = P4RuntimeSwitch(address, MINI, device_id=3, timeout_s=5, reconnect=False)
+        sw.connect(push_pipeline=False)
+        assert sw.switch_cookie() == 0  # preloaded, not pushed by a controller
+        sw.insert_entry("pool", {"hdr.kv.key": 1, "sm.ingress_port": 2}, "pool_hit", {"slot": 3, "nfrags": 1})
+        assert len(sw.read_entries("pool")) == 1
+        sw.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert main(["--json", str(MINI)]) == 2
+    assert main(["--p4info", str(tmp_path / "missing.txtpb")]) == 2
