@@ -782,6 +782,13 @@ class P4RuntimeSwitch:
         e.table_entry.table_id = self._table(table).id if table else 0
         return [self._decode_entry(x.table_entry) for x in self._read([e])]
 
+    def _read_mutable_entries(self) -> list[Entry]:
+        """Entries a controller may change: not in const tables, not marked const (P4 ``entries``)."""
+        e = p4runtime_pb2.Entity()
+        e.table_entry.table_id = 0
+        return [self._decode_entry(x.table_entry) for x in self._read([e])
+                if not x.table_entry.is_const and not self._table(int(x.table_entry.table_id)).is_const_table]
+
     def read_default_action(self, table: str) -> tuple[str, dict[str, int]]:
         """The (action, params) a miss in ``table`` runs on the switch."""
         e = p4runtime_pb2.Entity()
@@ -876,7 +883,7 @@ class P4RuntimeSwitch:
             updates: list[tuple[Any, str]] = []
             # Entries: switch's view keyed the same way as the intended state.
             have: dict[_Key, Entry] = {}
-            for e in self.read_entries():
+            for e in self._read_mutable_entries():
                 key, canon = self._normalize(e)
                 have[key] = canon
             want = self._intended.entries

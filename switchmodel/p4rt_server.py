@@ -345,6 +345,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                 errors.append((grpc.StatusCode.OK, ""))
             except StateError as e:
                 errors.append((e.code, e.message))
+                self.state.count("write_rejected")
         if any(code != grpc.StatusCode.OK for code, _ in errors):
             status = status_pb2.Status(code=code_pb2.UNKNOWN, message="Write failure.")
             for code, message in errors:

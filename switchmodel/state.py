@@ -122,6 +122,11 @@ class _Table:
     entries: dict[EntryKey, TableEntry] = field(default_factory=dict)
     # Only for tables whose key is all exact fields: values in key order -> entry.
     exact_index: dict[tuple[int, ...], TableEntry] | None = None
+    # Only for tables with one lpm field and otherwise exact ones: (prefix length, values with
+    # the lpm value masked) -> entry, probed from the longest prefix length in use down.
+    lpm_field: int | None = None
+    lpm_index: dict[tuple[int, tuple[int, ...]], TableEntry] = field(default_factory=dict)
+    prefix_lengths: dict[int, int] = field(default_factory=dict)
     default_packets: int = 0
     default_bytes: int = 0
     direct_counter: str | None = None
@@ -313,7 +318,10 @@ class SwitchState:
         for t in p4info.tables:
             initial = self._initial_default(t, p4info, defaults)
             all_exact = all(f.match_type == "exact" for f in t.match_fields)
+            kinds = [f.match_type for f in t.match_fields]
+            one_lpm = kinds.count("lpm") == 1 and all(k in ("exact", "lpm") for k in kinds)
             tables[t.name] = _Table(t, initial, initial, exact_index={} if all_exact else None,
+                                    lpm_field=kinds.index("lpm") if one_lpm else None,
                                     direct_counter=direct.get(t.id))
         counters = {c.name: [[0, 0] for _ in range(c.size)] for c in p4info.counters}
         registers = {r.name: [0] * r.size for r in p4info.registers}
@@ -395,6 +403,22 @@ class SwitchState:
         table.entries[self.entry_key(table.info, entry.match, entry.priority)] = entry
         if table.exact_index is not None:
             table.exact_index[tuple(entry.match[f.name].value for f in table.info.match_fields)] = entry
+        elif table.lpm_field is not None:
+            key = self._lpm_key(table, entry)
+            if key not in table.lpm_index:
+                table.prefix_lengths[key[0]] = table.prefix_lengths.get(key[0], 0) + 1
+            table.lpm_index[key] = entry
+
+    @staticmethod
+    def _lpm_key(table: _Table, entry: TableEntry) -> tuple[int, tuple[int, ...]]:
+        plen = 0
+        values = []
+        for f in table.info.match_fields:
+            m = entry.match.get(f.name)  # only the lpm field may be absent (a /0 wildcard)
+            if m is not None and m.kind == "lpm":
+                plen = m.arg
+            values.append(m.value if m is not None else 0)
+        return plen, tuple(values)
 
     def _check_entry(self, table: _Table, entry: TableEntry) -> None:
         info = table.info
@@ -446,6 +470,12 @@ class SwitchState:
                 raise StateError(grpc.StatusCode.NOT_FOUND, f"no such entry in table {t.info.name}")
             if t.exact_index is not None:
                 t.exact_index.pop(tuple(entry.match[f.name].value for f in t.info.match_fields), None)
+            elif t.lpm_field is not None:
+                lpm_key = self._lpm_key(t, entry)
+                del t.lpm_index[lpm_key]
+                t.prefix_lengths[lpm_key[0]] -= 1
+                if not t.prefix_lengths[lpm_key[0]]:
+                    del t.prefix_lengths[lpm_key[0]]
 
     def get_entry(self, table: str, match: Mapping[str, FieldMatch], priority: int = 0) -> TableEntry | None:
         """The entry with exactly this match and priority, or None."""
@@ -518,7 +548,12 @@ class SwitchState:
                 values = tuple(int(v) for v in key)
                 if len(values) != len(fields):
                     raise ValueError(f"lookup in {t.info.name}: {len(fields)} key values expected, got {len(values)}")
-            found = t.exact_index.get(values) if t.exact_index is not None else self._scan(t, values)
+            if t.exact_index is not None:
+                found = t.exact_index.get(values)
+            elif t.lpm_field is not None:
+                found = self._lpm_probe(t, values)
+            else:
+                found = self._scan(t, values)
             if packet_len is not None and t.direct_counter is not None:
                 if found is not None:
                     found.packets += 1
@@ -533,6 +568,19 @@ class SwitchState:
     def lookup_exact(self, table: str, *values: int) -> LookupResult:
         """Lookup with the key values given positionally (any table; fast path for exact ones)."""
         return self.lookup(table, values)
+
+    @staticmethod
+    def _lpm_probe(t: _Table, values: tuple[int, ...]) -> TableEntry | None:
+        assert t.lpm_field is not None
+        i = t.lpm_field
+        width = t.info.match_fields[i].bitwidth
+        probe = list(values)
+        for plen in sorted(t.prefix_lengths, reverse=True):
+            probe[i] = values[i] & prefix_mask(plen, width)
+            found = t.lpm_index.get((plen, tuple(probe)))
+            if found is not None:
+                return found
+        return None
 
     @staticmethod
     def _scan(t: _Table, values: tuple[int, ...]) -> TableEntry | None:

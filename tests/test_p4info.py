@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import grpc
@@ -243,3 +244,28 @@ def test_no_pipeline_is_failed_precondition() -> None:
     with pytest.raises(StateError) as e:
         s.insert_group(1, [])
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_lpm_index_agrees_with_brute_force(state: SwitchState) -> None:
+    rng = random.Random(7)
+    prefixes: dict[tuple[int, int], int] = {}
+    while len(prefixes) < 300:
+        plen = rng.choice([0, 1, 8, 16, 20, 24, 31, 32])
+        value = rng.getrandbits(32) & (((1 << plen) - 1) << (32 - plen)) if plen else 0
+        prefixes.setdefault((value, plen), len(prefixes))
+    for (value, plen), port in prefixes.items():
+        match = {"hdr.ipv4.dstAddr": FieldMatch("lpm", value, plen)} if plen else {}
+        state.insert_entry("ipv4_lpm", TableEntry(match, ActionCall("MyIngress.ipv4_forward",
+                                                                    {"dstAddr": 0, "port": port % 512})))
+    for (value, plen), _ in list(prefixes.items())[::3]:  # deletes keep the index consistent
+        state.delete_entry("ipv4_lpm", {"hdr.ipv4.dstAddr": FieldMatch("lpm", value, plen)} if plen else {})
+        del prefixes[(value, plen)]
+    for _ in range(2000):
+        addr = rng.getrandbits(32) if rng.random() < 0.5 else rng.choice(list(prefixes))[0] | rng.getrandbits(8)
+        best = max(((plen, port) for (value, plen), port in prefixes.items()
+                    if plen == 0 or addr >> (32 - plen) == value >> (32 - plen)), default=None)
+        res = state.lookup_exact("ipv4_lpm", addr)
+        if best is None:
+            assert not res.hit
+        else:
+            assert res.hit and res.params["port"] == best[1] % 512
