@@ -1,0 +1,215 @@
+"""MooncakeBackend against a real mooncake_master and store node on loopback.
+
+Skips (with the reason) where the Mooncake wheel or its binaries cannot run here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hostagent.backend import BackendError, ChunkBackend
+from hostagent.mooncake_master import (
+    MasterConfig,
+    MooncakeMaster,
+    MooncakeProcessError,
+    MooncakeStoreNode,
+    find_binary,
+)
+
+try:
+    from hostagent.mooncake_backend import MooncakeBackend, store_key
+
+    find_binary("mooncake_master")
+    find_binary("mooncake_client")
+    import mooncake.store  # noqa: F401  (the client library must load, not just the binaries exist)
+except (ImportError, MooncakeProcessError) as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(f"Mooncake Store cannot run here: {exc}", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def payload(key: int, size: int) -> bytes:
+    """Bytes that differ per key and size, so a stale or foreign value cannot pass."""
+    seed = key.to_bytes(8, "little") + size.to_bytes(8, "little")
+    return (seed * (size // 16 + 1))[:size] if size < 64 else os.urandom(size - 16) + seed
+
+
+def start_pool(tmp: Path, segment_bytes: int, **config: int) -> tuple[MooncakeMaster, MooncakeStoreNode]:
+    """A master and one store node, or a skip when they cannot start on this machine."""
+    master = MooncakeMaster(MasterConfig(**config), log_path=tmp / "master.log")
+    try:
+        master.start()
+    except MooncakeProcessError as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"mooncake_master cannot start here: {exc}")
+    node = MooncakeStoreNode(master, segment_bytes, log_path=tmp / "store.log")
+    try:
+        node.start()
+    except MooncakeProcessError:
+        master.stop()
+        raise
+    return master, node
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeMaster]:
+    """A master with a 64 MiB store node, shared by the module's quick tests."""
+    master, node = start_pool(tmp_path_factory.mktemp("mooncake"), 64 << 20)
+    with master, node:
+        yield master
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["zero_copy", "plain"])
+def backend(request: pytest.FixtureRequest, pool: MooncakeMaster) -> Iterator[MooncakeBackend]:
+    """A pure client (no segment of its own) in both transfer modes."""
+    with MooncakeBackend.for_master(pool, zero_copy=request.param, local_buffer_bytes=16 << 20) as b:
+        yield b
+
+
+def test_is_a_chunk_backend(backend: MooncakeBackend) -> None:
+    assert isinstance(backend, ChunkBackend)
+    assert backend.name == "mooncake"
+    assert store_key(0xABC) == "kvpool/0000000000000abc"
+
+
+@pytest.mark.parametrize("size", [1, 100, 1408, 65_536, 1 << 20, (3 << 20) + 7])
+def test_round_trip_is_bit_identical(backend: MooncakeBackend, size: int) -> None:
+    key = 0xFEED_0000_0000_0000 | size | (backend.zero_copy << 40)
+    data = payload(key, size)
+    backend.put(key, data)
+    assert backend.get(key) == data
+    assert backend.contains(key)
+
+
+def test_large_value_grows_the_registered_buffer(pool: MooncakeMaster) -> None:
+    # Above the local buffer (1 MiB here) only the registered-buffer path can move it.
+    data = payload(77, 6 << 20)
+    with MooncakeBackend.for_master(pool, zero_copy=True, local_buffer_bytes=1 << 20) as b:
+        b.put(77, memoryview(data))
+        assert b.get(77) == data
+    with (
+        MooncakeBackend.for_master(pool, zero_copy=False, local_buffer_bytes=1 << 20) as plain,
+        pytest.raises(BackendError, match="exceeds local_buffer_bytes"),
+    ):
+        plain.put(78, data)
+
+
+def test_missing_key_is_none(backend: MooncakeBackend) -> None:
+    assert backend.get(0x1234_5678_9ABC_DEF0) is None
+    assert not backend.contains(0x1234_5678_9ABC_DEF0)
+
+
+def test_overwrite_replaces_value(backend: MooncakeBackend) -> None:
+    key = 0x0B0B + backend.zero_copy
+    backend.put(key, b"first value, longer than the second")
+    assert backend.get(key) == b"first value, longer than the second"
+    backend.put(key, b"second")
+    assert backend.get(key) == b"second"
+
+
+def test_delete_while_leased_then_missing(backend: MooncakeBackend) -> None:
+    key = 0xDE1 + backend.zero_copy
+    backend.put(key, b"x" * 5000)
+    assert backend.get(key) == b"x" * 5000  # the read leases the object for 10 s
+    backend.delete(key)
+    assert backend.get(key) is None
+    backend.delete(key)  # missing is not an error
+
+
+def test_bad_input_is_rejected_without_touching_the_store(backend: MooncakeBackend) -> None:
+    with pytest.raises(BackendError, match="empty"):
+        backend.put(5, b"")
+    with pytest.raises(ValueError, match="64-bit"):
+        backend.put(1 << 64, b"x")
+    with pytest.raises(ValueError, match="64-bit"):
+        backend.get(-1)
+
+
+def test_two_processes_share_the_pool(pool: MooncakeMaster) -> None:
+    # The writer exits before the reader starts: the data lives on the store node.
+    script = textwrap.dedent(
+        """
+        import hashlib, sys
+        from hostagent.mooncake_backend import MooncakeBackend
+        role, master, meta = sys.argv[1:4]
+        keys = [0xC0DE0000 + i for i in range(8)]
+        with MooncakeBackend(master, meta) as b:
+            for k in keys:
+                value = hashlib.sha256(k.to_bytes(8, "little")).digest() * (4096 * (k % 8 + 1))
+                if role == "write":
+                    b.put(k, value)
+                else:
+                    got = b.get(k)
+                    assert got == value, (hex(k), None if got is None else len(got))
+        print(role, "ok", b.hostname)
+        """
+    )
+    outs = []
+    for role in ("write", "read"):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, role, pool.rpc_address, pool.metadata_url],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(proc.stdout.split())
+    assert outs[0][:2] == ["write", "ok"] and outs[1][:2] == ["read", "ok"]
+    assert outs[0][2] != outs[1][2]  # two distinct clients of the pool
+
+
+@pytest.mark.slow
+def test_evicted_chunk_is_missing_never_stale(tmp_path: Path) -> None:
+    # 16 MiB of pool, 40 chunks of 1 MiB: the master must evict (short leases make the
+    # early chunks evictable). Every read is either the chunk's own bytes or None.
+    master, node = start_pool(tmp_path, 16 << 20, lease_ttl_ms=50)
+    values = {k: payload(k, 1 << 20) for k in range(40)}
+    with master, node, MooncakeBackend.for_master(master) as b:
+        for k, v in values.items():
+            b.put(k, v)
+        got = {k: b.get(k) for k in values}
+        present = [k for k, v in got.items() if v is not None]
+        assert all(got[k] == values[k] for k in present)
+        assert got[0] is None and got[1] is None
+        assert got[39] == values[39]
+        assert 8 <= len(present) <= 16
+        # A removed chunk after an overwrite stays removed, not the old value.
+        b.put(39, b"new")
+        b.delete(39)
+        assert b.get(39) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_master_killed_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    master, node = start_pool(tmp_path, 16 << 20)
+    with node, MooncakeBackend.for_master(master, call_timeout=2.0, full_retry_s=0.0) as b:
+        b.put(1, b"before the crash")
+        assert b.get(1) == b"before the crash"
+        master.kill()
+        # Each call fails by itself (RPC_FAIL, ~4.3 s) or at the 2 s deadline, whichever first.
+        for op in (lambda: b.get(1), lambda: b.put(2, b"after"), lambda: b.delete(1)):
+            with pytest.raises(BackendError, match="mooncake"):
+                op()
+    # Connecting to a dead master would block ~90 s inside the library (with the GIL held):
+    # the backend probes the master first and refuses at once.
+    with pytest.raises(BackendError, match="unreachable"):
+        MooncakeBackend.for_master(master, setup_timeout=2.0)
+    master.stop()
+
+
+@pytest.mark.slow
+def test_store_node_killed_is_an_error(tmp_path: Path) -> None:
+    master, node = start_pool(tmp_path, 16 << 20)
+    with master, MooncakeBackend.for_master(master, call_timeout=5.0) as b:
+        b.put(3, b"on the node" * 100)
+        node.kill()
+        with pytest.raises(BackendError, match="TRANSFER_FAIL"):
+            b.get(3)
