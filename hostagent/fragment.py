@@ -12,9 +12,10 @@ buffer to ``sendmmsg`` / receive into one and no Python object is created per pa
   comparisons, drops duplicates, and scatters the payloads into a preallocated buffer;
   ``Reassembler.add`` does the same for one datagram (control path, tests).
 
-The reassembler never writes outside its buffer and never stores any part of a
-fragment that failed validation; content integrity is the serialization checksum's job
-(``hostagent.serialize``), checked once the chunk is complete.
+The reassembler never writes outside its buffer, never changes a fragment it has
+stored and never marks as received a fragment whose record failed validation; content
+integrity is the serialization checksum's job (``hostagent.serialize``), checked once
+the chunk is complete.
 """
 
 from __future__ import annotations
@@ -55,24 +56,52 @@ def _fragment_range(chunk_len: int, first: int, count: int | None) -> tuple[int,
     return total, count
 
 
+_KEY_MAX: Final = wire.FIELD_BY_NAME["chunk_key"].max
+_U32_MAX: Final = wire.FIELD_BY_NAME["generation"].max
+assert wire.FIELD_BY_NAME["request_id"].max == _U32_MAX
+
+
 def _check_header_values(chunk_key: int, generation: int, request_id: int, flags: int) -> None:
     """Reject header values that do not fit their fields before any record is written."""
-    for name, value in (("chunk_key", chunk_key), ("generation", generation),
-                        ("request_id", request_id), ("flags", flags)):
-        field = wire.FIELD_BY_NAME[name]
-        if not 0 <= value <= field.max:
-            raise wire.WireError("out_of_range", f"{name}={value} outside 0..{field.max}")
-    if flags & ~wire.KNOWN_FLAGS:
+    # Plain comparisons: this runs once per chunk on the hot path.
+    if not (0 <= chunk_key <= _KEY_MAX and 0 <= generation <= _U32_MAX and 0 <= request_id <= _U32_MAX):
+        for name, value in (("chunk_key", chunk_key), ("generation", generation), ("request_id", request_id)):
+            field = wire.FIELD_BY_NAME[name]
+            if not 0 <= value <= field.max:
+                raise wire.WireError("out_of_range", f"{name}={value} outside 0..{field.max}")
+    if flags < 0 or flags & ~wire.KNOWN_FLAGS:
         raise wire.WireError("bad_flags", f"unknown flag bits {flags & ~wire.KNOWN_FLAGS:#x}")
 
 
 def _template_header(chunk_key: int, frag_count: int, chunk_len: int, generation: int,
-                     request_id: int, flags: int) -> npt.NDArray[np.uint8]:
-    """The 32 header bytes shared by every fragment of a chunk (index and length zero)."""
-    hdr = wire.Header(wire.Opcode.DATA, chunk_key, 0, frag_count, request_id, generation,
-                      0, chunk_len=chunk_len, flags=flags)
-    # Header.pack validates each field except payload_len = 0, which we overwrite anyway.
-    return np.frombuffer(wire.HEADER_STRUCT.pack(*hdr.as_tuple()), dtype=np.uint8)
+                     request_id: int, flags: int, payload_len: int = wire.FRAG_PAYLOAD) -> npt.NDArray[np.uint8]:
+    """The 32 header bytes shared by the full fragments of a chunk (frag_index zero).
+
+    Values must have been range-checked (``_check_header_values``, ``fragment_count``).
+    """
+    return np.frombuffer(wire.HEADER_STRUCT.pack(
+        wire.KVPOOL_VERSION, wire.Opcode.DATA, flags, chunk_key, 0, frag_count, request_id,
+        generation, payload_len, wire.Status.OK, chunk_len), dtype=np.uint8)
+
+
+def _validation_mask() -> npt.NDArray[np.uint64]:
+    """Header words mask: every bit must match except frag_index, request_id and known flags."""
+    mask = np.full(wire.HEADER_LEN, 0xFF, dtype=np.uint8)
+    for name in ("frag_index", "request_id"):
+        f = wire.FIELD_BY_NAME[name]
+        mask[f.offset : f.offset + f.bits // 8] = 0
+    flags = wire.FIELD_BY_NAME["flags"]
+    # Unknown flag bits stay in the mask and must be zero; known ones may take any value.
+    mask[flags.offset : flags.offset + 2] = np.frombuffer((~wire.KNOWN_FLAGS & 0xFFFF).to_bytes(2, "big"),
+                                                          dtype=np.uint8)
+    return mask.view(np.uint64)
+
+
+_MASK_WORDS: Final = _validation_mask()
+_MASK_BYTES: Final = _MASK_WORDS.view(np.uint8)
+_INDEX: Final = np.arange(wire.MAX_FRAGMENTS, dtype=np.intp)
+_BE_INDEX: Final = _INDEX.astype(">u2")
+"""Every fragment index in wire byte order: a slice of it fills frag_index without a cast."""
 
 
 def records_view(buf: BufferLike) -> npt.NDArray[np.void]:
@@ -109,13 +138,6 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
     recs = out[:count]
     raw = recs.view(np.uint8).reshape(count, wire.DATA_DATAGRAM_LEN)
 
-    # Headers: broadcast the shared 32 bytes, then set the two per-fragment fields.
-    raw[:, : wire.HEADER_LEN] = _template_header(chunk_key, total, chunk_len, generation,
-                                                 request_id, flags)
-    hdr = recs["hdr"]
-    hdr["frag_index"] = np.arange(first, first + count, dtype=np.uint16)
-    hdr["payload_len"] = wire.FRAG_PAYLOAD
-
     # Payload: every selected fragment except possibly the chunk's last is full, so one
     # reshape-copy moves them; the tail fragment is copied and zero-padded on its own.
     last_is_tail = first + count == total
@@ -130,6 +152,16 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
         tail_len = chunk_len - tail_start
         payload[full, :tail_len] = src[tail_start:]
         payload[full, tail_len:] = 0
+
+    # Headers after the payload, while the records' cache lines are still warm: the
+    # shared 32 bytes broadcast as four 64-bit words (a byte-wise broadcast is several
+    # times slower), then the per-fragment index and the tail's payload_len.
+    tmpl = _template_header(chunk_key, total, chunk_len, generation, request_id, flags)
+    recs.view(np.uint64).reshape(count, _RECORD_WORDS)[:, :_HEADER_WORDS] = tmpl.view(np.uint64)
+    hdr = recs["hdr"]
+    hdr["frag_index"] = _BE_INDEX[first : first + count]
+
+    if last_is_tail:
         hdr["payload_len"][full] = tail_len
     return recs
 
@@ -149,7 +181,14 @@ class Reassembler:
     A fragment is accepted only if it is a valid DATA packet of exactly this chunk
     (key, generation, chunk length, fragment count); the first copy of each fragment
     wins and later duplicates are ignored.  ``missing_ranges`` lists what to ask for
-    again.  The buffer is written only at the offset a validated fragment owns.
+    again.
+
+    Buffer guarantees: nothing is written outside the first ``chunk_len`` bytes of a
+    caller's buffer; a stored fragment is never changed again, by a duplicate or by an
+    invalid record; a fragment is marked received only after its record passed every
+    check.  Bytes of fragments not yet received are undefined (``add_batch`` copies an
+    in-order run into those slots before validating it, which is what lets validation
+    run on warm cache lines).
     """
 
     def __init__(self, chunk_key: int, chunk_len: int, generation: int = 0,
@@ -179,22 +218,16 @@ class Reassembler:
         self.received = np.zeros(self.frag_count, dtype=np.bool_)
         """Per-fragment flag: True once that fragment has been stored."""
         self.received_count = 0
-        self._iota = np.arange(self.frag_count, dtype=np.intp)
         self.rejected = 0
         """Invalid records skipped by non-strict ``add_batch`` calls."""
-        # Expected header words under the mask below: everything but frag_index,
-        # request_id and payload_len must equal the template for this chunk, and the
-        # unknown flag bits must be zero, so one masked compare checks all of them.
+        # One masked compare of the four header words checks version, opcode, unknown flag
+        # bits, key, frag_count, generation, status, chunk_len and a full payload_len; only
+        # frag_index and request_id (and the known flags) may vary.  The tail fragment,
+        # whose payload_len may be shorter, has its own expectation.
         tmpl = _template_header(chunk_key, self.frag_count, chunk_len, generation, 0, 0)
-        mask = np.full(wire.HEADER_LEN, 0xFF, dtype=np.uint8)
-        for name in ("frag_index", "request_id", "payload_len"):
-            f = wire.FIELD_BY_NAME[name]
-            mask[f.offset : f.offset + f.bits // 8] = 0
-        flags = wire.FIELD_BY_NAME["flags"]
-        mask[flags.offset : flags.offset + 2] = np.frombuffer(
-            (~wire.KNOWN_FLAGS & 0xFFFF).to_bytes(2, "big"), dtype=np.uint8)
-        self._mask_words = mask.view(np.uint64)
-        self._expect_words = (tmpl & mask).view(np.uint64)
+        self._expect_words = (tmpl & _MASK_BYTES).view(np.uint64)
+        tail = _template_header(chunk_key, self.frag_count, chunk_len, generation, 0, 0, self._tail_len)
+        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)
 
     # ----------------------------------------------------------------------------- state
 
@@ -243,6 +276,15 @@ class Reassembler:
             raise wire.WireError("wrong_length", f"chunk_len {hdr.chunk_len}, expected {self.chunk_len}")
         # wire.validate already tied frag_count and payload_len to chunk_len.
 
+    def _copy_run(self, first: int, payload: npt.NDArray[np.uint8]) -> None:
+        """Copy payloads of fragments ``first ..`` into place (rows, then a short tail if any)."""
+        n = payload.shape[0]
+        rows = max(0, min(n, self._rows - first))
+        if rows:
+            self._grid[first : first + rows] = payload[:rows]
+        for k in range(rows, n):  # only an unpadded tail fragment falls outside the grid
+            self._store(first + k, payload[k])
+
     def _store(self, index: int, payload: npt.NDArray[np.uint8]) -> None:
         """Copy one validated fragment's payload to its place in the buffer."""
         if index < self._rows:
@@ -264,23 +306,24 @@ class Reassembler:
         self.received_count += 1
         return True
 
-    def _invalid(self, recs: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
-        """Per record, True where it is not a valid DATA fragment of this chunk; and the indices."""
+    @staticmethod
+    def _header_words(recs: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
+        """The records' headers as an ``(n, 4)`` array of 64-bit words (a view when possible)."""
         n = recs.size
         if recs.flags.c_contiguous:
-            words = recs.view(np.uint64).reshape(n, _RECORD_WORDS)[:, :_HEADER_WORDS]
-        else:
-            words = np.ascontiguousarray(recs["hdr"]).view(np.uint64).reshape(n, _HEADER_WORDS)
-        # Version, opcode, flags, key, count, generation, status, chunk_len in one compare;
-        # the (n, 4) bool result viewed as one uint32 per record avoids a slow any(axis=1).
-        ne = (words & self._mask_words) != self._expect_words
-        bad: npt.NDArray[np.bool_] = ne.view(np.uint32).reshape(n) != 0
-        hdr = recs["hdr"]
-        idx = hdr["frag_index"].astype(np.intp)
+            return recs.view(np.uint64).reshape(n, _RECORD_WORDS)[:, :_HEADER_WORDS]
+        return np.ascontiguousarray(recs["hdr"]).view(np.uint64).reshape(n, _HEADER_WORDS)
+
+    def _invalid(self, recs: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
+        """Per record, True where it is not a valid DATA fragment of this chunk; and the indices."""
+        masked = self._header_words(recs) & _MASK_WORDS
+        # The (n, 4) bool result viewed as one uint32 per record avoids a slow any(axis=1).
+        bad: npt.NDArray[np.bool_] = (masked != self._expect_words).view(np.uint32).reshape(recs.size) != 0
+        idx = recs["hdr"]["frag_index"].astype(np.intp)
         bad |= idx >= self.frag_count
-        # Every fragment but the last carries a full payload; the last carries the tail.
-        want = np.where(idx == self.frag_count - 1, self._tail_len, wire.FRAG_PAYLOAD)
-        bad |= hdr["payload_len"] != want
+        tail = np.flatnonzero(idx == self.frag_count - 1)
+        if tail.size:  # the tail fragment must carry exactly the chunk's last bytes
+            bad[tail] = (masked[tail] != self._expect_tail).any(axis=1)
         return bad, idx
 
     def _first_invalid_reason(self, recs: npt.NDArray[np.void], bad: npt.NDArray[np.bool_]) -> wire.WireError:
@@ -297,44 +340,52 @@ class Reassembler:
         """Store many DATA records at once; return how many new fragments were stored.
 
         With ``strict`` (default) any invalid record raises ``WireError`` (the reason of
-        the first one) and nothing from the batch is stored.  Without it, invalid records
-        are skipped and counted in ``rejected``, and the valid ones stored.  Duplicates,
-        inside the batch or of earlier fragments, are ignored (the first copy wins).
+        the first one) and no fragment of the batch is marked stored.  Without it, invalid
+        records are skipped and counted in ``rejected``, and the valid ones stored.
+        Duplicates, inside the batch or of earlier fragments, are ignored (the first copy
+        wins).
         """
         if records.dtype != wire.DATA_PACKET_DTYPE or records.ndim != 1:
             raise ValueError("records must be a 1-D array of wire.DATA_PACKET_DTYPE (np.concatenate "
                              "changes the dtype; fill empty_records() or use records_view())")
         if records.size == 0:
             return 0
+        n = int(records.size)
+        first = int(records["hdr"]["frag_index"][0])
+        payload = records["payload"]
+        if first + n <= self.frag_count and not self.received[first : first + n].any():
+            # The common case is a run in order into fragments not yet stored.  Copy it
+            # into place before validating, so that validation reads headers the copy just
+            # brought into cache; the run is only *marked* stored once every record passed.
+            # The slots written hold nothing stored, so a bad record changes no stored data.
+            self._copy_run(first, payload)
+            idx = records["hdr"]["frag_index"].astype(np.intp)
+            if np.array_equal(idx, _INDEX[first : first + n]):
+                masked = self._header_words(records) & _MASK_WORDS
+                ne = masked != self._expect_words
+                if first + n == self.frag_count:  # the run ends with the tail fragment
+                    ne[-1] = masked[-1] != self._expect_tail
+                if not ne.any():
+                    self.received[first : first + n] = True
+                    self.received_count += n
+                    return n
         bad, idx = self._invalid(records)
         if bad.any():
             if strict:
                 raise self._first_invalid_reason(records, bad)
             self.rejected += int(bad.sum())
-            records, idx = records[~bad], idx[~bad]
-            if records.size == 0:
+            keep = ~bad
+            idx, payload = idx[keep], payload[keep]
+            if idx.size == 0:
                 return 0
-        payload = records["payload"]
-        n = int(idx.size)
-        first = int(idx[0])
-        if (int(idx[-1]) == first + n - 1 and not self.received[first : first + n].any()
-                and np.array_equal(idx, self._iota[first : first + n])):
-            # The common case, a run in order with nothing yet seen: one slice copy.
-            rows = max(0, min(n, self._rows - first))
-            self._grid[first : first + rows] = payload[:rows]
-            for k in range(rows, n):  # only an unpadded tail fragment can fall outside the grid
-                self._store(first + k, payload[k])
-            self.received[first : first + n] = True
-            self.received_count += n
-            return n
         # Out of order or with duplicates: keep the first copy of each fragment not yet seen.
         uniq, pos = np.unique(idx, return_index=True)
         fresh = ~self.received[uniq]
         uniq, pos = uniq[fresh], pos[fresh]
         in_grid = uniq < self._rows
         self._grid[uniq[in_grid]] = payload[pos[in_grid]]
-        for i, p in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
-            self._store(int(i), payload[int(p)])
+        for i, j in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
+            self._store(int(i), payload[int(j)])
         self.received[uniq] = True
         self.received_count += int(uniq.size)
         return int(uniq.size)

@@ -216,16 +216,43 @@ def test_malformed_batch_strict_and_lenient(name: str, mutate: Mutator, reason: 
     mutate(bad[2:3])
     bad["payload"][2] = 0x77
     r = Reassembler(KEY, length, generation=5)
-    before = bytes(r.buffer)
+    assert r.add(recs[0:1].tobytes())
+    stored = bytes(r.buffer[:P])
+    # An in-order run of fragments not yet stored (the optimistic fast path)...
+    with pytest.raises(wire.WireError) as err:
+        r.add_batch(bad[1:])
+    assert err.value.reason == reason
+    assert "record 1" in str(err.value)
+    assert r.received_count == 1 and r.missing_ranges() == [(1, 4)]  # strict: nothing marked
+    # ...and a batch overlapping a stored fragment (the general path).
     with pytest.raises(wire.WireError) as err:
         r.add_batch(bad)
-    assert err.value.reason == reason
-    assert "record 2" in str(err.value)
-    assert r.received_count == 0 and bytes(r.buffer) == before  # strict: nothing stored
-    assert r.add_batch(bad, strict=False) == 4
+    assert err.value.reason == reason and "record 2" in str(err.value)
+    assert r.received_count == 1 and bytes(r.buffer[:P]) == stored
+    assert r.add_batch(bad, strict=False) == 3  # fragments 1, 3, 4; 0 is a duplicate
     assert r.rejected == 1
     assert r.missing_ranges() == [(2, 1)]
     assert r.add(recs[2:3].tobytes())
+    assert bytes(r.data) == chunk
+
+
+def test_bad_records_never_change_stored_fragments() -> None:
+    length = 6 * P
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=1)
+    r = Reassembler(KEY, length, generation=1)
+    assert r.add_batch(recs[[0, 2]]) == 2
+    forged = fragment(bytes(length), KEY, generation=2)  # zeros, from a stale generation
+    with pytest.raises(wire.WireError):
+        r.add_batch(forged)
+    assert r.add_batch(forged, strict=False) == 0 and r.rejected == 6
+    assert bytes(r.buffer[:P]) == chunk[:P] and bytes(r.buffer[2 * P : 3 * P]) == chunk[2 * P : 3 * P]
+    # An in-order run whose last record is bad: the good ones are kept, the bad one is not.
+    run = recs[3:6].copy()
+    run["hdr"]["chunk_key"][2] = KEY + 1
+    assert r.add_batch(run, strict=False) == 2
+    assert r.missing_ranges() == [(1, 1), (5, 1)]
+    assert r.add_batch(recs) == 2
     assert bytes(r.data) == chunk
 
 

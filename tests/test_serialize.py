@@ -121,8 +121,9 @@ def test_unsupported_tensors_rejected() -> None:
         serialize(torch.zeros(3, dtype=torch.bool))
     with pytest.raises(ChunkFormatError, match="floating"):
         serialize(torch.zeros(3, dtype=torch.int32), Quant.INT8)
-    with pytest.raises(ChunkFormatError, match="finite"):
-        serialize(torch.tensor([1.0, float("nan")]), Quant.INT8)
+    for bad in ("nan", "inf", "-inf"):
+        with pytest.raises(ChunkFormatError, match="finite"):
+            serialize(torch.tensor([[1.0, 2.0], [1.0, float(bad)]]), Quant.INT8)
     with pytest.raises(ChunkFormatError, match="dimensions"):
         serialize(torch.zeros((1,) * 9))
 
