@@ -1,0 +1,76 @@
+"""The controller's per-switch intended state, from topologies: pure checks, then shipped to the model."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from bmv2_topologies.topology import leaf_spine, star
+from controller import p4names as n
+from controller.fabric import COALESCE_MCAST_GRP, FabricSettings, switch_configs, waiter_ids
+
+KVPOOL_P4INFO = Path(__file__).parents[1] / "p4" / "build" / "kvpool.p4info.txtpb"
+
+
+def test_star_config() -> None:
+    topo = star(3)
+    cfg = switch_configs(topo)["s1"]
+    routes = {e.match[n.KEY_IPV4_DST]: e.params for e in cfg.entries if e.table == n.IPV4_ROUTE}
+    assert routes[("10.0.0.100", 32)] == {"port": 1, "dst_mac": "08:00:00:00:00:64"}
+    assert routes[("10.0.0.2", 32)] == {"port": 3, "dst_mac": "08:00:00:00:00:02"}
+    writers = [e.match[n.KEY_WRITER_SRC] for e in cfg.entries if e.table == n.WRITERS]
+    assert writers == ["10.0.0.100"]
+    assert waiter_ids(topo) == {"h1": 0, "h2": 1, "h3": 2}
+    # One replica per waiter, out of the port toward it, with the waiter id as its rid.
+    assert cfg.groups == {COALESCE_MCAST_GRP: [(2, 0), (3, 1), (4, 2)]}
+    rewrite = {e.match[n.KEY_EGRESS_RID]: e.params for e in cfg.entries if e.table == n.WAITER_EGRESS}
+    assert rewrite[1] == {"addr": "10.0.0.2", "mac": "08:00:00:00:00:02"}
+    assert cfg.defaults[n.COALESCE_CONFIG] == (n.SET_PENDING_TIMEOUT, {"timeout_us": 100_000})
+
+
+def test_waiter_ids_sort_numerically_and_are_bounded() -> None:
+    assert list(waiter_ids(star(12))) == [f"h{i}" for i in range(1, 13)]
+
+
+def test_leaf_spine_replicas_go_up_for_remote_waiters() -> None:
+    topo = leaf_spine(2, 2, 2)
+    cfgs = switch_configs(topo)
+    # On leaf s1, waiters h3/h4 live on leaf s2: their replicas leave by spine port 1.
+    assert cfgs["s1"].groups[COALESCE_MCAST_GRP] == [(4, 0), (5, 1), (1, 2), (1, 3)]
+    assert all(len(c.groups[COALESCE_MCAST_GRP]) == 4 for c in cfgs.values())
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(ValueError, match="popularity_epoch"):
+        switch_configs(star(1), FabricSettings(popularity_epoch=0))
+
+
+@pytest.mark.skipif(not KVPOOL_P4INFO.exists(), reason="p4/build/kvpool.p4info.txtpb not built yet")
+def test_config_is_accepted_by_the_model_switch() -> None:
+    from controller.p4runtime import P4RuntimeSwitch
+    from switchmodel.p4rt_server import P4RuntimeServer
+    from switchmodel.state import SwitchState
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
+    try:
+        cfg = switch_configs(leaf_spine(2, 2, 3))["s1"]
+        with P4RuntimeSwitch(f"127.0.0.1:{port}", KVPOOL_P4INFO, b"", timeout_s=3) as sw:
+            sw.connect()
+            sw.insert_entries(cfg.entries)
+            for table, (action, params) in cfg.defaults.items():
+                sw.set_default_action(table, action, params)
+            for gid, replicas in cfg.groups.items():
+                sw.set_multicast_group(gid, replicas)
+            for name, dc in cfg.digests.items():
+                sw.configure_digest(name, dc.max_timeout_ns, dc.max_list_size)
+            assert len(sw.read_entries(n.IPV4_ROUTE)) == 7
+            assert len(sw.read_entries(n.WAITER_LOOKUP)) == 6
+            assert sw.read_multicast_groups() == cfg.groups
+            assert sw.read_default_action(n.POPULARITY_CONFIG) == (n.SET_POPULARITY, {"threshold": 4, "epoch": 1})
+    finally:
+        server.stop()
