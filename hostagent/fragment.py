@@ -224,10 +224,26 @@ class Reassembler:
         # bits, key, frag_count, generation, status, chunk_len and a full payload_len; only
         # frag_index and request_id (and the known flags) may vary.  The tail fragment,
         # whose payload_len may be shorter, has its own expectation.
-        tmpl = _template_header(chunk_key, self.frag_count, chunk_len, generation, 0, 0)
-        self._expect_words = (tmpl & _MASK_BYTES).view(np.uint64)
-        tail = _template_header(chunk_key, self.frag_count, chunk_len, generation, 0, 0, self._tail_len)
-        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)
+        self._expect_words, self._expect_tail = self._expectations()
+
+    def reset(self, generation: int | None = None) -> None:
+        """Forget every received fragment (e.g. after an INVALIDATE), optionally for a new generation.
+
+        The buffer is kept, so a retry reuses its memory; its bytes become undefined.
+        """
+        if generation is not None and generation != self.generation:
+            _check_header_values(self.chunk_key, generation, 0, 0)
+            self.generation = generation
+            self._expect_words, self._expect_tail = self._expectations()
+        self.received[:] = False
+        self.received_count = 0
+
+    def _expectations(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+        """Masked header words every full fragment, and the tail fragment, must carry."""
+        full = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0)
+        tail = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0,
+                                self._tail_len)
+        return (full & _MASK_BYTES).view(np.uint64), (tail & _MASK_BYTES).view(np.uint64)
 
     # ----------------------------------------------------------------------------- state
 
@@ -286,7 +302,7 @@ class Reassembler:
             self._store(first + k, payload[k])
 
     def _store(self, index: int, payload: npt.NDArray[np.uint8]) -> None:
-        """Copy one validated fragment's payload to its place in the buffer."""
+        """Copy one fragment's payload to its place in the buffer (only its valid bytes for a short tail)."""
         if index < self._rows:
             self._grid[index] = payload
         else:  # the tail fragment of a caller buffer that is not padded to whole fragments

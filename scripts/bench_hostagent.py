@@ -248,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--mib, --chunk-kib and --reps must be positive")
     if args.chunk_kib * 1024 > wire.MAX_CHUNK_LEN:
         parser.error(f"--chunk-kib too large: a chunk is at most {wire.MAX_CHUNK_LEN} bytes")
-    torch.set_num_threads(max(1, args.threads))
     # Run in an order that ends with the headline section, so its line is among the last.
     ordered = [n for n in SECTIONS if n in names and n != "fragment"] + (["fragment"] if "fragment" in names else [])
-    results = [SECTIONS[n](args) for n in ordered]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        results = [SECTIONS[n](args) for n in ordered]
+    finally:
+        torch.set_num_threads(threads)  # main() may be called in-process (tests)
     for sec in results:
         _print_section(sec)
     print()

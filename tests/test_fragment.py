@@ -345,3 +345,20 @@ def test_corrupted_payload_caught_by_checksum_after_reassembly() -> None:
     clean.add_batch(fragment(blob, KEY)[::-1].copy())
     back = deserialize(clean.data)
     assert back.dtype == torch.bfloat16 and torch.equal(back, tensor)
+
+
+def test_reset_for_a_new_generation() -> None:
+    old, new = _chunk(3 * P, seed=1), _chunk(3 * P, seed=2)
+    r = Reassembler(KEY, len(old), generation=1)
+    r.add_batch(fragment(old, KEY, generation=1)[:2])
+    r.reset(generation=2)
+    assert r.received_count == 0 and r.missing_ranges() == [(0, 3)]
+    with pytest.raises(wire.WireError) as err:
+        r.add_batch(fragment(old, KEY, generation=1))
+    assert err.value.reason == "wrong_generation"
+    assert r.add_batch(fragment(new, KEY, generation=2)) == 3
+    assert bytes(r.data) == new
+    r.reset()
+    assert r.generation == 2 and not r.complete
+    with pytest.raises(wire.WireError):
+        r.reset(generation=1 << 32)
