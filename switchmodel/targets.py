@@ -1,0 +1,117 @@
+"""Start a switch target as a subprocess on a ``VethLab``: BMv2 or the reference model.
+
+Both get the lab's switch-side interfaces as ports 1..N and a P4Runtime gRPC server on
+a free loopback port; the caller pushes the pipeline and writes state over P4Runtime,
+identically for both.  Used by the data-plane tests (veth mode) and by
+``scripts/bench_switch.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+SIMPLE_SWITCH_GRPC = "simple_switch_grpc"
+
+
+class TargetError(RuntimeError):
+    """A target did not come up; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bmv2_missing() -> str | None:
+    """None when ``simple_switch_grpc`` is on PATH and we are root, else why BMv2 cannot run."""
+    if shutil.which(SIMPLE_SWITCH_GRPC) is None:
+        return f"{SIMPLE_SWITCH_GRPC} is not on PATH (BMv2 with PI/P4Runtime is not installed)"
+    if os.geteuid() != 0:
+        return "BMv2 on veth pairs needs root"
+    return None
+
+
+@dataclass
+class Process:
+    """A started target: its process, gRPC address and log file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    grpc_addr: str
+    log_path: Path
+    _log: IO[bytes]
+
+    def stop(self) -> None:
+        """Terminate the process (and only it) and close the log."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._log.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """Last lines of the process's log, for error messages."""
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def _wait_listening(target: Process, timeout: float) -> None:
+    host, port = target.grpc_addr.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if target.proc.poll() is not None:
+            raise TargetError(f"{target.name} exited with {target.proc.returncode}:\n{target.log_tail()}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.05)
+    target.stop()
+    raise TargetError(f"{target.name} did not listen on {target.grpc_addr} within {timeout:.0f} s:\n"
+                      f"{target.log_tail()}")
+
+
+def _start(name: str, argv: list[str], grpc_addr: str, log_dir: Path, timeout: float) -> Process:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{grpc_addr.rsplit(':', 1)[1]}.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    target = Process(name, proc, grpc_addr, log_path, log)
+    _wait_listening(target, timeout)
+    return target
+
+
+def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0) -> Process:
+    """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N and no program loaded."""
+    grpc_port, thrift_port = free_port(), free_port()
+    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id), "--thrift-port", str(thrift_port), "--no-p4"]
+    for i, ifname in enumerate(switch_ifs, start=1):
+        argv += ["-i", f"{i}@{ifname}"]
+    argv += ["--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
+    return _start("bmv2", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)
+
+
+def start_model(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0) -> Process:
+    """Start the reference model (``kvpool-switch``) with ``switch_ifs`` as ports 1..N."""
+    grpc_port = free_port()
+    argv = [sys.executable, "-m", "switchmodel.cli", "--device-id", str(device_id),
+            "--grpc-addr", f"127.0.0.1:{grpc_port}"]
+    for i, ifname in enumerate(switch_ifs, start=1):
+        argv += ["--interface", f"{i}@{ifname}"]
+    return _start("model", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)

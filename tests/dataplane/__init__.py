@@ -1,0 +1,1 @@
+"""Data-plane tests of the kvpool program, run against the model (default) or BMv2."""

@@ -1,0 +1,70 @@
+"""Control-plane setup the data-plane tests share: routes, writers, pool entries, waiters.
+
+Everything goes through the controller's P4Runtime driver by P4Info names, exactly as
+the controller would program either target.  The topology: host i on port i
+(``packets.host``), hosts 1..4.
+"""
+
+from __future__ import annotations
+
+from controller import p4names as n
+from controller.p4runtime import Entry, P4RuntimeSwitch
+from kvpool import wire
+
+from .packets import Host, host
+
+N_HOSTS = 4
+HOSTS = [host(i) for i in range(1, N_HOSTS + 1)]
+HOLDER = host(3)
+"""The host that holds chunks and answers GETs (a writer in most tests)."""
+
+FILLING = 1
+VALID = 2
+DISABLED = 0
+
+
+def routes(sw: P4RuntimeSwitch) -> None:
+    """A /32 route and an ARP unicast entry per host."""
+    sw.insert_entries([Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (h.ip, 32)}, n.IPV4_FORWARD,
+                             {"port": h.port, "dst_mac": h.mac}) for h in HOSTS])
+    sw.insert_entries([Entry(n.ARP_FORWARD, {n.KEY_ARP_TPA: (h.ip, 32)}, n.ARP_UNICAST, {"port": h.port})
+                       for h in HOSTS])
+
+
+def writer(sw: P4RuntimeSwitch, h: Host) -> None:
+    """Put ``h`` on the writers ACL."""
+    sw.insert_entry(n.WRITERS, {n.KEY_WRITER_SRC: h.ip}, n.ALLOW_WRITER)
+
+
+def admit(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
+          state: int = FILLING) -> None:
+    """A pool entry for chunk ``key`` at ``base_slot``."""
+    sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
+                    {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
+                     "chunk_len": chunk_len, "generation": generation, "state": state})
+
+
+def waiters(sw: P4RuntimeSwitch, hosts: list[Host]) -> dict[int, int]:
+    """Waiter ids for ``hosts`` (id = index), their egress rewrite and multicast group 1."""
+    ids = {h.port: w for w, h in enumerate(hosts)}
+    sw.insert_entries([Entry(n.WAITER_LOOKUP, {n.KEY_WAITER_ADDR: h.ip}, n.SET_WAITER_ID, {"waiter_id": w})
+                       for w, h in enumerate(hosts)])
+    sw.insert_entries([Entry(n.WAITER_EGRESS, {n.KEY_EGRESS_RID: w}, n.REWRITE_WAITER,
+                             {"addr": h.ip, "mac": h.mac}) for w, h in enumerate(hosts)])
+    sw.set_multicast_group(1, [(h.port, w) for w, h in enumerate(hosts)])
+    return ids
+
+
+def pending_timeout(sw: P4RuntimeSwitch, microseconds: int) -> None:
+    """How long a pending GET keeps absorbing duplicates."""
+    sw.set_default_action(n.COALESCE_CONFIG, n.SET_PENDING_TIMEOUT, {"timeout_us": microseconds})
+
+
+def popularity(sw: P4RuntimeSwitch, threshold: int, epoch: int) -> None:
+    """Hot threshold and sketch epoch."""
+    sw.set_default_action(n.POPULARITY_CONFIG, n.SET_POPULARITY, {"threshold": threshold, "epoch": epoch})
+
+
+def chunk_bytes(length: int, seed: int = 1) -> bytes:
+    """Deterministic chunk content of ``length`` bytes."""
+    return bytes((i * 31 + seed * 7 + (i >> 8)) & 0xFF for i in range(length))
