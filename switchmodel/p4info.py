@@ -6,8 +6,9 @@ ids stay inside this module and the wire.
 
 Bytestrings follow the P4Runtime specification (section "Bytestrings"): a value of a
 ``bit<W>`` field is sent big-endian; the canonical form is the shortest one (no leading
-zero bytes, zero is one ``\\x00`` byte). A server must accept the padded form too, and a
-value that does not fit in W bits is an INVALID_ARGUMENT.
+zero bytes, zero is one ``\\x00`` byte). Like PI (BMv2's server), :func:`decode_bytes`
+accepts any length whose value fits in W bits (padded, canonical, even empty = 0); a value
+that does not fit is an INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -61,12 +62,8 @@ def encode_int(value: int, bitwidth: int) -> bytes:
 
 
 def decode_bytes(data: bytes, bitwidth: int) -> int:
-    """Integer of a P4Runtime bytestring (canonical or padded) for a ``bit<bitwidth>`` field."""
-    if not data:
-        raise ValueError(f"empty bytestring for a bit<{bitwidth}> value")
-    if len(data) > byte_width(bitwidth):
-        raise ValueError(f"bytestring of {len(data)} bytes is too long for bit<{bitwidth}>")
-    value = int.from_bytes(data, "big")
+    """Integer of a P4Runtime bytestring for a ``bit<bitwidth>`` field (any length whose value fits)."""
+    value = int.from_bytes(data, "big") if data else 0
     if value >> bitwidth:
         raise ValueError(f"value {value:#x} does not fit in bit<{bitwidth}>")
     return value

@@ -54,6 +54,9 @@ API_VERSION = "1.4.1"
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _NOT_FOUND = grpc.StatusCode.NOT_FOUND
+# PI answers an id missing from the P4Info (table, action, match field, param, counter) with
+# INVALID_ARGUMENT "Invalid P4 id"; only digest ids get NOT_FOUND. We answer the same.
+_BAD_ID = grpc.StatusCode.INVALID_ARGUMENT
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
 
 #: grpc.StatusCode -> google.rpc.Code number.
@@ -82,13 +85,13 @@ def _value(data: bytes, bitwidth: int, what: str) -> int:
 
 
 def decode_match(t: TableInfo, pb: Any, require_exact: bool = True) -> dict[str, FieldMatch]:
-    """Decoded match of a TableEntry; INVALID_ARGUMENT/NOT_FOUND for bad fields or values."""
+    """Decoded match of a TableEntry; INVALID_ARGUMENT for unknown fields or bad values."""
     match: dict[str, FieldMatch] = {}
     for m in pb.match:
         try:
             f = t.match_field(int(m.field_id))
         except P4InfoError as e:
-            raise StateError(_NOT_FOUND, str(e)) from None
+            raise StateError(_BAD_ID, str(e)) from None
         if f.name in match:
             raise StateError(_INVALID, f"table {t.name}: match field {f.name} given twice")
         kind = m.WhichOneof("field_match_type")
@@ -161,13 +164,13 @@ def decode_action(p4info: P4Info, pb: Any) -> ActionCall:
     try:
         action = p4info.action(int(pb.action_id))
     except P4InfoError as e:
-        raise StateError(_NOT_FOUND, str(e)) from None
+        raise StateError(_BAD_ID, str(e)) from None
     params: dict[str, int] = {}
     for p in pb.params:
         try:
             info = action.param(int(p.param_id))
         except P4InfoError as e:
-            raise StateError(_NOT_FOUND, str(e)) from None
+            raise StateError(_BAD_ID, str(e)) from None
         if info.name in params:
             raise StateError(_INVALID, f"action {action.name}: parameter {info.name} given twice")
         params[info.name] = _value(p.value, info.bitwidth, f"action {action.name} parameter {info.name}")
@@ -202,8 +205,7 @@ class _Stream:
     """One controller's StreamChannel: its election id and the queue of messages to send it."""
 
     out: queue.Queue[Any] = field(default_factory=queue.Queue)
-    election_id: int | None = None
-    has_election_id: bool = False
+    election_id: int | None = None  # None until the stream's first arbitration update
 
 
 class _Arbiter:
@@ -214,7 +216,7 @@ class _Arbiter:
         self.streams: list[_Stream] = []
 
     def master(self) -> _Stream | None:
-        candidates = [s for s in self.streams if s.has_election_id and s.election_id is not None]
+        candidates = [s for s in self.streams if s.election_id is not None]
         return max(candidates, key=lambda s: s.election_id or 0, default=None)
 
     def highest(self) -> int | None:
@@ -254,13 +256,22 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
     # --- helpers ---------------------------------------------------------------------------------
 
     def _check_device(self, device_id: int, context: grpc.ServicerContext) -> None:
+        # PI creates device state lazily, so another device id is a device without a pipeline.
         if device_id != self.state.device_id:
-            context.abort(_NOT_FOUND, f"unknown device id {device_id} (this switch is {self.state.device_id})")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"No forwarding pipeline config set for this device (device {device_id}; "
+                          f"this switch is device {self.state.device_id})")
 
-    def _check_master(self, election_id: Any, role: str, context: grpc.ServicerContext) -> None:
-        if role:
-            context.abort(_UNIMPLEMENTED, f"role {role!r}: only the default role is supported")
-        if not self.arbiter.is_master_election(_election(election_id)):
+    def _check_master(self, request: Any, context: grpc.ServicerContext) -> None:
+        if request.role:
+            context.abort(_UNIMPLEMENTED, f"role {request.role!r}: only the default role is supported")
+        with self.arbiter.lock:
+            no_streams = not self.arbiter.streams
+        # As PI: with no controller connected, a request without an election id is accepted
+        # (handy for grpc_cli-style debugging); otherwise it must carry the master's id.
+        if no_streams and not request.HasField("election_id"):
+            return
+        if not self.arbiter.is_master_election(_election(request.election_id)):
             context.abort(grpc.StatusCode.PERMISSION_DENIED,
                           "not master: the election id does not match the master's (open a stream and win "
                           "arbitration first)")
@@ -281,7 +292,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
     def SetForwardingPipelineConfig(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Verify, save or commit a P4Info + device config (master only)."""
         self._check_device(request.device_id, context)
-        self._check_master(request.election_id, request.role, context)
+        self._check_master(request, context)
         actions = p4runtime_pb2.SetForwardingPipelineConfigRequest
         action = request.action
         if action == actions.COMMIT:
@@ -334,7 +345,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
     def Write(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Apply a batch of updates (master only); per-update errors go in the status details."""
         self._check_device(request.device_id, context)
-        self._check_master(request.election_id, request.role, context)
+        self._check_master(request, context)
         p4info = self._p4info(context)
         if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
             context.abort(_UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity is supported")
@@ -382,7 +393,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         try:
             return p4info.table(int(table_id))
         except P4InfoError as e:
-            raise StateError(_NOT_FOUND, str(e)) from None
+            raise StateError(_BAD_ID, str(e)) from None
 
     def _write_table_entry(self, p4info: P4Info, utype: int, pb: Any) -> None:
         types = p4runtime_pb2.Update
@@ -466,13 +477,16 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         try:
             name = p4info.counter(int(pb.counter_id)).name
         except P4InfoError as e:
-            raise StateError(_NOT_FOUND, str(e)) from None
-        if utype != p4runtime_pb2.Update.MODIFY:
-            raise StateError(_INVALID, f"counter {name}: only MODIFY is allowed on counter entries")
+            raise StateError(_BAD_ID, str(e)) from None
+        types = p4runtime_pb2.Update
+        if utype not in (types.MODIFY, types.DELETE):
+            raise StateError(_INVALID, f"counter {name}: INSERT update type not supported for counters")
         if not pb.HasField("index"):
-            raise StateError(_INVALID, f"counter {name}: MODIFY needs an index")
-        self.state.counter_write(name, int(pb.index.index),
-                                 CounterValue(int(pb.data.packet_count), int(pb.data.byte_count)))
+            raise StateError(_UNIMPLEMENTED, f"counter {name}: wildcard write is not supported for indirect counters")
+        # As PI, DELETE resets the cell to zero.
+        value = CounterValue(0, 0) if utype == types.DELETE else \
+            CounterValue(int(pb.data.packet_count), int(pb.data.byte_count))
+        self.state.counter_write(name, int(pb.index.index), value)
 
     def _write_direct_counter(self, p4info: P4Info, utype: int, pb: Any) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
@@ -555,7 +569,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             try:
                 counters = [p4info.counter(int(pb.counter_id))]
             except P4InfoError as e:
-                raise StateError(_NOT_FOUND, str(e)) from None
+                raise StateError(_BAD_ID, str(e)) from None
         else:
             counters = p4info.counters
         out: list[Any] = []
@@ -686,14 +700,13 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             return StateError(_NOT_FOUND, f"unknown device id {arb.device_id} (this switch is {self.state.device_id})")
         if arb.HasField("role") and (arb.role.name or arb.role.id):
             return StateError(_UNIMPLEMENTED, "only the default role is supported")
-        has_id = arb.HasField("election_id")
-        eid = _election(arb.election_id) if has_id else 0
+        # An absent election id is 0, a valid id, as in PI.
+        eid = _election(arb.election_id)
         with self.arbiter.lock:
-            if has_id and any(s is not stream and s.has_election_id and s.election_id == eid
-                              for s in self.arbiter.streams):
-                return StateError(_INVALID, f"election id {eid} is already used by another controller")
+            if any(s is not stream and s.election_id == eid for s in self.arbiter.streams):
+                return StateError(_INVALID, f"Election id already exists ({eid})")
             old_master = self.arbiter.master()
-            stream.election_id, stream.has_election_id = eid, has_id
+            stream.election_id = eid
             new_master = self.arbiter.master()
             notify = list(self.arbiter.streams) if new_master is not old_master else [stream]
             if stream not in notify:
@@ -710,10 +723,10 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             _set_election(arb.election_id, master.election_id)
         if master is stream:
             arb.status.code = code_pb2.OK
-            arb.status.message = "is master"
+            arb.status.message = "Is primary"
         elif master is not None:
             arb.status.code = code_pb2.ALREADY_EXISTS
-            arb.status.message = "is not master: a controller with a higher election id is connected"
+            arb.status.message = "Is backup: a controller with a higher election id is primary"
         else:
             arb.status.code = code_pb2.NOT_FOUND
             arb.status.message = "is not master: no master connected"

@@ -392,7 +392,7 @@ class SwitchState:
         try:
             return self._tables[self.p4info.table(name).name]
         except P4InfoError as e:
-            raise StateError(grpc.StatusCode.NOT_FOUND, str(e)) from None
+            raise StateError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
     @staticmethod
     def entry_key(info: TableInfo, match: Mapping[str, FieldMatch], priority: int) -> EntryKey:
@@ -654,7 +654,7 @@ class SwitchState:
         try:
             qualified = self.p4info.counter(name).name
         except P4InfoError as e:
-            raise StateError(grpc.StatusCode.NOT_FOUND, str(e)) from None
+            raise StateError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return qualified, self._counters[qualified]
 
     def counter_add(self, name: str, index: int, nbytes: int, packets: int = 1) -> None:
@@ -668,11 +668,12 @@ class SwitchState:
             cell[1] += nbytes
 
     def counter_read(self, name: str, index: int) -> CounterValue:
-        """The value of one counter cell; INVALID_ARGUMENT when the index is out of range."""
+        """The value of one counter cell; UNKNOWN (as PI) when the index is out of range."""
         with self._lock:
             qualified, cells = self._counter_cells(name)
             if not 0 <= index < len(cells):
-                raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
+                # PI reports the target's failure as UNKNOWN ("Error when ... counter").
+                raise StateError(grpc.StatusCode.UNKNOWN,
                                  f"counter {qualified} index {index} out of range 0..{len(cells) - 1}")
             return CounterValue(cells[index][0], cells[index][1])
 
@@ -687,7 +688,8 @@ class SwitchState:
         with self._lock:
             qualified, cells = self._counter_cells(name)
             if not 0 <= index < len(cells):
-                raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
+                # PI reports the target's failure as UNKNOWN ("Error when ... counter").
+                raise StateError(grpc.StatusCode.UNKNOWN,
                                  f"counter {qualified} index {index} out of range 0..{len(cells) - 1}")
             cells[index] = [value.packets, value.bytes]
 

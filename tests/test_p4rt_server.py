@@ -149,6 +149,21 @@ def master(addr: str) -> Iterator[Controller]:
     c.close()
 
 
+def test_writes_without_any_stream_need_no_election_id(addr: str, server: P4RuntimeServer) -> None:
+    stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(addr))
+    req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+        device_id=1, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+    req.config.p4info.CopyFrom(P4INFO.message)
+    stub.SetForwardingPipelineConfig(req, timeout=5)  # as PI: nobody connected, no election id: allowed
+    write = p4runtime_pb2.WriteRequest(device_id=1, updates=[update(INSERT, table_entry=pool_entry(1))])
+    stub.Write(write, timeout=5)
+    assert server.state.entry_count("pool") == 1
+    write.election_id.low = 1  # an election id with no stream open is not the master's
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Write(write, timeout=5)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
 def test_capabilities_and_no_pipeline(addr: str) -> None:
     c = Controller(addr, election=1)
     assert c.arb().arbitration.status.code == code_pb2.OK
@@ -201,12 +216,16 @@ def test_duplicate_election_id_and_bad_device(addr: str) -> None:
     wrong = Controller(addr, election=7, device_id=42)
     err = wrong.arb()
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.NOT_FOUND
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(grpc.RpcError) as e:  # PI: another device id is a device without a pipeline
         wrong.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry()))
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    noid = Controller(addr, election=None)  # no election id: never master
-    assert noid.arb().arbitration.status.code == code_pb2.ALREADY_EXISTS
-    for c in (a, dup, wrong, noid):
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    noid = Controller(addr, election=None)  # no election id is election id 0: a backup here
+    got = noid.arb().arbitration
+    assert got.status.code == code_pb2.ALREADY_EXISTS and got.election_id.low == 4
+    noid2 = Controller(addr, election=0)
+    err = noid2.arb()
+    assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for c in (a, dup, wrong, noid, noid2):
         c.close()
 
 
@@ -235,10 +254,11 @@ def test_batch_reports_each_update_and_applies_the_good_ones(master: Controller,
     with pytest.raises(grpc.RpcError) as e:
         master.write(*updates)
     codes = [code for code, _ in write_errors(e.value)]
-    assert codes == ["OK", "ALREADY_EXISTS", "NOT_FOUND", "NOT_FOUND", "INVALID_ARGUMENT", "INVALID_ARGUMENT",
-                     "INVALID_ARGUMENT", "NOT_FOUND", "INVALID_ARGUMENT", "OK"]
+    # Unknown P4Info ids are INVALID_ARGUMENT, as PI answers them; a missing entry is NOT_FOUND.
+    assert codes == ["OK", "ALREADY_EXISTS", "NOT_FOUND", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT",
+                     "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "OK"]
     messages = dict(enumerate(m for _, m in write_errors(e.value)))
-    assert "already exists" in messages[1] and "too long for bit<16>" in messages[5]
+    assert "already exists" in messages[1] and "does not fit in bit<16>" in messages[5]
     assert "slot" not in messages[6] and "nfrags" in messages[6]
     assert server.state.entry_count("pool") == 2
     assert server.state.lookup_exact("pool", 3, 1).params == {"slot": 3, "nfrags": 2}
@@ -279,7 +299,7 @@ def test_match_validation(master: Controller) -> None:
                      update(MODIFY, table_entry=pool_entry(77)))
     assert [c for c, _ in write_errors(e.value)] == [
         "OK", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "OK",
-        "INVALID_ARGUMENT", "NOT_FOUND", "INVALID_ARGUMENT", "NOT_FOUND"]
+        "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "NOT_FOUND"]
 
 
 def test_table_full_is_resource_exhausted(master: Controller) -> None:
@@ -305,7 +325,7 @@ def test_reads_are_canonical_and_support_wildcards(master: Controller) -> None:
     assert default[0].table_entry.action.action.action_id == A_NOP
     with pytest.raises(grpc.RpcError) as e:
         master.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(table_id=0x02FFFFFF)))
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as e:
         master.read(p4runtime_pb2.Entity(register_entry=p4runtime_pb2.RegisterEntry()))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -336,13 +356,17 @@ def test_counters_read_and_modify(master: Controller, server: P4RuntimeServer) -
     with pytest.raises(grpc.RpcError) as e:
         master.read(p4runtime_pb2.Entity(counter_entry=p4runtime_pb2.CounterEntry(
             counter_id=C_HITS, index=p4runtime_pb2.Index(index=16))))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.code() == grpc.StatusCode.UNKNOWN  # PI: "Error when reading counter from target"
     reset = p4runtime_pb2.CounterEntry(counter_id=C_HITS, index=p4runtime_pb2.Index(index=4))
     master.write(update(MODIFY, counter_entry=reset))
     assert server.state.counter_read("hits", 4) == CounterValue(0, 0)
     with pytest.raises(grpc.RpcError) as e:
         master.write(update(INSERT, counter_entry=reset))
     assert write_errors(e.value)[0][0] == "INVALID_ARGUMENT"
+    server.state.counter_add("hits", 5, 64)
+    master.write(update(DELETE, counter_entry=p4runtime_pb2.CounterEntry(counter_id=C_HITS,
+                                                                         index=p4runtime_pb2.Index(index=5))))
+    assert server.state.counter_read("hits", 5) == CounterValue(0, 0)  # as PI: DELETE resets
 
 
 def test_direct_counters(master: Controller, server: P4RuntimeServer) -> None:
