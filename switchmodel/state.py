@@ -250,6 +250,7 @@ class SwitchState:
         self._registers: dict[str, list[int]] = {}
         self._register_masks: dict[str, int] = {}
         self._digests: dict[str, _DigestState] = {}
+        self._list_ids: dict[str, int] = {}  # next list id of digests configured before
         self._packet_ins: list[PacketIn] = []
         self._generation = 0
         self._pipeline_listeners: list[Callable[[SwitchState], None]] = []
@@ -328,6 +329,7 @@ class SwitchState:
         self._register_masks = {r.name: (1 << r.bitwidth) - 1 for r in p4info.registers}
         self._tables, self._counters, self._registers = tables, counters, registers
         self._groups, self._digests, self._packet_ins = {}, {}, []
+        self._list_ids = {}
         self._pipeline = pipe
         if keep:
             self._migrate(old_tables, old_groups, old_counters, old_registers, old_digests)
@@ -373,7 +375,7 @@ class SwitchState:
                 self._registers[name] = [v & mask for v in regs]
         for name, dig in digests.items():
             if p4info.has("digest", name):
-                self._digests[name] = _DigestState(dig.config)
+                self._digests[name] = _DigestState(dig.config, next_list_id=dig.next_list_id)
 
     @staticmethod
     def _action_fits(t: TableInfo, p4info: P4Info, call: ActionCall, default: bool) -> bool:
@@ -740,14 +742,17 @@ class SwitchState:
             if present:
                 self._digests[qualified].config = config
             else:
-                self._digests[qualified] = _DigestState(config)
+                # As PI, list ids keep counting across a DELETE + INSERT of the config.
+                self._digests[qualified] = _DigestState(config, next_list_id=self._list_ids.get(qualified, 1))
 
     def remove_digest(self, name: str) -> None:
         """Disable a digest; pending data is dropped. NOT_FOUND when it is not configured."""
         with self._lock:
             qualified = self._digest_name(name)
-            if self._digests.pop(qualified, None) is None:
+            dig = self._digests.pop(qualified, None)
+            if dig is None:
                 raise StateError(grpc.StatusCode.NOT_FOUND, f"digest {qualified} is not configured")
+            self._list_ids[qualified] = dig.next_list_id
 
     def digest_config(self, name: str) -> DigestConfig | None:
         """The digest's config, or None when the controller has not enabled it."""
@@ -783,7 +788,9 @@ class SwitchState:
                 return False
             now = self._clock()
             self._expire(dig, now)
-            if data in dig.buffer or any(data in d for d, _ in dig.outstanding.values()):
+            # ack_timeout_ns == 0 turns the duplicate cache off (PI does the same).
+            if dig.config.ack_timeout_ns and (data in dig.buffer or
+                                              any(data in d for d, _ in dig.outstanding.values())):
                 self._count("digest_suppressed")
                 return False
             if not dig.buffer:
@@ -829,7 +836,8 @@ class SwitchState:
                 del dig.buffer[:len(take)]
                 list_id = dig.next_list_id
                 dig.next_list_id += 1
-                dig.outstanding[list_id] = (tuple(take), now)
+                if dig.config.ack_timeout_ns:
+                    dig.outstanding[list_id] = (tuple(take), now)
                 ready.append(DigestList(name, list_id, tuple(take), time.time_ns()))
                 dig.first_ns = now
         return ready, wake

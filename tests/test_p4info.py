@@ -215,6 +215,12 @@ def test_digest_batching_dedup_and_ack() -> None:
     assert lst2.data == ((1, 2), (3, 4)) and lst2.list_id == 2
     now[0] += 10**6  # ack timeout passes: the data may be reported again
     assert s.emit_digest("hot_digest_t", [3, 4])
+    s.remove_digest("hot_digest_t")
+    s.configure_digest("hot_digest_t", DigestConfig(max_timeout_ns=0, max_list_size=1, ack_timeout_ns=0))
+    assert s.emit_digest("hot_digest_t", [9, 9]) and s.emit_digest("hot_digest_t", [9, 9])  # no cache at 0
+    lists = s.next_messages(0)
+    assert [m.list_id for m in lists if isinstance(m, DigestList)] == [3, 4]  # ids go on after DELETE + INSERT
+    assert s.outstanding_digest_lists("hot_digest_t") == []
     s.send_packet_in(b"abc", {"ingress_port": 3})
     msgs = s.next_messages(0)
     assert PacketIn(b"abc", {"ingress_port": 3}) in msgs
