@@ -216,6 +216,8 @@ class P4RuntimeSwitch:
         self._lost = threading.Event()
         self._closed = threading.Event()
         self._is_master = False
+        self._promoted = threading.Event()  # became master after being a backup: resync due
+        self._manage = True  # resync (pipeline + state) on connect, reconnect and promotion
         self._watcher: threading.Thread | None = None
 
     # --- connection ------------------------------------------------------------------------------
@@ -237,18 +239,23 @@ class P4RuntimeSwitch:
         NotMasterError when a controller with a higher election id holds the switch.
         """
         self._closed.clear()
+        self._manage = push_pipeline
         try:
             self._open()
         except NotMasterError:
-            self._ready.set()  # a backup may still read
+            self._ready.set()  # a backup may still read, and is resynced if promoted
+            self._start_watcher()
             raise
         if push_pipeline:
             self._resync_as_owner()
         self._ready.set()
+        self._start_watcher()
+        return self
+
+    def _start_watcher(self) -> None:
         if self.reconnect and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name=f"p4rt-watch-{self.address}", daemon=True)
             self._watcher.start()
-        return self
 
     def _open(self) -> None:
         self._teardown()
@@ -305,7 +312,10 @@ class P4RuntimeSwitch:
             for msg in stream:
                 kind = msg.WhichOneof("update")
                 if kind == "arbitration":
+                    was_master = self._is_master
                     self._is_master = msg.arbitration.status.code == code_pb2.OK
+                    if self._is_master and not was_master and self._connected.is_set():
+                        self._promoted.set()
                     self._arbitration.put(msg)
                 elif kind == "digest":
                     self._handle_digest(msg.digest, requests)
@@ -358,18 +368,32 @@ class P4RuntimeSwitch:
         self.packet_ins.put(PacketIn(bytes(msg.payload), meta))
 
     def _watch(self) -> None:
+        """Reconnect + resync after a dropped channel; resync when promoted from backup to master."""
         delay = 0.1
         while not self._closed.is_set():
-            if not self._lost.wait(timeout=0.5) or self._closed.is_set():
+            if self._promoted.is_set() and self._connected.is_set() and self._manage:
+                self._promoted.clear()
+                try:
+                    self._resync_as_owner()
+                    log.info("switch %s: promoted to master and resynced", self.address)
+                except Exception as e:  # keep watching; the next promotion or reconnect retries
+                    log.warning("switch %s: resync after promotion failed: %s", self.address, e)
+            if not self._lost.wait(timeout=0.1) or self._closed.is_set():
                 continue
             try:
                 self._open()
-                self._resync_as_owner()
+                if self._manage:
+                    self._resync_as_owner()
                 self._ready.set()
                 self.reconnects += 1
                 log.info("switch %s: reconnected and resynced", self.address)
                 delay = 0.1
-            except (SwitchUnreachableError, NotMasterError, grpc.RpcError, WriteError) as e:
+            except NotMasterError:
+                # Connected as a backup: usable for reads; a promotion triggers the resync.
+                self._ready.set()
+                self.reconnects += 1
+                log.info("switch %s: reconnected as backup", self.address)
+            except Exception as e:  # anything else: the switch is not usable yet, try again later
                 log.info("switch %s: reconnect failed (%s); retrying in %.1f s", self.address,
                          str(e).splitlines()[0], delay)
                 self._lost.set()

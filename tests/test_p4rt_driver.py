@@ -149,7 +149,7 @@ def test_unreachable_switch_fails_fast_with_one_line() -> None:
 
 def test_arbitration_between_two_drivers(server: P4RuntimeServer) -> None:
     addr = f"127.0.0.1:{server.port}"
-    low = P4RuntimeSwitch(addr, MINI, election_id=(0, 1), timeout_s=3, reconnect=False).connect()
+    low = P4RuntimeSwitch(addr, MINI, election_id=(0, 1), timeout_s=3).connect()
     low.insert_entries([pool(1)])
     high = P4RuntimeSwitch(addr, MINI, election_id=(0, 2), timeout_s=3, reconnect=False).connect()
     assert high.is_master
@@ -168,7 +168,13 @@ def test_arbitration_between_two_drivers(server: P4RuntimeServer) -> None:
     with pytest.raises(NotMasterError, match="backup"):
         backup.connect()
     assert backup.read_entries() == []  # a backup can still read
-    for d in (low, high, lower, backup):
+    high.close()  # the master leaves: the next highest is promoted and makes the switch its own again
+    deadline = time.monotonic() + 5
+    while server.state.entry_count("pool") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert low.is_master and server.state.entry_count("pool") == 1
+    low.insert_entries([pool(2)])
+    for d in (low, lower, backup):
         d.close()
 
 
