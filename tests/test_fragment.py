@@ -394,3 +394,15 @@ def test_vectorised_validation_agrees_with_per_packet(length: int) -> None:
     for i in map(int, np.flatnonzero(r.received)):  # the same first copy of each fragment was kept
         n = wire.expected_payload_len(length, i)
         assert bytes(r.buffer[i * P : i * P + n]) == bytes(one_by_one.buffer[i * P : i * P + n])
+
+
+@pytest.mark.parametrize("order", [[0, 2, 1, 3, 4], [1, 2, 4, 3], [0, 1, 2, 3, 3], [0, 0, 1, 2, 3]])
+def test_run_that_looks_in_order_but_is_not(order: list[int]) -> None:
+    """Batches that start like an in-order run but swap or repeat fragments land correctly."""
+    chunk = _chunk(5 * P - 9)
+    recs = fragment(chunk, KEY)
+    r = Reassembler(KEY, len(chunk))
+    assert r.add_batch(recs[order]) == len(set(order))
+    assert r.missing_ranges() == [(i, 1) for i in range(5) if i not in order]
+    r.add_batch(recs)
+    assert bytes(r.data) == chunk
