@@ -53,7 +53,7 @@ def test_arp_unicast_by_target_ip_and_flood_prunes_ingress(target: Target) -> No
 
 def test_no_route_ttl_expired_unhandled_and_bad_checksum_are_counted(target: Target) -> None:
     program.routes(target.sw)
-    target.send(1, udp_frame(host(1), program.host(9), b"x" * 20))  # 10.0.0.9 has no route
+    target.send(1, udp_frame(host(1), host(9), b"x" * 20))  # 10.0.0.9 has no route
     target.send(1, udp_frame(host(1), host(2), b"x" * 20, ttl=1))
     target.send(1, bytes(Ether(src=host(1).mac, dst=host(2).mac) / IPv6()))
     bad = bytearray(udp_frame(host(1), host(2), b"x" * 20))

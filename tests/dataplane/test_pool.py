@@ -71,7 +71,7 @@ def test_gets_the_switch_must_not_answer_go_to_the_holder(target: Target, why: s
     kwargs = {"range": {"count": 2}, "no_cache": {"flags": int(wire.Flag.NO_CACHE)},
               "pinned_generation": {"generation": 2}, "disabled": {}, "beyond_chunk": {}}[why]
     frag = 5 if why == "beyond_chunk" else 0
-    get = get_frame(host(2), HOLDER, KEY, frag, **kwargs)  # type: ignore[arg-type]
+    get = get_frame(host(2), HOLDER, KEY, frag, **kwargs)
     target.send(2, get)
     target.expect(HOLDER.port, with_ttl(get, 63))
     target.expect_no_other_packets()

@@ -1,0 +1,161 @@
+"""Coalescing: duplicate GETs absorbed while one is outstanding, the answer multicast to all."""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+from controller import p4names as n
+from kvpool import wire
+from switchmodel.pipeline import CoStat, EgStat
+
+from . import program
+from .harness import Target
+from .packets import Mask, data_frame, get_frame, host, kv_frame, with_ttl
+from .program import HOLDER
+
+KEY = 0xC0A1E5CE
+CHUNK = program.chunk_bytes(3000)
+WAITING = [host(1), host(2), host(4)]
+
+
+def _replica(to: int, request_id: int, dport: int, coalesced: bool, frag: int = 0) -> bytes:
+    """What waiter ``to`` receives: the holder's DATA rewritten for it by egress."""
+    flags = int(wire.Flag.COALESCED) if coalesced else 0
+    datagram = wire.data_packet(KEY, frag, CHUNK, request_id=request_id, flags=flags)
+    return kv_frame(HOLDER, host(to), datagram, sport=wire.KVPOOL_UDP_PORT, dport=dport, ttl=63,
+                    udp_checksum=0)
+
+
+def _setup(target: Target) -> None:
+    program.routes(target.sw)
+    program.writer(target.sw, HOLDER)
+    program.waiters(target.sw, WAITING)
+
+
+def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target) -> None:
+    _setup(target)
+    first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
+    target.send(1, first)
+    target.expect(HOLDER.port, with_ttl(first, 63))
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
+    target.expect_no_other_packets()  # both duplicates absorbed: the holder saw one GET
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 2
+
+    # The holder answers the first requester; every waiter gets its own copy.
+    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=11, dport=5001))
+    target.expect(1, _replica(1, 11, 5001, coalesced=False))
+    target.expect(2, _replica(2, 22, 5002, coalesced=True))
+    target.expect(4, _replica(4, 44, 5004, coalesced=True))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 1
+    assert target.counters(n.WAITER_REPLICAS) == {0: 1, 1: 1, 2: 1}
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
+
+    # Released: the next GET for the fragment opens a new round and goes upstream.
+    again = get_frame(host(2), HOLDER, KEY, 0, request_id=23, sport=5002)
+    target.send(2, again)
+    target.expect(HOLDER.port, with_ttl(again, 63))
+    target.expect_no_other_packets()
+
+
+def test_only_waiters_in_the_bitmap_get_a_copy(target: Target) -> None:
+    _setup(target)
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000))
+    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000), 63)))
+    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=1, dport=6000))
+    target.expect(2, _replica(2, 1, 6000, coalesced=False))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 2  # hosts 1 and 4 did not ask
+
+
+def test_after_the_timeout_a_new_get_goes_through(target: Target) -> None:
+    _setup(target)
+    program.pending_timeout(target.sw, 50_000)  # 50 ms
+    first = get_frame(host(1), HOLDER, KEY, 0, request_id=1)
+    target.send(1, first)
+    target.expect(HOLDER.port, with_ttl(first, 63))
+    time.sleep(0.15)
+    late = get_frame(host(2), HOLDER, KEY, 0, request_id=2)
+    target.send(2, late)
+    target.expect(HOLDER.port, with_ttl(late, 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 2
+    assert target.counter(n.COALESCE_STATS, CoStat.EXPIRED_REUSED) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 0
+
+
+def test_flood_of_gets_keeps_state_bounded(target: Target) -> None:
+    _setup(target)
+    program.pending_timeout(target.sw, 30_000_000)  # the whole flood falls inside one round
+    rounds = 100
+    first = get_frame(host(1), HOLDER, KEY, 0, request_id=0, sport=7000)
+    target.send(1, first)
+    target.expect(HOLDER.port, with_ttl(first, 63))
+    for i in range(1, rounds):
+        h = WAITING[i % 3]
+        target.send(h.port, get_frame(h, HOLDER, KEY, 0, request_id=i, sport=7000 + h.port))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == rounds - 1
+    # One answer, one copy per waiting host (not per GET), each with its latest request id.
+    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=0, dport=7001))
+    last = {h.port: max(i for i in range(rounds) if WAITING[i % 3] is h) for h in WAITING}
+    target.expect(1, _replica(1, last[1], 7001, coalesced=False))
+    target.expect(2, _replica(2, last[2], 7002, coalesced=True))
+    target.expect(4, _replica(4, last[4], 7004, coalesced=True))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
+
+
+def test_retransmit_joins_and_also_goes_upstream(target: Target) -> None:
+    _setup(target)
+    target.send(1, get_frame(host(1), HOLDER, KEY, 0, request_id=1))
+    target.expect(HOLDER.port, with_ttl(get_frame(host(1), HOLDER, KEY, 0, request_id=1), 63))
+    re = get_frame(host(2), HOLDER, KEY, 0, request_id=2, flags=int(wire.Flag.RETRANSMIT))
+    target.send(2, re)
+    target.expect(HOLDER.port, with_ttl(re, 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RETRANSMIT) == 1
+
+
+def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(target: Target) -> None:
+    program.routes(target.sw)
+    program.writer(target.sw, HOLDER)
+    program.waiters(target.sw, [host(1), host(2)])
+    target.send(1, get_frame(host(1), HOLDER, KEY, 0, request_id=1))
+    target.expect(HOLDER.port, with_ttl(get_frame(host(1), HOLDER, KEY, 0, request_id=1), 63))
+    # Host 4 has no waiter id: its GET is not coalesced.
+    g4 = get_frame(host(4), HOLDER, KEY, 0, request_id=4)
+    target.send(4, g4)
+    target.expect(HOLDER.port, with_ttl(g4, 63))
+    # An answer from a non-writer (host 2) to the waiter does not release the slot.
+    fake = data_frame(host(2), host(1), KEY, 0, CHUNK, request_id=1)
+    target.send(2, fake)
+    target.expect(1, with_ttl(fake, 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.NO_WAITER_ID) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 0
+
+
+def _pending_index(key: int, frag: int) -> int:
+    """crc32({chunk_key, frag_index}) mod PENDING_SLOTS, as BMv2 computes it."""
+    return zlib.crc32(key.to_bytes(8, "big") + frag.to_bytes(2, "big")) % 1024
+
+
+def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:
+    # Two fragments whose pending index collides under BMv2's crc32: the second GET is a
+    # COLLISION (forwarded, slot untouched).  A target hashing differently would coalesce
+    # nothing here either, but would count FIRST twice instead.
+    other = next(k for k in range(1, 1 << 20) if k != KEY and _pending_index(k, 0) == _pending_index(KEY, 0))
+    _setup(target)
+    a = get_frame(host(1), HOLDER, KEY, 0)
+    b = get_frame(host(2), HOLDER, other, 0)
+    target.send(1, a)
+    target.send(2, b)
+    target.expect(HOLDER.port, with_ttl(a, 63))
+    target.expect(HOLDER.port, with_ttl(b, 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.COLLISION) == 1
