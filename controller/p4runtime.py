@@ -471,7 +471,7 @@ class P4RuntimeSwitch:
     # --- pipeline --------------------------------------------------------------------------------
 
     def switch_cookie(self) -> int | None:
-        """Cookie of the pipeline the switch runs, or None when it has none."""
+        """Cookie of the pipeline the switch runs; None when it runs none or one set without a cookie."""
         req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
             device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
         try:
@@ -481,10 +481,19 @@ class P4RuntimeSwitch:
                 return None
             raise self._rpc_error("GetForwardingPipelineConfig", e) from None
         if not resp.config.HasField("cookie"):
-            return 0
+            return None
         return int(resp.config.cookie.cookie)
 
     def push_pipeline(self) -> None:
+        """Push our pipeline (clearing the switch), then write the intended state back onto it."""
+        self._wait_ready()
+        with self._lock:
+            self._push_pipeline()
+            if self._intended.entries or self._intended.defaults or self._intended.groups or \
+                    self._intended.digests:
+                self.resync()
+
+    def _push_pipeline(self) -> None:
         """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and cookie."""
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
@@ -902,7 +911,7 @@ class P4RuntimeSwitch:
         counts = {"pipeline": 0, "insert": 0, "modify": 0, "delete": 0}
         with self._lock:
             if self.switch_cookie() != self.cookie:
-                self.push_pipeline()
+                self._push_pipeline()
                 counts["pipeline"] = 1
             updates: list[tuple[Any, str]] = []
             # Entries: switch's view keyed the same way as the intended state.

@@ -311,7 +311,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             context.abort(_INVALID, f"bad P4Info: {e}")
             raise AssertionError("unreachable") from None
         device_config = bytes(request.config.p4_device_config)
-        cookie = int(request.config.cookie.cookie)
+        cookie = int(request.config.cookie.cookie) if request.config.HasField("cookie") else None
         if action == actions.VERIFY_AND_SAVE:
             self.state.save_pipeline(p4info, device_config, cookie)
         elif action == actions.VERIFY_AND_COMMIT:
@@ -333,7 +333,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         rtype = request.response_type
         response = p4runtime_pb2.GetForwardingPipelineConfigResponse()
         config = response.config
-        config.cookie.cookie = pipe.cookie
+        if pipe.cookie is not None:  # PI returns the cookie only when one was set
+            config.cookie.cookie = pipe.cookie
         if rtype in (types.ALL, types.P4INFO_AND_COOKIE):
             config.p4info.CopyFrom(pipe.p4info.message)
         if rtype in (types.ALL, types.DEVICE_CONFIG_AND_COOKIE):

@@ -197,11 +197,11 @@ class _DigestState:
 
 @dataclass
 class Pipeline:
-    """The committed forwarding pipeline: P4Info, opaque device config (BMv2 JSON) and cookie."""
+    """The committed forwarding pipeline: P4Info, opaque device config (BMv2 JSON) and cookie (None: unset)."""
 
     p4info: P4Info
     device_config: bytes
-    cookie: int
+    cookie: int | None
 
 
 PacketOutHandler = Callable[[bytes, Mapping[str, int]], None]
@@ -286,12 +286,12 @@ class SwitchState:
         with self._lock:
             self._pipeline_listeners.append(callback)
 
-    def set_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int = 0) -> None:
+    def set_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int | None = None) -> None:
         """Commit a new pipeline and clear all forwarding state (VERIFY_AND_COMMIT)."""
         with self._lock:
             self._commit(Pipeline(p4info, device_config, cookie), keep=False)
 
-    def save_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int = 0) -> None:
+    def save_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int | None = None) -> None:
         """Stage a pipeline for a later :meth:`commit_saved` (VERIFY_AND_SAVE)."""
         with self._lock:
             self._saved = Pipeline(p4info, device_config, cookie)
@@ -304,7 +304,7 @@ class SwitchState:
             saved, self._saved = self._saved, None
             self._commit(saved, keep=False)
 
-    def reconcile_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int = 0) -> None:
+    def reconcile_pipeline(self, p4info: P4Info, device_config: bytes = b"", cookie: int | None = None) -> None:
         """Commit a pipeline keeping every entry, group, counter and digest config still valid in it."""
         with self._lock:
             self._commit(Pipeline(p4info, device_config, cookie), keep=True)

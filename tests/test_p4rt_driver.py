@@ -65,6 +65,8 @@ def test_connect_pushes_pipeline_once(sw: P4RuntimeSwitch, server: P4RuntimeServ
     sw.insert_entries([pool(1)])
     assert sw.resync() == {"pipeline": 0, "insert": 0, "modify": 0, "delete": 0}  # nothing to do
     assert server.state.entry_count("pool") == 1
+    sw.push_pipeline()  # a forced push clears the switch, then the intended state is written back
+    assert server.state.entry_count("pool") == 1
 
 
 def test_entries_by_name_every_match_kind(sw: P4RuntimeSwitch, server: P4RuntimeServer) -> None:

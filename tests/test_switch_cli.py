@@ -22,7 +22,7 @@ def test_switch_process_serves_a_preloaded_pipeline() -> None:
         address = line.rsplit(" ", 1)[1].strip()
         sw = P4RuntimeSwitch(address, MINI, device_id=3, timeout_s=5, reconnect=False)
         sw.connect(push_pipeline=False)
-        assert sw.switch_cookie() == 0  # preloaded, not pushed by a controller
+        assert sw.switch_cookie() is None  # preloaded, not pushed by a controller: no cookie
         sw.insert_entry("pool", {"hdr.kv.key": 1, "sm.ingress_port": 2}, "pool_hit", {"slot": 3, "nfrags": 1})
         assert len(sw.read_entries("pool")) == 1
         sw.close()
