@@ -19,6 +19,7 @@ all addresses whatever ``--http_metadata_server_host`` says (observed with 0.3.1
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -27,7 +28,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -361,3 +364,88 @@ class MooncakeStoreNode(_ManagedProcess):
     def __exit__(self, *exc: object) -> None:
         """Stop the node (its objects leave the pool with it)."""
         self.stop()
+
+
+# -- command line: ``python -m hostagent.mooncake_master`` (``kvpool mooncake``) ---------
+def _mib(text: str) -> int:
+    """Parse a positive size in MiB for argparse."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the ``mooncake`` command: run a master and store nodes until stopped."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind and advertise (default 127.0.0.1)")
+    parser.add_argument("--store-nodes", type=int, default=1, help="mooncake_client store nodes to start (default 1)")
+    parser.add_argument("--segment-mib", type=_mib, default=256, help="DRAM per store node, MiB (default 256)")
+    parser.add_argument("--lease-ms", type=int, default=10_000, help="read lease blocking eviction (default 10000)")
+    parser.add_argument("--high-watermark", type=float, default=0.9, help="eviction trigger ratio (default 0.9)")
+    parser.add_argument("--eviction-ratio", type=float, default=0.05, help="share freed per eviction (default 0.05)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="where the logs go (default: a temp dir)")
+    parser.add_argument("--ready-file", type=Path, default=None, help="also write the ready JSON line here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the pool, print one JSON line with its addresses, serve until SIGINT/SIGTERM."""
+    if args.store_nodes < 0:
+        print("mooncake: --store-nodes must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        config = MasterConfig(
+            host=args.host,
+            lease_ttl_ms=args.lease_ms,
+            eviction_high_watermark=args.high_watermark,
+            eviction_ratio=args.eviction_ratio,
+        )
+    except ValueError as exc:
+        print(f"mooncake: {exc}", file=sys.stderr)
+        return 2
+    log_dir: Path | None = args.log_dir
+    master = MooncakeMaster(config, log_path=None if log_dir is None else log_dir / "mooncake_master.log")
+    nodes: list[MooncakeStoreNode] = []
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        master.start()
+        for i in range(args.store_nodes):
+            log = None if log_dir is None else log_dir / f"mooncake_store{i}.log"
+            nodes.append(MooncakeStoreNode(master, args.segment_mib << 20, host=args.host, log_path=log).start())
+        ready = json.dumps(
+            {
+                "rpc_address": master.rpc_address,
+                "metadata_url": master.metadata_url,
+                "admin_url": master.admin_url,
+                "master_pid": master.pid,
+                "store_nodes": [{"segment": n.segment_name, "pid": n.pid, "bytes": n.segment_bytes} for n in nodes],
+                "log": str(master.log_path),
+            }
+        )
+        print(ready, flush=True)
+        if args.ready_file is not None:
+            args.ready_file.write_text(ready + "\n")
+        while not stop.wait(0.5):
+            if not master.running:
+                print(f"mooncake: master exited; log {master.log_path}", file=sys.stderr)
+                return 1
+        return 0
+    except MooncakeProcessError as exc:
+        print(f"mooncake: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for node in nodes:
+            node.stop()
+        master.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m hostagent.mooncake_master``."""
+    parser = argparse.ArgumentParser(prog="python -m hostagent.mooncake_master", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

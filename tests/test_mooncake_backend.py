@@ -5,7 +5,9 @@ Skips (with the reason) where the Mooncake wheel or its binaries cannot run here
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -213,3 +215,59 @@ def test_store_node_killed_is_an_error(tmp_path: Path) -> None:
         node.kill()
         with pytest.raises(BackendError, match="TRANSFER_FAIL"):
             b.get(3)
+
+
+def test_missing_binary_is_a_one_line_error() -> None:
+    with pytest.raises(MooncakeProcessError, match="no_such_mooncake_tool not found: install"):
+        find_binary("no_such_mooncake_tool")
+
+
+def test_master_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    bad = MasterConfig(extra_args=("--no_such_flag=1",))
+    master = MooncakeMaster(bad, log_path=tmp_path / "bad.log")
+    with pytest.raises(MooncakeProcessError, match=r"exited with code .*no_such_flag"):
+        master.start(attempts=1)
+    assert not master.running
+
+
+def test_backend_refuses_an_unreachable_master() -> None:
+    with pytest.raises(BackendError, match="unreachable"):
+        MooncakeBackend("127.0.0.1:1", "http://127.0.0.1:1/metadata", setup_timeout=1.0)
+
+
+def test_cli_serves_until_sigterm_and_stops_its_processes(tmp_path: Path) -> None:
+    ready = tmp_path / "ready.json"
+    argv = ["--segment-mib", "16", "--log-dir", str(tmp_path), "--ready-file", str(ready)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hostagent.mooncake_master", *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert json.loads(ready.read_text()) == info
+        pids = [info["master_pid"]] + [n["pid"] for n in info["store_nodes"]]
+        with MooncakeBackend(info["rpc_address"], info["metadata_url"]) as b:
+            b.put(9, b"through the CLI's pool")
+            assert b.get(9) == b"through the CLI's pool"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert (tmp_path / "mooncake_master.log").exists() and (tmp_path / "mooncake_store0.log").exists()
+
+
+def test_cli_usage_error_exits_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hostagent.mooncake_master", "--store-nodes", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and "--store-nodes must be >= 0" in proc.stderr
