@@ -7,6 +7,7 @@ P4Info + BMv2 JSON with SetForwardingPipelineConfig. ``--p4info`` preloads one i
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -14,8 +15,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from switchmodel import dataplane
 from switchmodel.p4info import P4Info
 from switchmodel.p4rt_server import P4RuntimeServer
+from switchmodel.ports import PortError
 from switchmodel.state import SwitchState
 
 
@@ -27,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p4info", type=Path, help="preload this P4Info (text or binary) as the pipeline")
     parser.add_argument("--json", type=Path, help="BMv2 JSON to preload with --p4info (default actions come from it)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    dataplane.add_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +60,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvpool-switch: {path}: no such file", file=sys.stderr)
             return 2
     try:
+        specs = dataplane.port_specs(args)
+    except ValueError as e:
+        print(f"kvpool-switch: {e}", file=sys.stderr)
+        return 2
+    # Pure-Python protobuf (protobuf < 3.21 on Python 3.11) allocates many small objects per
+    # message; the default GC thresholds then spend more time collecting than decoding a batch.
+    gc.set_threshold(50_000, 20, 20)
+    try:
         state = make_state(args)
         server = P4RuntimeServer(state, args.grpc_addr).start()
     except (OSError, ValueError) as e:
+        print(f"kvpool-switch: {e}", file=sys.stderr)
+        return 1
+    try:
+        plane = dataplane.start(state, specs, keep_offloads=args.keep_offloads)
+    except PortError as e:
+        server.stop()
         print(f"kvpool-switch: {e}", file=sys.stderr)
         return 1
     host = args.grpc_addr.rsplit(":", 1)[0]
@@ -68,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    plane.stop()
     server.stop()
     return 0
 

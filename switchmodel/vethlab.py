@@ -13,6 +13,7 @@ removed by ``close`` (only what it made: names carry the creating process id).
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
 
-from switchmodel.ports import disable_offloads, open_raw_socket, recv_frame
+from switchmodel.ports import open_raw_socket, recv_frame
 
 CLONE_NEWNET: Final = 0x40000000
 _COUNTER = itertools.count()
@@ -82,39 +83,59 @@ def in_netns(netns: str, func: Callable[[], _T]) -> _T:
 
 @dataclass
 class VethLab:
-    """N veth pairs: ``switch_ifs[i]`` in the root namespace, ``host_ifs[i]`` in ``netns``."""
+    """N veth pairs: ``switch_ifs[i]`` in the root namespace, ``host_ifs[i]`` in ``host_netns[i]``.
+
+    ``separate_hosts`` gives every host side a namespace of its own (needed when the
+    hosts' kernels talk to each other through the switch); ``addresses`` gives host
+    ``i`` (switch port ``i + 1``) the MAC ``02:00:00:00:00:<i+1>`` and ``10.0.0.<i+1>/24``.
+    ``host_offloads_off`` turns TX/RX checksum offload off on the host sides, as
+    p4lang/tutorials' P4Host does; leave it on to reproduce the checksum trap.
+    """
 
     n_ports: int
-    offloads_off: bool = True
+    host_offloads_off: bool = True
+    separate_hosts: bool = False
+    addresses: bool = False
     netns: str = ""
+    host_netns: list[str] = field(default_factory=list)
     switch_ifs: list[str] = field(default_factory=list)
     host_ifs: list[str] = field(default_factory=list)
     host_socks: list[socket.socket] = field(default_factory=list)
+    _namespaces: list[str] = field(default_factory=list)
 
     def open(self) -> VethLab:
-        """Create the namespace and pairs, bring them up, open one raw socket per host side."""
+        """Create the namespaces and pairs, bring them up, open one raw socket per host side."""
         reason = can_build()
         if reason:
             raise LabError(reason)
         tag = f"{os.getpid() % 100000}{next(_COUNTER) % 10}"
         self.netns = f"kvpool-lab-{tag}"
         try:
-            _run("ip", "netns", "add", self.netns)
             for i in range(self.n_ports):
+                ns = f"{self.netns}-h{i + 1}" if self.separate_hosts else self.netns
+                if ns not in self._namespaces:
+                    _run("ip", "netns", "add", ns)
+                    self._namespaces.append(ns)
+                    _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                self.host_netns.append(ns)
                 sw, host = f"kvs{tag}p{i}", f"kvh{tag}p{i}"
                 _run("ip", "link", "add", sw, "type", "veth", "peer", "name", host)
                 self.switch_ifs.append(sw)
-                _run("ip", "link", "set", host, "netns", self.netns)
+                _run("ip", "link", "set", host, "netns", ns)
                 self.host_ifs.append(host)
                 _run("sysctl", "-qw", f"net.ipv6.conf.{sw}.disable_ipv6=1")
-                _run("ip", "netns", "exec", self.netns, "sysctl", "-qw", f"net.ipv6.conf.{host}.disable_ipv6=1")
+                _run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{host}.disable_ipv6=1")
+                if self.addresses:
+                    _run("ip", "netns", "exec", ns, "ip", "link", "set", host, "address",
+                         f"02:00:00:00:00:{i + 1:02x}")
+                    _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.0.0.{i + 1}/24", "dev", host)
                 _run("ip", "link", "set", sw, "up")
-                _run("ip", "netns", "exec", self.netns, "ip", "link", "set", host, "up")
-                if self.offloads_off:
-                    disable_offloads(sw)
-                    _run("ip", "netns", "exec", self.netns, "ethtool", "--offload", host,
-                         "rx", "off", "tx", "off", "sg", "off")
-            self.host_socks = in_netns(self.netns, lambda: [open_raw_socket(h) for h in self.host_ifs])
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", host, "up")
+                if self.host_offloads_off:
+                    _run("ip", "netns", "exec", ns, "ethtool", "--offload", host, "rx", "off", "tx", "off",
+                         "sg", "off")
+            self.host_socks = [in_netns(ns, functools.partial(open_raw_socket, h))
+                               for ns, h in zip(self.host_netns, self.host_ifs, strict=True)]
         except BaseException:
             self.close()
             raise
@@ -130,9 +151,11 @@ class VethLab:
             subprocess.run(["ip", "link", "del", sw], capture_output=True, check=False)
         self.switch_ifs.clear()
         self.host_ifs.clear()
-        if self.netns:
-            subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
-            self.netns = ""
+        for ns in self._namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        self._namespaces.clear()
+        self.host_netns.clear()
+        self.netns = ""
 
     def __enter__(self) -> VethLab:
         """Build the lab."""

@@ -101,7 +101,7 @@ def test_memory_ports_queue_outputs_per_port() -> None:
 @pytest.mark.root
 @pytest.mark.skipif(can_build() is not None, reason=str(can_build()))
 def test_port_io_forwards_between_veths_and_completes_checksums() -> None:
-    with VethLab(2, offloads_off=False) as lab:
+    with VethLab(2, host_offloads_off=False) as lab:
         io = PortIO([PortSpec(1, lab.switch_ifs[0]), PortSpec(2, lab.switch_ifs[1])], _Swap())
         with io:
             io.start()

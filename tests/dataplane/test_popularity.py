@@ -93,7 +93,7 @@ def test_bloom_false_positive_matches_bmv2_hashes(target: Target) -> None:
 
 def test_sketch_cells_sit_where_bmv2_puts_them(target: Target) -> None:
     if not isinstance(target, ModelTarget):
-        pytest.skip("registers are not readable over BMv2's P4Runtime server")
+        pytest.skip("registers are visible in-process only (BMv2's P4Runtime server cannot read them)")
     _setup(target, threshold=100, epoch=5)
     for _ in range(4):
         _get(target, KEY)
