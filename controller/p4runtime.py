@@ -153,6 +153,23 @@ class DigestConfig:
 _Key = tuple[str, tuple[tuple[str, str, int, int], ...], int]
 
 
+@dataclass(frozen=True)
+class _Update:
+    """One update to send: its type, how to fill a p4.v1.Update in place, a text for errors.
+
+    Filling in place avoids a copy per update: the protobuf runtime here is the pure-Python
+    one (protobuf < 3.21 has no C++ wheel for Python 3.11), where copies dominate batch cost.
+    """
+
+    type: int
+    fill: Callable[[Any], None]
+    desc: str
+
+
+def _prebuilt(update: Any, desc: str) -> _Update:
+    return _Update(int(update.type), lambda target: target.CopyFrom(update), desc)
+
+
 @dataclass
 class _Intended:
     """What the controller wants on the switch; replayed after a reconnect."""
@@ -610,7 +627,7 @@ class P4RuntimeSwitch:
 
     # --- writes ----------------------------------------------------------------------------------
 
-    def _write(self, updates: Sequence[tuple[Any, str]]) -> list[UpdateError]:
+    def _write(self, updates: Sequence[_Update]) -> list[UpdateError]:
         """Send updates in batches; returns the rejected ones (index into ``updates``)."""
         stub = self._require()
         errors: list[UpdateError] = []
@@ -618,8 +635,8 @@ class P4RuntimeSwitch:
             chunk = updates[start:start + self.batch_size]
             req = p4runtime_pb2.WriteRequest(device_id=self.device_id)
             self._election_msg(req.election_id)
-            for update, _ in chunk:
-                req.updates.append(update)
+            for update in chunk:
+                update.fill(req.updates.add())
             try:
                 stub.Write(req, timeout=max(self.timeout_s, 30.0))
             except grpc.RpcError as e:
@@ -629,26 +646,28 @@ class P4RuntimeSwitch:
         return errors
 
     @staticmethod
-    def _batch_errors(e: grpc.RpcError, chunk: Sequence[tuple[Any, str]], start: int) -> list[UpdateError]:
+    def _batch_errors(e: grpc.RpcError, chunk: Sequence[_Update], start: int) -> list[UpdateError]:
         status = None
         for key, value in e.trailing_metadata() or ():
             if key == "grpc-status-details-bin":
                 status = status_pb2.Status()
                 status.ParseFromString(value)
         if status is None or len(status.details) != len(chunk):
-            return [UpdateError(start + i, desc, "UNKNOWN", str(e.details())) for i, (_, desc) in enumerate(chunk)]
+            return [UpdateError(start + i, u.desc, "UNKNOWN", str(e.details())) for i, u in enumerate(chunk)]
         out = []
-        for i, (detail, (_, desc)) in enumerate(zip(status.details, chunk, strict=True)):
+        for i, (detail, u) in enumerate(zip(status.details, chunk, strict=True)):
             err = p4runtime_pb2.Error()
             detail.Unpack(err)
             if err.canonical_code != code_pb2.OK:
-                out.append(UpdateError(start + i, desc, code_pb2.Code.Name(err.canonical_code), str(err.message)))
+                out.append(UpdateError(start + i, u.desc, code_pb2.Code.Name(err.canonical_code), str(err.message)))
         return out
 
-    def _entry_update(self, utype: int, key: _Key, entry: Entry) -> tuple[Any, str]:
-        u = p4runtime_pb2.Update(type=utype)
-        self._table_entry_pb(key, entry, u.entity.table_entry)
-        return u, f"{_UPDATE_NAMES[utype]} {entry.describe()}"
+    def _entry_update(self, utype: int, key: _Key, entry: Entry) -> _Update:
+        def fill(u: Any) -> None:
+            u.type = utype
+            self._table_entry_pb(key, entry, u.entity.table_entry)
+
+        return _Update(utype, fill, f"{_UPDATE_NAMES[utype]} {entry.describe()}")
 
     def _write_entries(self, utype: int, entries: Iterable[Entry]) -> None:
         self._wait_ready()
@@ -707,20 +726,20 @@ class P4RuntimeSwitch:
             u.entity.table_entry.table_id = t.id
             u.entity.table_entry.is_default_action = True
             self._action_pb(act.name, encoded, u.entity.table_entry.action.action)
-            errors = self._write([(u, f"MODIFY default of {t.name} -> {act.name}")])
+            errors = self._write([_prebuilt(u, f"MODIFY default of {t.name} -> {act.name}")])
             if errors:
                 raise WriteError(self.address, 1, errors)
             self._intended.defaults[t.name] = (act.name, dict(encoded))
 
     # --- multicast -------------------------------------------------------------------------------
 
-    def _group_update(self, utype: int, gid: int, replicas: Sequence[tuple[int, int]]) -> tuple[Any, str]:
+    def _group_update(self, utype: int, gid: int, replicas: Sequence[tuple[int, int]]) -> _Update:
         u = p4runtime_pb2.Update(type=utype)
         g = u.entity.packet_replication_engine_entry.multicast_group_entry
         g.multicast_group_id = gid
         for port, rid in replicas:
             g.replicas.add(egress_port=port, instance=rid)
-        return u, f"{_UPDATE_NAMES[utype]} multicast group {gid} {list(replicas)}"
+        return _prebuilt(u, f"{_UPDATE_NAMES[utype]} multicast group {gid} {list(replicas)}")
 
     def set_multicast_group(self, group_id: int, replicas: Iterable[tuple[int, int]]) -> None:
         """Create or replace multicast group ``group_id`` with (egress port, replica id) copies."""
@@ -749,14 +768,14 @@ class P4RuntimeSwitch:
 
     # --- digests ---------------------------------------------------------------------------------
 
-    def _digest_update(self, utype: int, name: str, config: DigestConfig) -> tuple[Any, str]:
+    def _digest_update(self, utype: int, name: str, config: DigestConfig) -> _Update:
         u = p4runtime_pb2.Update(type=utype)
         d = u.entity.digest_entry
         d.digest_id = self.p4info.digest(name).id
         d.config.max_timeout_ns = config.max_timeout_ns
         d.config.max_list_size = config.max_list_size
         d.config.ack_timeout_ns = config.ack_timeout_ns
-        return u, f"{_UPDATE_NAMES[utype]} digest {name}"
+        return _prebuilt(u, f"{_UPDATE_NAMES[utype]} digest {name}")
 
     def configure_digest(self, name: str, max_timeout_ns: int = 0, max_list_size: int = 1,
                          ack_timeout_ns: int = 1_000_000_000) -> None:
@@ -913,7 +932,7 @@ class P4RuntimeSwitch:
             if self.switch_cookie() != self.cookie:
                 self._push_pipeline()
                 counts["pipeline"] = 1
-            updates: list[tuple[Any, str]] = []
+            updates: list[_Update] = []
             # Entries: switch's view keyed the same way as the intended state.
             have: dict[_Key, Entry] = {}
             for e in self._read_mutable_entries():
@@ -937,7 +956,7 @@ class P4RuntimeSwitch:
                     u.entity.table_entry.table_id = self._table(table).id
                     u.entity.table_entry.is_default_action = True
                     self._action_pb(action, params, u.entity.table_entry.action.action)
-                    updates.append((u, f"MODIFY default of {table} -> {action}"))
+                    updates.append(_prebuilt(u, f"MODIFY default of {table} -> {action}"))
                     counts["modify"] += 1
             groups = self.read_multicast_groups()
             for gid in groups:
@@ -963,10 +982,10 @@ class P4RuntimeSwitch:
                 if name not in self._intended.digests:
                     u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.DELETE)
                     u.entity.digest_entry.digest_id = self.p4info.digest(name).id
-                    updates.append((u, f"DELETE digest {name}"))
+                    updates.append(_prebuilt(u, f"DELETE digest {name}"))
                     counts["delete"] += 1
             # Deletes first so a full table has room for the inserts.
-            updates.sort(key=lambda u: u[0].type != p4runtime_pb2.Update.DELETE)
+            updates.sort(key=lambda u: u.type != p4runtime_pb2.Update.DELETE)
             errors = self._write(updates)
             if errors:
                 raise WriteError(self.address, len(updates), errors)
