@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from hostagent.backend import BackendError
+from hostagent.mooncake_master import MIN_SEGMENT_BYTES
 
 if TYPE_CHECKING:
     from hostagent.mooncake_master import MooncakeMaster
@@ -234,6 +235,8 @@ class MooncakeBackend:
     ) -> None:
         if segment_bytes < 0 or local_buffer_bytes < 0 or call_timeout <= 0 or setup_timeout <= 0 or full_retry_s < 0:
             raise ValueError("sizes and full_retry_s must be >= 0, timeouts > 0")
+        if 0 < segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be 0 or at least {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
         self.master_address = master_address
         self.metadata_url = metadata_url
         self.zero_copy = zero_copy

@@ -40,6 +40,8 @@ from typing import IO, Self
 
 MASTER_BINARY = "mooncake_master"
 STORE_NODE_BINARY = "mooncake_client"
+# Smallest DRAM segment a store node or client may mount ("Total size must be at least").
+MIN_SEGMENT_BYTES = 16 << 20
 _INSTALL_HINT = "install mooncake-transfer-engine-non-cuda (bash scripts/setup.sh)"
 
 
@@ -317,8 +319,8 @@ class MooncakeStoreNode(_ManagedProcess):
         self, master: MooncakeMaster, segment_bytes: int, host: str = "127.0.0.1", log_path: Path | None = None
     ) -> None:
         super().__init__(STORE_NODE_BINARY, log_path)
-        if segment_bytes < 1024:
-            raise ValueError(f"segment_bytes must be at least 1024, got {segment_bytes}")
+        if segment_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be at least {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
         self.master = master
         self.segment_bytes = segment_bytes
         self.host = host

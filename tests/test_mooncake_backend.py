@@ -133,6 +133,7 @@ def test_bad_input_is_rejected_without_touching_the_store(backend: MooncakeBacke
         backend.get(-1)
 
 
+@pytest.mark.slow
 def test_two_processes_share_the_pool(pool: MooncakeMaster) -> None:
     # The writer exits before the reader starts: the data lives on the store node.
     script = textwrap.dedent(
@@ -235,6 +236,7 @@ def test_backend_refuses_an_unreachable_master() -> None:
         MooncakeBackend("127.0.0.1:1", "http://127.0.0.1:1/metadata", setup_timeout=1.0)
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigterm_and_stops_its_processes(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
     argv = ["--segment-mib", "16", "--log-dir", str(tmp_path), "--ready-file", str(ready)]
@@ -271,3 +273,21 @@ def test_cli_usage_error_exits_2() -> None:
         timeout=30,
     )
     assert proc.returncode == 2 and "--store-nodes must be >= 0" in proc.stderr
+
+
+@pytest.mark.slow
+def test_backend_can_lend_its_own_dram(tmp_path: Path) -> None:
+    # No store node: the pool is the 16 MiB segment the first backend mounts.
+    with MooncakeMaster(log_path=tmp_path / "master.log") as master:
+        with pytest.raises(ValueError, match="at least 16777216"):
+            MooncakeBackend.for_master(master, segment_bytes=8 << 20)
+        with MooncakeBackend.for_master(master, segment_bytes=16 << 20) as lender:
+            data = payload(11, 3 << 20)
+            lender.put(11, data)
+            assert lender.get(11) == data
+            assert master.segments() == [lender.hostname]
+            with MooncakeBackend.for_master(master) as reader:
+                assert reader.get(11) == data
+        # The lender's segment left with it: its chunks are gone, reported as missing.
+        with MooncakeBackend.for_master(master) as late:
+            assert late.get(11) is None
