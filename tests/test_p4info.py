@@ -276,3 +276,21 @@ def test_lpm_index_agrees_with_brute_force(state: SwitchState) -> None:
             assert not res.hit
         else:
             assert res.hit and res.params["port"] == best[1] % 512
+
+
+def test_reconcile_with_a_changed_program_keeps_what_still_fits(state: SwitchState, p4info: P4Info) -> None:
+    state.insert_entry("pool", _pool(1, 1, 1))
+    state.insert_entry("ipv4_lpm", TableEntry({"hdr.ipv4.dstAddr": FieldMatch("lpm", 0x0A000000, 8)},
+                                              ActionCall("MyIngress.drop")))
+    state.insert_entry("acl", TableEntry({"sm.ingress_port": FieldMatch("optional", 3)}, ActionCall("MyIngress.allow"),
+                                         priority=1))
+    changed = p4info.message.__class__()
+    changed.CopyFrom(p4info.message)
+    del changed.tables[1]  # the pool table is gone
+    changed.actions[2].preamble.name = "MyIngress.drop_renamed"  # so is the action of the route
+    state.reconcile_pipeline(P4Info(changed))
+    assert state.entry_count("ipv4_lpm") == 0  # its action no longer exists
+    assert state.lookup("acl", [0, 0, 3]).action == "MyIngress.allow"  # still valid: kept
+    with pytest.raises(StateError):
+        state.entry_count("pool")
+    assert state.counter_read("hits", 0) == CounterValue(0, 0)
