@@ -1,0 +1,798 @@
+"""kvpool over UDP: receiver-driven, windowed, paced chunk transfer with selective retransmit.
+
+One ``Transport`` owns two UDP sockets and one event-loop thread:
+
+* the **holder socket** bound to the agent's kvpool port (``KVPOOL_UDP_PORT`` by
+  default) receives GETs and sends DATA (so responses leave from the kvpool port, as the
+  wire format says);
+* the **requester socket** on an ephemeral port sends GETs to holders and receives their
+  DATA and NACKs.
+
+Requester side.  ``fetch`` turns each chunk key into a request with its own 32-bit
+``request_id``.  A request asks for a *window* of fragments with one range GET and asks
+for the next half window whenever half of what it asked for has arrived, so at most
+``window_fragments`` fragments per request are in flight.  On top, all requests share a
+budget of ``max_inflight_fragments`` asked for and not yet received, sized to what the
+receive buffer holds (about 2.3 KB of kernel memory per 1440-byte datagram: the
+default 32 MiB, doubled by the kernel, holds about 29,000), so a burst
+from every holder at once still fits and the receiver does not drop; requests beyond
+``max_active_requests`` or the budget wait their turn.  Windows are large because on a
+busy host every round trip waits for both processes to be scheduled: the data in flight
+must cover that, not just the wire's round trip.
+
+DATA lands in a ``Reassembler`` keyed by the request id (the chunk key is checked too).
+When neither the request nor anything else from its holder has made progress for a
+retransmit timeout (doubling per silent round), it re-asks for exactly the runs
+``Reassembler.missing_ranges`` reports, with the ``RETRANSMIT`` flag.  Silence is judged
+per holder because a holder serves its queue in order: while it still streams other
+requests' fragments, ours are queued, not lost, and re-asking would only add duplicates.
+After ``give_up_s`` of such silence the request fails with a message that names the
+chunk, the holder and how far it got.  A NACK fails the request with the holder's
+``Status``.
+
+Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA records
+built by ``fragment()`` in one numpy array, queued as a send job; jobs are served round
+robin in quanta, paced by a token bucket (bytes/s) when a rate is set.
+
+Hot path.  No Python object per packet beyond what a socket call needs: DATA is received
+with ``recv_into`` straight into slots of a preallocated ``DATA_PACKET_DTYPE`` ring
+(``MSG_TRUNC`` reveals oversize datagrams), a batch is classified with numpy (length,
+version, opcode) and handed to ``Reassembler.add_batch`` per request; DATA is sent as
+memoryview slices of the record array.  Only packets that fail the fast checks (garbage,
+NACKs) take the per-packet slow path, where ``kvpool.wire.parse`` names the reason and it
+is counted in ``stats()["drops"]``.  A bad packet is dropped on its own: it can never
+mark a fragment of another transfer as received (``Reassembler`` validates every record).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from hostagent.fragment import Reassembler
+from hostagent.holder import Holder
+from kvpool import wire
+
+log = logging.getLogger("kvpool.transport")
+
+_L: Final = wire.DATA_DATAGRAM_LEN
+_SO_SNDBUFFORCE: Final = 32  # Linux values; Python does not export them.
+_SO_RCVBUFFORCE: Final = 33
+_MSG_TRUNC: Final = getattr(socket, "MSG_TRUNC", 0x20)
+_RECENT_REQUESTS: Final = 4096
+_SKB_BYTES: Final = 2304
+"""Kernel memory one queued 1440-byte datagram costs against SO_RCVBUF (measured on Linux loopback)."""
+
+Address = tuple[str, int]
+
+
+class TransferError(RuntimeError):
+    """A chunk could not be fetched (NACK, no progress, timeout, transport stopped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    """Knobs of a ``Transport``; the defaults suit loopback and a 1500-byte MTU LAN."""
+
+    host: str = "127.0.0.1"
+    """Address both sockets bind to."""
+    port: int = wire.KVPOOL_UDP_PORT
+    """Holder (kvpool) port; 0 picks a free one."""
+    fetch_port: int = 0
+    """Requester socket port; 0 picks a free one."""
+    sock_buf_bytes: int = 32 << 20
+    """SO_RCVBUF / SO_SNDBUF asked for (forced past rmem_max when running as root)."""
+    rate_bytes_per_s: float = 0.0
+    """Holder pacing rate in datagram bytes per second; 0 means unpaced."""
+    burst_bytes: int = 256 << 10
+    """Token bucket depth when pacing."""
+    window_fragments: int = 2048
+    """Most fragments one request has asked for and not yet received."""
+    max_inflight_fragments: int = 16384
+    """Fragments asked for and not yet received, over all requests (keep under the receive buffer)."""
+    max_active_requests: int = 64
+    """Requests transferring at once; the others wait their turn."""
+    retransmit_timeout_s: float = 0.2
+    """Silence before a request re-asks for its missing fragments (doubles per silent round)."""
+    give_up_s: float = 3.0
+    """Silence after which a request fails."""
+    recv_batch: int = 256
+    """Datagrams received per batch before they are processed together."""
+    send_quantum: int = 64
+    """DATA datagrams a send job sends before the next job's turn."""
+    max_fragments_per_get: int = 4096
+    """Largest range one GET is served for (longer ones are clamped)."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "port": 0 <= self.port <= 0xFFFF,
+            "fetch_port": 0 <= self.fetch_port <= 0xFFFF,
+            "sock_buf_bytes": self.sock_buf_bytes > 0,
+            "rate_bytes_per_s": self.rate_bytes_per_s >= 0,
+            "burst_bytes": self.burst_bytes >= _L,
+            "window_fragments": 2 <= self.window_fragments <= wire.MAX_FRAGMENTS,
+            "max_active_requests": self.max_active_requests >= 1,
+            "max_inflight_fragments": self.max_inflight_fragments >= 1,
+            "retransmit_timeout_s": self.retransmit_timeout_s > 0,
+            "give_up_s": self.give_up_s > 0,
+            "recv_batch": self.recv_batch >= 1,
+            "send_quantum": self.send_quantum >= 1,
+            "max_fragments_per_get": self.max_fragments_per_get >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid transport setting {bad[0]}={getattr(self, bad[0])!r}")
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """Outcome of fetching one chunk: its bytes, or the error that stopped it."""
+
+    key: int
+    data: memoryview | None = None
+    generation: int = 0
+    error: str | None = None
+    status: wire.Status | None = None
+    retransmit_rounds: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when the chunk arrived complete."""
+        return self.data is not None
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    """Requester state of one chunk transfer (owned by the loop thread)."""
+
+    rid: int
+    key: int
+    holder: Address
+    generation: int
+    result: FetchResult
+    done: threading.Event
+    deadline: float
+    reasm: Reassembler | None = None
+    asked_hi: int = 0
+    last_progress: float = 0.0
+    next_retx: float = 0.0
+    rto: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class _SendJob:
+    """DATA records waiting to go to one address."""
+
+    records: npt.NDArray[np.void]
+    view: memoryview
+    addr: Address
+    pos: int = 0
+    count: int = 0
+
+
+@dataclass(slots=True)
+class _Counters:
+    """Transport counters, bumped by the loop thread (per batch on the hot path)."""
+
+    datagrams_received: int = 0
+    recv_batches: int = 0
+    data_received: int = 0
+    fragments_stored: int = 0
+    duplicates: int = 0
+    gets_sent: int = 0
+    retransmit_gets: int = 0
+    datagrams_sent: int = 0
+    bytes_sent: int = 0
+    send_errors: int = 0
+    nacks_sent: int = 0
+    nacks_received: int = 0
+    requests_completed: int = 0
+    requests_failed: int = 0
+    goodput_bytes: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+def _set_buffers(sock: socket.socket, size: int) -> None:
+    """Ask for big socket buffers; as root, force them past net.core.{r,w}mem_max."""
+    for force, plain in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF), (_SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:  # not root: the kernel caps the plain option at the sysctl maximum
+            sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+class Transport:
+    """Both roles of a host agent on UDP: fetch chunks from holders, serve chunks to requesters."""
+
+    def __init__(self, config: TransportConfig | None = None, holder: Holder | None = None) -> None:
+        self.config = config or TransportConfig()
+        self.holder = holder
+        self._c = _Counters()
+        self._stats_lock = threading.Lock()
+        self._submit: collections.deque[_Request] = collections.deque()
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._active: dict[int, _Request] = {}
+        self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._jobs: collections.deque[_SendJob] = collections.deque()
+        self._inflight = 0
+        self._budget = self.config.max_inflight_fragments
+        self._holder_progress: dict[Address, float] = {}
+        self._next_rid = int.from_bytes(os.urandom(4), "big") or 1
+        self._rid_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._tokens = float(self.config.burst_bytes)
+        self._last_refill = time.monotonic()
+        n = self.config.recv_batch
+        self._ring = np.zeros(n, dtype=wire.DATA_PACKET_DTYPE)
+        raw = self._ring.view(np.uint8).data
+        # One memoryview per slot, made once, so receiving creates no per-packet views.
+        self._slots = [raw[i * _L : (i + 1) * _L] for i in range(n)]
+        self._lens = [0] * n
+        self._hsock: socket.socket | None = None
+        self._rsock: socket.socket | None = None
+        self._wake_r, self._wake_w = -1, -1
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Bind both sockets and start the loop thread."""
+        if self._thread is not None:
+            raise RuntimeError("transport already started")
+        cfg = self.config
+        hsock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rsock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for s, port in ((hsock, cfg.port), (rsock, cfg.fetch_port)):
+                _set_buffers(s, cfg.sock_buf_bytes)
+                s.bind((cfg.host, port))
+                s.setblocking(False)
+        except OSError:
+            hsock.close()
+            rsock.close()
+            raise
+        self._hsock, self._rsock = hsock, rsock
+        # Without root the kernel caps the buffer at net.core.rmem_max: shrink the in-flight
+        # budget to what the buffer really holds, or a burst would overflow it.
+        rcvbuf = rsock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self._budget = max(16, min(cfg.max_inflight_fragments, rcvbuf * 3 // 4 // _SKB_BYTES))
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name="kvpool-transport", daemon=True)
+        self._thread.start()
+        log.info("transport up: kvpool port %s:%d, fetch port %d", cfg.host, self.port, self.fetch_port)
+
+    def stop(self) -> None:
+        """Fail transfers in flight, join the loop thread and close the sockets."""
+        self._stop.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for s in (self._hsock, self._rsock):
+            if s is not None:
+                s.close()
+        self._hsock = self._rsock = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+
+    def __enter__(self) -> Transport:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The holder (kvpool) port actually bound."""
+        if self._hsock is None:
+            raise RuntimeError("transport not started")
+        return int(self._hsock.getsockname()[1])
+
+    @property
+    def fetch_port(self) -> int:
+        """The requester socket's port (where DATA for our requests arrives)."""
+        if self._rsock is None:
+            raise RuntimeError("transport not started")
+        return int(self._rsock.getsockname()[1])
+
+    @property
+    def address(self) -> Address:
+        """``(host, port)`` peers send GETs to."""
+        return (self.config.host, self.port)
+
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            with contextlib.suppress(BlockingIOError):  # pipe full: the loop is awake anyway
+                os.write(self._wake_w, b"x")
+
+    # ------------------------------------------------------------------ requester API
+
+    def _new_rid(self) -> int:
+        with self._rid_lock:
+            rid = self._next_rid
+            self._next_rid = (rid % 0xFFFF_FFFF) + 1  # never 0, wraps within u32
+            return rid
+
+    def fetch(self, keys: Sequence[int], holder: Address, *, generation: int = 0,
+              timeout: float | None = None) -> list[FetchResult]:
+        """Fetch chunks from ``holder``; one ``FetchResult`` per key, in order (never raises for a chunk)."""
+        if self._thread is None or self._stop.is_set():
+            raise TransferError("transport is not running")
+        for key in keys:
+            if not 0 <= key <= wire.FIELD_BY_NAME["chunk_key"].max:
+                raise ValueError(f"chunk key {key} does not fit 64 bits")
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        reqs = [
+            _Request(self._new_rid(), key, holder, generation, FetchResult(key), threading.Event(), deadline)
+            for key in keys
+        ]
+        self._submit.extend(reqs)
+        self._wake()
+        for r in reqs:
+            # The loop enforces the deadline; this wait only guards against a dead loop thread.
+            while not r.done.wait(0.5):
+                if self._thread is None or not self._thread.is_alive():
+                    r.result.error = "transport stopped"
+                    break
+        return [r.result for r in reqs]
+
+    def fetch_one(self, key: int, holder: Address, *, generation: int = 0,
+                  timeout: float | None = None) -> bytes:
+        """Fetch one chunk's bytes or raise ``TransferError`` with the reason."""
+        res = self.fetch([key], holder, generation=generation, timeout=timeout)[0]
+        if res.data is None:
+            raise TransferError(res.error or "failed")
+        return bytes(res.data)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of both roles, drops by reason and the current configuration."""
+        c = self._c
+        with self._stats_lock:
+            drops = dict(c.drops)
+        out: dict[str, Any] = {
+            "datagrams_received": c.datagrams_received,
+            "recv_batches": c.recv_batches,
+            "data_received": c.data_received,
+            "fragments_stored": c.fragments_stored,
+            "duplicates": c.duplicates,
+            "gets_sent": c.gets_sent,
+            "retransmit_gets": c.retransmit_gets,
+            "datagrams_sent": c.datagrams_sent,
+            "bytes_sent": c.bytes_sent,
+            "send_errors": c.send_errors,
+            "nacks_sent": c.nacks_sent,
+            "nacks_received": c.nacks_received,
+            "requests_completed": c.requests_completed,
+            "requests_failed": c.requests_failed,
+            "requests_active": len(self._active),
+            "goodput_bytes": c.goodput_bytes,
+            "drops": drops,
+            "drops_total": sum(drops.values()),
+            "send_queue": len(self._jobs),
+            "inflight_budget": self._budget,
+        }
+        if self.holder is not None:
+            out["holder"] = self.holder.stats()
+        return out
+
+    def _drop(self, reason: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self._c.drops[reason] = self._c.drops.get(reason, 0) + n
+
+    # ------------------------------------------------------------------ loop
+
+    def _run(self) -> None:
+        assert self._hsock is not None and self._rsock is not None
+        poller = select.poll()
+        hfd, rfd = self._hsock.fileno(), self._rsock.fileno()
+        poller.register(hfd, select.POLLIN)
+        poller.register(rfd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        want_out = False
+        try:
+            while not self._stop.is_set():
+                timeout_ms = self._poll_timeout_ms()
+                events = poller.poll(timeout_ms)
+                for fd, _ in events:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                self._admit_submitted()
+                self._receive_data()
+                self._receive_gets()
+                blocked = self._send_jobs()
+                if blocked != want_out:
+                    poller.modify(hfd, select.POLLIN | (select.POLLOUT if blocked else 0))
+                    want_out = blocked
+                self._timers()
+        except Exception:  # a bug here must not leave fetchers hanging: fail them loudly
+            log.exception("transport loop crashed")
+            raise
+        finally:
+            self._fail_all("transport stopped")
+
+    def _poll_timeout_ms(self) -> int:
+        if self._submit:
+            return 0
+        if self._jobs:
+            if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
+                return 0
+            return max(1, int((_L - self._tokens) / self.config.rate_bytes_per_s * 1000))
+        if self._active:
+            now = time.monotonic()
+            nxt = min(min(r.next_retx, r.deadline) for r in self._active.values())
+            return max(1, min(100, int((nxt - now) * 1000) + 1))
+        return 200
+
+    # ------------------------------------------------------------------ requester internals
+
+    def _room(self) -> int:
+        """Fragments that may still be asked for under the shared in-flight budget."""
+        return self._budget - self._inflight
+
+    def _admit_submitted(self) -> None:
+        while self._submit:
+            self._pending.append(self._submit.popleft())
+        now = time.monotonic()
+        cfg = self.config
+        while self._pending and len(self._active) < cfg.max_active_requests:
+            r = self._pending[0]
+            if now >= r.deadline:
+                self._pending.popleft()
+                self._finish(r, error=f"chunk {r.key:#018x}: timed out waiting for a transfer slot")
+                continue
+            # Length unknown yet: ask for a window (the holder clamps it to the chunk).  With
+            # too little budget left, wait for transfers in flight rather than ask for crumbs.
+            ask = min(cfg.window_fragments, self._room())
+            if ask < min(cfg.window_fragments, 16) and self._active:
+                break
+            ask = max(ask, 1)
+            self._pending.popleft()
+            self._active[r.rid] = r
+            r.rto = cfg.retransmit_timeout_s
+            r.last_progress = now
+            r.next_retx = now + r.rto
+            self._send_get(r, 0, ask, 0)
+            r.asked_hi = ask
+            self._inflight += ask
+
+    def _send_get(self, r: _Request, first: int, count: int, flags: int) -> None:
+        assert self._rsock is not None
+        count = min(count, wire.MAX_FRAGMENTS - first)
+        pkt = wire.get_packet(r.key, first, count, r.rid, r.generation, flags)
+        try:
+            self._rsock.sendto(pkt, r.holder)
+        except OSError as exc:
+            self._c.send_errors += 1
+            log.debug("GET to %s failed: %s", r.holder, exc)
+            return
+        self._c.gets_sent += 1
+        if flags & wire.Flag.RETRANSMIT:
+            self._c.retransmit_gets += 1
+
+    def _receive_data(self) -> None:
+        """Drain the requester socket in batches: fast path for DATA, slow path for the rest."""
+        assert self._rsock is not None
+        recv = self._rsock.recv_into
+        slots, lens = self._slots, self._lens
+        while True:
+            n = 0
+            try:
+                for slot in slots:
+                    lens[n] = recv(slot, _L, _MSG_TRUNC)
+                    n += 1
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # e.g. an ICMP error queued on the socket
+                self._drop("socket_error")
+                log.debug("recv failed: %s", exc)
+            if n == 0:
+                return
+            self._c.datagrams_received += n
+            self._c.recv_batches += 1
+            self._process_batch(n)
+            self._grant_all()
+            if n < len(slots):
+                return
+
+    def _process_batch(self, n: int) -> None:
+        recs = self._ring[:n]
+        hdr = recs["hdr"]
+        lens = np.fromiter(self._lens[:n], dtype=np.int64, count=n)
+        fast = ((lens == _L) & (hdr["version"] == wire.KVPOOL_VERSION)
+                & (hdr["opcode"] == wire.Opcode.DATA))
+        if not fast.all():
+            for i in np.flatnonzero(~fast).tolist():
+                self._slow_packet(i)
+        idx = np.flatnonzero(fast)
+        if idx.size == 0:
+            return
+        self._c.data_received += int(idx.size)
+        rids = hdr["request_id"][idx]
+        now = time.monotonic()
+        uniq = np.unique(rids)
+        if uniq.size == 1:  # the common case: one transfer's run, sliced without a copy when whole
+            self._deliver(int(uniq[0]), recs if idx.size == n else recs[idx], now)
+            return
+        for rid in uniq.tolist():
+            self._deliver(int(rid), recs[idx[rids == rid]], now)
+
+    def _deliver(self, rid: int, recs: npt.NDArray[np.void], now: float) -> None:
+        r = self._active.get(rid)
+        if r is None:
+            self._drop("late_duplicate" if rid in self._recent else "unknown_request", int(recs.size))
+            return
+        keys = recs["hdr"]["chunk_key"]
+        wrong = keys != r.key
+        if wrong.any():
+            self._drop("wrong_key", int(wrong.sum()))
+            recs = recs[~wrong]
+            if recs.size == 0:
+                return
+        if r.reasm is None:
+            r.reasm = self._open_reassembler(r, recs)
+            if r.reasm is None:
+                return
+        reasm = r.reasm
+        before_rejected = reasm.rejected
+        stored = reasm.add_batch(recs, strict=False)
+        rejected = reasm.rejected - before_rejected
+        if rejected:
+            self._classify_rejects(reasm, recs)
+        self._c.duplicates += int(recs.size) - stored - rejected
+        if stored == 0:
+            return
+        self._c.fragments_stored += stored
+        self._inflight -= stored
+        r.last_progress = now
+        self._holder_progress[r.holder] = now
+        r.rto = self.config.retransmit_timeout_s
+        r.next_retx = now + r.rto
+        if reasm.complete:
+            self._c.goodput_bytes += reasm.chunk_len
+            self._c.requests_completed += 1
+            r.result.generation = reasm.generation
+            self._finish(r, data=reasm.data)
+            return
+        self._grant(r)
+
+    def _open_reassembler(self, r: _Request, recs: npt.NDArray[np.void]) -> Reassembler | None:
+        """Size the reassembly buffer from the first valid DATA record of the request."""
+        for i in range(recs.size):
+            raw = recs[i : i + 1].view(np.uint8)
+            try:
+                hdr = wire.parse(raw.data)
+            except wire.WireError as err:
+                self._drop(err.reason)
+                continue
+            if r.generation not in (0, hdr.generation):
+                self._drop("wrong_generation")
+                continue
+            reasm = Reassembler(r.key, hdr.chunk_len, hdr.generation)
+            # The holder clamped our first window to the chunk: forget the part past its end.
+            if r.asked_hi > reasm.frag_count:
+                self._inflight -= r.asked_hi - reasm.frag_count
+                r.asked_hi = reasm.frag_count
+            return reasm
+        return None
+
+    def _classify_rejects(self, reasm: Reassembler, recs: npt.NDArray[np.void]) -> None:
+        """Count records ``add_batch`` rejected by the reason the per-packet check gives (slow, rare)."""
+        for i in range(recs.size):
+            raw = recs[i : i + 1].view(np.uint8)
+            try:
+                Reassembler(reasm.chunk_key, reasm.chunk_len, reasm.generation,
+                            buffer=np.empty(reasm.chunk_len, np.uint8)).add(raw)
+            except wire.WireError as err:
+                self._drop(err.reason)
+
+    def _grant(self, r: _Request) -> None:
+        """Ask for the next half window once half of what was asked for has arrived."""
+        if r.reasm is None:
+            return
+        total = r.reasm.frag_count
+        half = self.config.window_fragments // 2
+        while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
+            count = min(half, total - r.asked_hi, self._room())
+            if count <= 0:
+                return
+            self._send_get(r, r.asked_hi, count, 0)
+            r.asked_hi += count
+            self._inflight += count
+
+    def _grant_all(self) -> None:
+        """Hand budget freed by arrivals to waiting windows, then to waiting requests."""
+        for r in self._active.values():
+            if self._room() <= 0:
+                return
+            self._grant(r)
+        self._admit_submitted()
+
+    def _slow_packet(self, i: int) -> None:
+        """One datagram that is not a plain DATA of the right size: name the reason, act or drop."""
+        n = self._lens[i]
+        view = self._slots[i][: min(n, _L)]
+        if n > _L:
+            self._drop("oversize")
+            return
+        try:
+            hdr = wire.parse(view)
+        except wire.WireError as err:
+            self._drop(err.reason)
+            return
+        if hdr.opcode != wire.Opcode.NACK:
+            self._drop("unexpected_opcode")
+            return
+        r = self._active.get(hdr.request_id)
+        if r is None or r.key != hdr.chunk_key:
+            self._drop("unknown_request")
+            return
+        self._c.nacks_received += 1
+        status = wire.Status(hdr.status)
+        self._c.requests_failed += 1
+        self._finish(r, error=f"chunk {r.key:#018x}: holder {r.holder[0]}:{r.holder[1]} answered "
+                              f"NACK {status.name}", status=status)
+
+    def _timers(self) -> None:
+        if not self._active:
+            return
+        now = time.monotonic()
+        cfg = self.config
+        for r in list(self._active.values()):
+            quiet = now - max(r.last_progress, self._holder_progress.get(r.holder, 0.0))
+            if now >= r.deadline or quiet >= cfg.give_up_s:
+                got = 0 if r.reasm is None else r.reasm.received_count
+                total = "?" if r.reasm is None else str(r.reasm.frag_count)
+                why = "timed out" if now >= r.deadline else f"no progress for {quiet:.1f} s"
+                self._c.requests_failed += 1
+                self._finish(r, error=f"chunk {r.key:#018x} from {r.holder[0]}:{r.holder[1]}: {why} "
+                                      f"({got}/{total} fragments, {r.result.retransmit_rounds} retransmit "
+                                      f"rounds); is the holder running and reachable?")
+                continue
+            if now < r.next_retx:
+                continue
+            if quiet < r.rto:  # the holder is still streaming: ours are queued behind, not lost
+                r.next_retx = now + r.rto - quiet
+                continue
+            r.result.retransmit_rounds += 1
+            if r.reasm is None:
+                self._send_get(r, 0, r.asked_hi, wire.Flag.RETRANSMIT)
+            else:
+                for start, count in r.reasm.missing_ranges(max_ranges=64):
+                    if start >= r.asked_hi:
+                        break
+                    self._send_get(r, start, min(count, r.asked_hi - start), wire.Flag.RETRANSMIT)
+            r.rto = min(r.rto * 2, 1.0)
+            r.next_retx = now + r.rto
+
+    def _finish(self, r: _Request, *, data: memoryview | None = None, error: str | None = None,
+                status: wire.Status | None = None) -> None:
+        if self._active.pop(r.rid, None) is not None:
+            got = 0 if r.reasm is None else r.reasm.received_count
+            self._inflight -= r.asked_hi - got
+        self._recent[r.rid] = None
+        if len(self._recent) > _RECENT_REQUESTS:
+            self._recent.popitem(last=False)
+        r.result.data = data
+        r.result.error = error
+        r.result.status = status
+        r.done.set()
+
+    def _fail_all(self, why: str) -> None:
+        for r in [*self._active.values(), *self._pending, *self._submit]:
+            self._finish(r, error=f"chunk {r.key:#018x}: {why}")
+        self._pending.clear()
+        self._submit.clear()
+
+    # ------------------------------------------------------------------ holder internals
+
+    def _receive_gets(self) -> None:
+        """Answer the GETs waiting on the holder socket (one range GET per window, so few)."""
+        assert self._hsock is not None
+        buf = self._slots[0]  # the DATA ring was fully processed before this runs
+        for _ in range(256):
+            try:
+                n, addr = self._hsock.recvfrom_into(buf, _L, _MSG_TRUNC)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._drop("socket_error")
+                log.debug("recvfrom failed: %s", exc)
+                return
+            self._c.datagrams_received += 1
+            if n > _L:
+                self._drop("oversize")
+                continue
+            try:
+                hdr = wire.parse(buf[:n])
+            except wire.WireError as err:
+                self._drop(err.reason)
+                continue
+            if hdr.opcode != wire.Opcode.GET:
+                self._drop("unexpected_opcode")
+                continue
+            if self.holder is None:
+                self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
+                continue
+            out = self.holder.serve(hdr.chunk_key, hdr.frag_index, hdr.frag_count,
+                                    request_id=hdr.request_id, generation=hdr.generation)
+            if isinstance(out, wire.Status):
+                self._send_nack(hdr, out, addr)
+                continue
+            self._jobs.append(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size)))
+
+    def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address) -> None:
+        assert self._hsock is not None
+        pkt = wire.nack_packet(hdr.chunk_key, status, hdr.request_id, hdr.frag_index, hdr.frag_count)
+        try:
+            self._hsock.sendto(pkt, addr)
+            self._c.nacks_sent += 1
+        except OSError:
+            self._c.send_errors += 1
+
+    def _send_jobs(self) -> bool:
+        """Send queued DATA round robin, paced; True if the socket buffer is full (wait for POLLOUT)."""
+        if not self._jobs:
+            return False
+        assert self._hsock is not None
+        sendto = self._hsock.sendto
+        cfg = self.config
+        budget = 4 * cfg.recv_batch  # then go back to receiving, so our own fetches are not starved
+        if cfg.rate_bytes_per_s > 0:
+            now = time.monotonic()
+            self._tokens = min(float(cfg.burst_bytes),
+                               self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
+            self._last_refill = now
+            budget = min(budget, int(self._tokens // _L))
+        sent = 0
+        blocked = False
+        jobs = self._jobs
+        while jobs and sent < budget:
+            job = jobs[0]
+            end = min(job.count, job.pos + cfg.send_quantum, job.pos + budget - sent)
+            view, addr = job.view, job.addr
+            off = job.pos * _L
+            pos = job.pos
+            try:
+                while pos < end:
+                    sendto(view[off : off + _L], addr)
+                    off += _L
+                    pos += 1
+            except BlockingIOError:
+                blocked = True
+            except OSError as exc:
+                self._c.send_errors += 1
+                log.debug("DATA to %s failed: %s", addr, exc)
+                pos = job.count  # an unreachable peer: abandon the job, it will re-ask
+            sent += pos - job.pos
+            job.pos = pos
+            if pos >= job.count:
+                jobs.popleft()
+            else:
+                jobs.rotate(-1)
+            if blocked:
+                break
+        self._c.datagrams_sent += sent
+        self._c.bytes_sent += sent * _L
+        if cfg.rate_bytes_per_s > 0:
+            self._tokens -= sent * _L
+        return blocked

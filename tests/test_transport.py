@@ -1,0 +1,256 @@
+"""UDP transport on loopback: windows, NACKs, selective retransmit through a lossy link, give-up, pacing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from hostagent.backend import BackendError, MemoryBackend
+from hostagent.holder import Holder
+from hostagent.tiers import BackendTier, HostTier, TieredStore
+from hostagent.transport import Address, Transport, TransportConfig
+from kvpool import wire
+
+
+def _store(chunks: dict[int, bytes], generation: int = 0) -> TieredStore:
+    s = TieredStore([HostTier(1 << 30)])
+    for k, v in chunks.items():
+        s.put(k, v, generation=generation)
+    return s
+
+
+@pytest.fixture
+def chunks() -> dict[int, bytes]:
+    # Sizes around fragment boundaries plus multi-window chunks; random content.
+    sizes = [1, wire.FRAG_PAYLOAD, wire.FRAG_PAYLOAD + 1, 5000, 300_000, 1_000_000]
+    return {0x1000 + i: os.urandom(n) for i, n in enumerate(sizes)}
+
+
+@pytest.fixture
+def pair(chunks: dict[int, bytes]) -> Iterator[tuple[Transport, Transport]]:
+    holder = Transport(TransportConfig(port=0), Holder(_store(chunks)))
+    requester = Transport(TransportConfig(port=0, window_fragments=64, max_inflight_fragments=256))
+    with holder, requester:
+        yield holder, requester
+
+
+def test_fetch_is_bit_identical_with_windows(pair: tuple[Transport, Transport], chunks: dict[int, bytes]) -> None:
+    holder, requester = pair
+    results = requester.fetch(list(chunks), holder.address, timeout=30)
+    assert [r.key for r in results] == list(chunks)
+    for r in results:
+        assert r.ok and r.error is None and bytes(r.data or b"") == chunks[r.key]
+    st = requester.stats()
+    frags = sum(wire.fragment_count(len(v)) for v in chunks.values())
+    assert st["fragments_stored"] == frags and st["requests_completed"] == len(chunks)
+    assert st["goodput_bytes"] == sum(len(v) for v in chunks.values())
+    # A 1 MB chunk is 711 fragments: with 64-fragment windows it needs many GETs, each
+    # no larger than a window, and the holder never sent more than was asked for.
+    assert st["gets_sent"] >= 711 // 32
+    hs = holder.stats()
+    assert hs["datagrams_sent"] == frags and hs["holder"]["fragments_served"] == frags
+    assert st["drops_total"] == 0 and hs["drops_total"] == 0
+
+
+def test_unknown_chunk_nack_and_stale_generation(pair: tuple[Transport, Transport], chunks: dict[int, bytes]) -> None:
+    holder, requester = pair
+    key = next(iter(chunks))
+    miss, stale, good = requester.fetch([0xDEAD, key, key], holder.address, timeout=10)
+    assert miss.status == wire.Status.UNKNOWN_CHUNK and miss.error and "NACK UNKNOWN_CHUNK" in miss.error
+    assert good.ok and stale.ok
+    (stale,) = requester.fetch([key], holder.address, generation=7, timeout=10)
+    assert stale.status == wire.Status.STALE_GENERATION
+    assert requester.stats()["nacks_received"] == 2
+    assert holder.stats()["holder"]["nacks"] == {"UNKNOWN_CHUNK": 1, "STALE_GENERATION": 1}
+
+
+def _raw_exchange(addr: Address, pkt: bytes) -> wire.Header:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.sendto(pkt, addr)
+        return wire.parse(s.recv(2048))
+
+
+def test_bad_range_and_clamped_range(pair: tuple[Transport, Transport], chunks: dict[int, bytes]) -> None:
+    holder, _ = pair
+    key = 0x1000 + 3  # 5000 bytes: 4 fragments
+    nack = _raw_exchange(holder.address, wire.get_packet(key, 4, 1, request_id=9))
+    assert (nack.opcode, nack.status, nack.request_id) == (wire.Opcode.NACK, wire.Status.BAD_RANGE, 9)
+    # A range that starts inside the chunk is clamped to its end: fragment 3 comes back.
+    data = _raw_exchange(holder.address, wire.get_packet(key, 3, 100, request_id=10))
+    assert (data.opcode, data.frag_index, data.frag_count, data.request_id) == (wire.Opcode.DATA, 3, 4, 10)
+
+
+class _FailingBackend(MemoryBackend):
+    def get(self, key: int) -> bytes | None:
+        raise BackendError("store unreachable")
+
+
+def test_store_error_nack() -> None:
+    backend = _FailingBackend()
+    store = TieredStore([HostTier(10), BackendTier(backend)])
+    store.put(1, b"x" * 8)
+    store.put(2, b"y" * 8)  # pushes chunk 1 down into the failing backend
+    with Transport(TransportConfig(port=0), Holder(store)) as h, Transport(TransportConfig(port=0)) as r:
+        (res,) = r.fetch([1], h.address, timeout=10)
+    assert res.status == wire.Status.STORE_ERROR
+
+
+class LossyProxy:
+    """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``."""
+
+    def __init__(self, holder: Address, drop: Callable[[int], bool]) -> None:
+        self.holder = holder
+        self.drop = drop
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back.bind(("127.0.0.1", 0))
+        for s in (self.front, self.back):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.settimeout(0.05)
+        self.client: Address | None = None
+        self.gets: list[wire.Header] = []
+        self.data_seen = 0
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._up, self._down)]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def address(self) -> Address:
+        """Where the requester should send its GETs."""
+        return ("127.0.0.1", int(self.front.getsockname()[1]))
+
+    def _up(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pkt, self.client = self.front.recvfrom(2048)
+            except TimeoutError:
+                continue
+            self.gets.append(wire.parse(pkt))
+            self.back.sendto(pkt, self.holder)
+
+    def _down(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pkt = self.back.recv(2048)
+            except TimeoutError:
+                continue
+            self.data_seen += 1
+            if self.drop(self.data_seen):
+                self.dropped += 1
+                continue
+            assert self.client is not None
+            self.front.sendto(pkt, self.client)
+
+    def close(self) -> None:
+        """Stop the relay threads and close its sockets."""
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self.front.close()
+        self.back.close()
+
+
+def test_selective_retransmit_through_lossy_link() -> None:
+    payload = os.urandom(400_000)  # 285 fragments
+    cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=0.05)
+    with Transport(TransportConfig(port=0), Holder(_store({7: payload}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: i % 17 == 3)
+        try:
+            (res,) = r.fetch([7], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert res.ok and bytes(res.data or b"") == payload
+    assert proxy.dropped > 0 and res.retransmit_rounds > 0
+    st = r.stats()
+    assert st["retransmit_gets"] > 0 and st["fragments_stored"] == wire.fragment_count(len(payload))
+    retx = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
+    # Selective: retransmit GETs ask for the missing runs, not the whole chunk again.
+    assert retx and sum(g.frag_count for g in retx) < 3 * proxy.dropped
+    # Windows: no GET ever asked for more than a window.
+    assert max(g.frag_count for g in proxy.gets) <= 32
+
+
+def test_gives_up_with_a_clear_error_when_holder_is_silent() -> None:
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))  # swallows GETs and never answers
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=0.5)
+    try:
+        with Transport(cfg) as r:
+            t0 = time.monotonic()
+            (res,) = r.fetch([42], silent.getsockname(), timeout=30)
+            elapsed = time.monotonic() - t0
+            st = r.stats()
+    finally:
+        silent.close()
+    assert not res.ok and res.error is not None
+    assert "no progress for" in res.error and "0x000000000000002a" in res.error and "reachable" in res.error
+    assert res.retransmit_rounds >= 2 and st["retransmit_gets"] >= 2 and st["requests_failed"] == 1
+    assert elapsed >= 0.5  # it did wait for the configured silence before giving up
+
+
+def test_overall_timeout() -> None:
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        with Transport(TransportConfig(port=0, give_up_s=30)) as r:
+            (res,) = r.fetch([1], silent.getsockname(), timeout=0.3)
+    finally:
+        silent.close()
+    assert res.error is not None and "timed out" in res.error
+
+
+def test_pacing_limits_the_send_rate() -> None:
+    payload = os.urandom(600_000)
+    rate = 2_000_000.0  # bytes/s of datagrams
+    burst = 64 << 10
+    cfg = TransportConfig(port=0, rate_bytes_per_s=rate, burst_bytes=burst)
+    with Transport(cfg, Holder(_store({5: payload}))) as h, Transport(TransportConfig(port=0)) as r:
+        t0 = time.monotonic()
+        got = r.fetch_one(5, h.address, timeout=30)
+        elapsed = time.monotonic() - t0
+    assert got == payload
+    sent = wire.fragment_count(len(payload)) * wire.DATA_DATAGRAM_LEN
+    # A token bucket can only be slower than its rate, never faster (minus the initial burst).
+    assert elapsed >= (sent - burst) / rate * 0.95
+
+
+def test_many_requests_share_the_inflight_budget() -> None:
+    data = {k: os.urandom(20_000 + k) for k in range(1, 41)}  # 40 chunks of 15 fragments
+    cfg = TransportConfig(port=0, window_fragments=16, max_inflight_fragments=48, max_active_requests=8)
+    with Transport(TransportConfig(port=0), Holder(_store(data))) as h, Transport(cfg) as r:
+        results = r.fetch(list(data), h.address, timeout=30)
+        assert r.stats()["requests_active"] == 0
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
+
+
+def test_stop_fails_pending_fetches_and_closes_sockets() -> None:
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    r = Transport(TransportConfig(port=0, give_up_s=30))
+    r.start()
+    out: list[str | None] = []
+    t = threading.Thread(target=lambda: out.append(r.fetch([3], silent.getsockname())[0].error))
+    t.start()
+    time.sleep(0.2)
+    r.stop()
+    t.join(5)
+    silent.close()
+    assert out and out[0] is not None and "transport stopped" in out[0]
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = r.port
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="window_fragments"):
+        TransportConfig(window_fragments=1)
+    with pytest.raises(ValueError, match="rate_bytes_per_s"):
+        TransportConfig(rate_bytes_per_s=-1)
