@@ -119,6 +119,18 @@ _INDEX_WORD, _INDEX_WORDS, _MASK_RUN_WORDS = _index_words()
 """For validating an in-order run with one compare: see ``Reassembler.add_batch``."""
 
 
+_ROW: Final = np.dtype((np.void, wire.FRAG_PAYLOAD))
+
+
+def _rows(a: npt.NDArray[np.uint8]) -> npt.NDArray[np.void]:
+    """``(n, FRAG_PAYLOAD)`` bytes as ``(n, 1)`` opaque rows of one payload each (no copy).
+
+    numpy copies such items with one memcpy per row, a few percent faster than its
+    byte-wise strided loop; the last axis must be contiguous (it always is here).
+    """
+    return a.view(_ROW)
+
+
 def records_view(buf: BufferLike) -> npt.NDArray[np.void]:
     """View a buffer of back-to-back DATA datagrams as ``DATA_PACKET_DTYPE`` records (no copy)."""
     raw = _as_u8(buf)
@@ -161,7 +173,7 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
     payload = raw[:, wire.HEADER_LEN:]
     if full:
         end = start + full * wire.FRAG_PAYLOAD
-        payload[:full] = src[start:end].reshape(full, wire.FRAG_PAYLOAD)
+        _rows(payload[:full])[...] = _rows(src[start:end].reshape(full, wire.FRAG_PAYLOAD))
     if last_is_tail:
         tail_start = (total - 1) * wire.FRAG_PAYLOAD
         tail_len = chunk_len - tail_start
@@ -312,7 +324,7 @@ class Reassembler:
         n = payload.shape[0]
         rows = max(0, min(n, self._rows - first))
         if rows:
-            self._grid[first : first + rows] = payload[:rows]
+            _rows(self._grid[first : first + rows])[...] = _rows(payload[:rows])
         for k in range(rows, n):  # only an unpadded tail fragment falls outside the grid
             self._store(first + k, payload[k])
 
@@ -416,7 +428,7 @@ class Reassembler:
         fresh = ~self.received[uniq]
         uniq, pos = uniq[fresh], pos[fresh]
         in_grid = uniq < self._rows
-        self._grid[uniq[in_grid]] = payload[pos[in_grid]]
+        _rows(self._grid)[uniq[in_grid]] = _rows(payload)[pos[in_grid]]
         for i, j in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
             self._store(int(i), payload[int(j)])
         self.received[uniq] = True
