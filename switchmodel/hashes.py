@@ -51,14 +51,40 @@ _CRC16_TABLE: Final = _crc16_table()
 _REFLECT8: Final = tuple(_reflect(b, 8) for b in range(256))
 
 
-def crc16(data: bytes) -> int:
-    """BMv2's ``crc16`` (CRC-16/ARC); ``crc16(b"123456789") == 0xBB3D``."""
+def crc16_bmv2(data: bytes) -> int:
+    """BMv2's ``crc16`` loop transcribed literally (reflect each byte, MSB-first table, reflect result).
+
+    The reference :func:`crc16` is checked against; too slow for the packet path.
+    """
     rem = 0
     table = _CRC16_TABLE
     refl = _REFLECT8
     for byte in data:
         rem = table[refl[byte] ^ (rem >> 8)] ^ ((rem << 8) & 0xFFFF)
     return _reflect(rem, 16)
+
+
+def _crc16_reflected_table() -> tuple[int, ...]:
+    """LSB-first table for the reflected polynomial 0xA001: the same CRC without per-byte reflection."""
+    table = []
+    for byte in range(256):
+        rem = byte
+        for _ in range(8):
+            rem = (rem >> 1) ^ 0xA001 if rem & 1 else rem >> 1
+        table.append(rem)
+    return tuple(table)
+
+
+_CRC16_REFLECTED: Final = _crc16_reflected_table()
+
+
+def crc16(data: bytes) -> int:
+    """BMv2's ``crc16`` (CRC-16/ARC), table-driven; ``crc16(b"123456789") == 0xBB3D``."""
+    rem = 0
+    table = _CRC16_REFLECTED
+    for byte in data:
+        rem = (rem >> 8) ^ table[(rem ^ byte) & 0xFF]
+    return rem
 
 
 def crc32(data: bytes) -> int:

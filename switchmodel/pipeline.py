@@ -483,8 +483,10 @@ class KvpoolPipeline:
         self._ready: bool | None = None
         self._ready_generation = -1
         self._lock = threading.Lock()
-        self._reg_size: dict[str, int] = {}
-        self._ctr_size: dict[str, int] = {}
+        # Live register and counter arrays of the committed pipeline (re-fetched on commit).
+        self._regs: dict[str, list[int]] = {}
+        self._reg_mask: dict[str, int] = {}
+        self._ctrs: dict[str, list[list[int]]] = {}
 
     # --- pipeline checks ---------------------------------------------------------------------
 
@@ -503,27 +505,31 @@ class KvpoolPipeline:
                               ", ".join(missing[:5]))
                 self._ready = not missing
                 if self._ready:
-                    self._reg_size = {r.name: r.size for r in pipe.p4info.registers}
-                    self._ctr_size = {c.name: c.size for c in pipe.p4info.counters}
+                    self._regs = {r.name: self.state.register_cells(r.name) for r in pipe.p4info.registers}
+                    self._reg_mask = {r.name: (1 << r.bitwidth) - 1 for r in pipe.p4info.registers}
+                    self._ctrs = {c.name: self.state.counter_cells(c.name) for c in pipe.p4info.counters}
         return bool(self._ready)
 
     # --- externs with BMv2's out-of-range behaviour -----------------------------------------
 
     def _read(self, reg: str, index: int, current: int = 0) -> int:
         """``register.read``: out of range leaves the destination as it was."""
-        if 0 <= index < self._reg_size[reg]:
-            return self.state.register_read(reg, index)
-        return current
+        cells = self._regs[reg]
+        return cells[index] if 0 <= index < len(cells) else current
 
     def _write(self, reg: str, index: int, value: int) -> None:
-        """``register.write``: out of range writes nothing."""
-        if 0 <= index < self._reg_size[reg]:
-            self.state.register_write(reg, index, value)
+        """``register.write``, cut to the cell width; out of range writes nothing."""
+        cells = self._regs[reg]
+        if 0 <= index < len(cells):
+            cells[index] = value & self._reg_mask[reg]
 
     def _count(self, ctr: str, index: int, meta: Meta) -> None:
-        """``counter.count`` (packets): out of range counts nothing."""
-        if 0 <= index < self._ctr_size[ctr]:
-            self.state.counter_add(ctr, index, meta.packet_length)
+        """``counter.count`` (packets; bytes kept too, as BMv2 does): out of range counts nothing."""
+        cells = self._ctrs[ctr]
+        if 0 <= index < len(cells):
+            cell = cells[index]
+            cell[0] += 1
+            cell[1] += meta.packet_length
 
     # --- top level ---------------------------------------------------------------------------
 

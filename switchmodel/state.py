@@ -722,6 +722,22 @@ class SwitchState:
         with self._lock:
             return len(self._register(name)[1])
 
+    # --- live arrays for the packet pipeline's fast path ------------------------------------------
+
+    def register_cells(self, name: str) -> list[int]:
+        """The live cell list of a register array, valid until the next pipeline commit.
+
+        For the packet pipeline only: it writes values already cut to the register's width
+        and re-fetches the list when :attr:`generation` changes.
+        """
+        with self._lock:
+            return self._register(name)[1]
+
+    def counter_cells(self, name: str) -> list[list[int]]:
+        """The live ``[packets, bytes]`` cells of a counter array, valid until the next pipeline commit."""
+        with self._lock:
+            return self._counter_cells(name)[1]
+
     # --- digests ---------------------------------------------------------------------------------
 
     def _digest_name(self, name: str) -> str:

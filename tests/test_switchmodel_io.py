@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -20,6 +21,13 @@ def test_crc_check_values_match_bmv2_algorithms() -> None:
     assert hashes.crc32(b"123456789") == 0xCBF43926  # CRC-32 (zlib)
     assert hashes.crc_ccitt(b"123456789") == 0x29B1  # CRC-16/CCITT-FALSE
     assert hashes.crc16(b"") == 0
+
+
+def test_fast_crc16_equals_bmv2_loop() -> None:
+    rng = random.Random(7)
+    for n in (0, 1, 8, 10, 12, 64):
+        data = bytes(rng.randrange(256) for _ in range(n))
+        assert hashes.crc16(data) == hashes.crc16_bmv2(data)
 
 
 def test_identity_and_xor16() -> None:
