@@ -425,9 +425,12 @@ def run(args: argparse.Namespace) -> int:
                 "log": str(master.log_path),
             }
         )
-        print(ready, flush=True)
         if args.ready_file is not None:
-            args.ready_file.write_text(ready + "\n")
+            # Written whole before the line is printed: a reader of either never sees half.
+            partial = args.ready_file.with_name(args.ready_file.name + ".tmp")
+            partial.write_text(ready + "\n")
+            partial.replace(args.ready_file)
+        print(ready, flush=True)
         while not stop.wait(0.5):
             if not master.running:
                 print(f"mooncake: master exited; log {master.log_path}", file=sys.stderr)
