@@ -171,3 +171,4 @@ def test_p4runtime_writes_with_wrong_ids_or_widths_are_rejected(target: Target) 
     target.send(1, ok)
     target.expect(HOLDER.port, with_ttl(ok, 63))
     target.expect_no_other_packets()
+    assert target.counters(n.DROP_REASON) == {}  # rejected writes touch no packet
