@@ -213,3 +213,50 @@ def test_paged_errors() -> None:
     with pytest.raises(ValueError):
         write_chunks_to_paged(src, [3, 99], chunks)
     assert all(torch.equal(a, b) for a, b in zip(before, src, strict=True))  # nothing half-written
+
+
+# ------------------------------------------------------------------------------ GPU
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_paged_cache_on_gpu_round_trip() -> None:
+    src = [t.cuda() for t in _paged(dtype=torch.bfloat16)]
+    table = [6, 1, 8]
+    chunks = chunks_from_paged(src, table)
+    assert chunks.device.type == "cuda"
+    # Over the wire the chunks travel from host memory: serialize copies device -> host.
+    wire_chunks = [deserialize(serialize(c)) for c in chunks]
+    assert all(c.device.type == "cpu" for c in wire_chunks)
+    dst = [torch.zeros_like(t) for t in src]
+    write_chunks_to_paged(dst, [0, 2, 4], wire_chunks)  # host chunks into device blocks
+    assert _bits_equal(chunks_from_paged(dst, [0, 2, 4]).cpu(), chunks.cpu())
+    assert all(not t[[1, 3, 5, 6, 7, 8, 9]].any() for t in dst)
+
+
+@needs_cuda
+def test_hf_cache_on_gpu_round_trip() -> None:
+    pairs = [(k.cuda(), v.cuda()) for k, v in _hf_pairs(dtype=torch.float16)]
+    chunks = chunks_from_hf(pairs, BLOCK, batch_index=1)
+    assert chunks.device.type == "cuda"
+    received = [deserialize(serialize(c)) for c in chunks]
+    cache = hf_cache_from_chunks(received, device="cuda")
+    for (k, v), (k2, v2) in zip(pairs, hf_layers(cache), strict=True):
+        assert k2.device.type == "cuda"
+        assert _bits_equal(k2[0].cpu(), k[1, :, : 3 * BLOCK].cpu())
+        assert _bits_equal(v2[0].cpu(), v[1, :, : 3 * BLOCK].cpu())
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_rebuilt_cache_drives_generation_on_gpu() -> None:
+    model = _tiny_llama().cuda()
+    prompt = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(5)).cuda()
+    with torch.no_grad():
+        cache = model(prompt, use_cache=True).past_key_values
+        received = [deserialize(serialize(c)) for c in chunks_from_hf(cache, BLOCK)]
+        rebuilt = hf_cache_from_chunks(received, config=model.config, device="cuda")
+        ref = model.generate(prompt, max_new_tokens=6, do_sample=False)
+        got = model.generate(prompt, past_key_values=rebuilt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(ref, got)
