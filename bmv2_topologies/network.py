@@ -1,0 +1,242 @@
+"""Build a topology in Mininet with P4Runtime switches of either target.
+
+``model`` runs kvpool's reference switch (``kvpool-switch``) on the switch's interfaces;
+``bmv2`` runs ``simple_switch_grpc``. Either way each switch gets its own gRPC port and
+device id, the builder waits until the port listens, and hosts get TX checksum offload
+turned off (a software switch reading veths otherwise forwards UDP with bad checksums
+that the receiver drops silently) and static ARP entries for every other host.
+
+Only what this module started is stopped, by PID; it never runs Mininet's global cleanup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bmv2_topologies.topology import Topology
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("model", "bmv2")
+BASE_GRPC_PORT = 50051
+
+
+class NetworkError(RuntimeError):
+    """The emulated network could not be built or a switch did not come up."""
+
+
+def default_target() -> str:
+    """``bmv2`` when ``simple_switch_grpc`` is on PATH, else ``model``."""
+    return "bmv2" if shutil.which("simple_switch_grpc") else "model"
+
+
+def mininet_available() -> str | None:
+    """None when Mininet can run here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "Mininet needs root"
+    try:
+        import mininet.net  # noqa: F401
+    except ImportError:
+        return "Mininet's Python module is not importable (run scripts/setup.sh as root)"
+    if not shutil.which("mnexec"):
+        return "mnexec is missing (Debian package mininet)"
+    return None
+
+
+@dataclass
+class SwitchHandle:
+    """A running switch process: where to reach it over P4Runtime, and its PID."""
+
+    name: str
+    target: str
+    device_id: int
+    grpc_addr: str
+    ports: dict[int, str]  # port number -> interface name
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+def _free_port(start: int) -> int:
+    for port in range(start, start + 1000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise NetworkError(f"no free TCP port from {start}")
+
+
+def _wait_listening(addr: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
+    host, port = addr.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
+            raise NetworkError(f"switch exited with code {proc.returncode} before listening on {addr}: {tail}")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.1)
+    raise NetworkError(f"switch did not listen on {addr} within {timeout:.0f} s (log: {log_path})")
+
+
+def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int, str],
+                   log_path: Path, bmv2_json: Path | None = None) -> list[str]:
+    """The command line that starts one switch of ``target`` on ``ports``."""
+    if target == "bmv2":
+        exe = shutil.which("simple_switch_grpc")
+        if exe is None:
+            raise NetworkError("target bmv2: simple_switch_grpc is not on PATH (use --target model)")
+        cmd = [exe, "--device-id", str(device_id), "--log-file", str(log_path.with_suffix(".bmv2")),
+               "--log-flush"]
+        for port, intf in ports.items():
+            cmd += ["-i", f"{port}@{intf}"]
+        # No JSON: the controller pushes the pipeline over P4Runtime, like every other config.
+        cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
+        return cmd
+    if target == "model":
+        cmd = [sys.executable, "-m", "switchmodel.cli", "--device-id", str(device_id), "--grpc-addr", grpc_addr]
+        for port, intf in ports.items():
+            cmd += ["--interface", f"{port}@{intf}"]
+        return cmd
+    raise NetworkError(f"unknown target {target!r}; choose one of {TARGETS}")
+
+
+class EmulatedNetwork:
+    """A Mininet network of a ``Topology``; use as a context manager so it always stops."""
+
+    def __init__(self, topo: Topology, target: str | None = None, log_dir: Path | str = "logs",
+                 switch_timeout: float = 30.0) -> None:
+        reason = mininet_available()
+        if reason:
+            raise NetworkError(reason)
+        self.topo = topo
+        self.target = target or default_target()
+        if self.target not in TARGETS:
+            raise NetworkError(f"unknown target {self.target!r}; choose one of {TARGETS}")
+        self.log_dir = Path(log_dir)
+        self.switch_timeout = switch_timeout
+        self.switches: dict[str, SwitchHandle] = {}
+        self.net: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> EmulatedNetwork:
+        """Create hosts and links, start one switch process per switch, wait for them."""
+        from mininet.link import TCLink
+        from mininet.net import Mininet
+        from mininet.node import Host, Switch
+
+        class ExternalSwitch(Switch):  # type: ignore[misc]
+            """Holds a switch's interfaces in the root namespace; the process is started by us."""
+
+            def start(self, controllers: list[Any]) -> None:
+                """Nothing to start: ``EmulatedNetwork`` runs the switch process itself."""
+
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        net = Mininet(topo=None, controller=None, switch=None, build=False, autoSetMacs=False,
+                      autoStaticArp=False)
+        self.net = net
+        try:
+            for i, sw in enumerate(self.topo.switches):
+                net.addSwitch(sw, cls=ExternalSwitch, dpid="%016x" % (i + 1))
+            for h in self.topo.hosts.values():
+                net.addHost(h.name, ip=h.ip, mac=h.mac, cls=Host)
+            for link in self.topo.links:
+                opts: dict[str, Any] = {}
+                if link.bandwidth_mbps is not None:
+                    opts["bw"] = link.bandwidth_mbps
+                if link.latency != "0ms":
+                    opts["delay"] = link.latency
+                kwargs: dict[str, Any] = {"cls": TCLink, **opts} if opts else {}
+                if link.a.port is not None:
+                    kwargs["port1"] = link.a.port
+                    kwargs["intfName1"] = f"{link.a.node}-eth{link.a.port}"
+                if link.b.port is not None:
+                    kwargs["port2"] = link.b.port
+                    kwargs["intfName2"] = f"{link.b.node}-eth{link.b.port}"
+                net.addLink(link.a.node, link.b.node, **kwargs)
+            net.build()
+            self._configure_hosts()
+            for i, sw in enumerate(self.topo.switches):
+                self._start_switch(sw, device_id=i + 1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _configure_hosts(self) -> None:
+        for h in self.topo.hosts.values():
+            node = self.net.get(h.name)
+            intf = node.defaultIntf()
+            node.cmd(f"ethtool --offload {intf} rx off tx off sg off >/dev/null 2>&1")
+            node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
+            for other in self.topo.hosts.values():
+                if other.name != h.name:
+                    node.cmd(f"ip neigh replace {other.address} lladdr {other.mac} dev {intf} nud permanent")
+        for sw in self.topo.switches:
+            node = self.net.get(sw)
+            for intf in node.intfList():
+                if intf.name != "lo":
+                    node.cmd(f"ethtool --offload {intf.name} rx off tx off sg off >/dev/null 2>&1")
+                    node.cmd(f"sysctl -qw net.ipv6.conf.{intf.name}.disable_ipv6=1")
+
+    def _start_switch(self, name: str, device_id: int) -> None:
+        port = _free_port(BASE_GRPC_PORT + device_id)
+        grpc_addr = f"127.0.0.1:{port}"
+        ports = {p: f"{name}-eth{p}" for p in self.topo.switch_ports(name)}
+        log_path = self.log_dir / f"{name}.log"
+        cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path)
+        log.info("starting %s (%s): %s", name, self.target, " ".join(cmd))
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        handle = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, proc)
+        self.switches[name] = handle
+        _wait_listening(grpc_addr, proc, self.switch_timeout, log_path)
+
+    def stop(self) -> None:
+        """Stop the switch processes this network started, then the Mininet hosts and links."""
+        for handle in self.switches.values():
+            proc = handle.process
+            if proc is None or proc.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        if self.net is not None:
+            self.net.stop()
+            self.net = None
+
+    def __enter__(self) -> EmulatedNetwork:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ helpers
+    def host(self, name: str) -> Any:
+        """The Mininet host object (``.cmd``, ``.popen``) for ``name``."""
+        return self.net.get(name)
+
+    def popen(self, host: str, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        """Start ``args`` inside ``host``'s namespace; the caller ends it by PID."""
+        proc: subprocess.Popen[bytes] = self.net.get(host).popen(args, **kwargs)
+        return proc
