@@ -9,11 +9,17 @@ once, and the table gives the aggregate rate and the time until every reader has
 
     .venv/bin/python scripts/bench_mooncake.py                 # 1 MiB values, 1/2/4 readers
     .venv/bin/python scripts/bench_mooncake.py --size-kib 4096 --readers 1 8
+
+For a run across Mininet hosts (the Mooncake-alone baseline of the side-by-side), start a
+pool on the holder (``python -m hostagent.mooncake_master --host IP``), then
+``--publish`` once and ``--pull --local-hostname HOST_IP --start-at T`` on every reader
+host; each prints one JSON line with its (start, end) wall-clock time per get.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -26,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from hostagent.backend import BackendError
 from hostagent.mooncake_backend import MooncakeBackend, store_key
 from hostagent.mooncake_master import MasterConfig, MooncakeMaster, MooncakeProcessError, MooncakeStoreNode
 
@@ -43,8 +50,8 @@ def timed(fn: Callable[[int], object], count: int) -> float:
 def single_client(master: str, metadata: str, size: int, count: int, rounds: int) -> list[tuple[str, float, float]]:
     """(path, put MB/s, get MB/s) for the raw library and MooncakeBackend, best of ``rounds``.
 
-    The paths take turns within each round (after one unrecorded warm-up round), so a
-    busy machine slows them alike and the ratios stay meaningful.
+    The paths take turns within each round, in a rotating order, after one unrecorded
+    warm-up round, so a busy machine slows them alike and the ratios stay meaningful.
     """
     from mooncake.store import MooncakeDistributedStore
 
@@ -80,7 +87,8 @@ def single_client(master: str, metadata: str, size: int, count: int, rounds: int
     best = {name: (float("inf"), float("inf")) for name, _ in paths}
     try:
         for r in range(rounds + 1):
-            for name, fn in paths:
+            # Rotate the order each round so that no path always runs first or last.
+            for name, fn in paths[r % len(paths) :] + paths[: r % len(paths)]:
                 put_s, get_s = fn(r)
                 if r > 0:
                     best[name] = (min(best[name][0], put_s), min(best[name][1], get_s))
@@ -92,19 +100,32 @@ def single_client(master: str, metadata: str, size: int, count: int, rounds: int
     return [(name, total / put_s, total / get_s) for name, (put_s, get_s) in best.items()]
 
 
+def hot_value(size: int) -> bytes:
+    """The hot object's bytes: the same in every process, so each reader can check them."""
+    return np.random.default_rng(0x407).bytes(size)
+
+
+def pull(b: MooncakeBackend, size: int, repeats: int) -> list[tuple[float, float]]:
+    """Fetch the hot object ``repeats`` times; (start, end) wall-clock times of each get."""
+    want = hot_value(size)
+    times = []
+    for _ in range(repeats):
+        t0 = time.time()
+        got = b.get(HOT_KEY)
+        times.append((t0, time.time()))
+        if got != want:
+            raise RuntimeError(f"hot object wrong: {'missing' if got is None else f'{len(got)} bytes, differ'}")
+    return times
+
+
 def _reader(master: str, metadata: str, size: int, repeats: int, barrier: Barrier, out: Any) -> None:
     """One reader process: wait for the others, fetch the hot object ``repeats`` times."""
-    with MooncakeBackend(master, metadata, local_buffer_bytes=max(64 << 20, 2 * size)) as b:
-        barrier.wait()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            got = b.get(HOT_KEY)
-            times.append((t0, time.perf_counter()))
-            if got is None or len(got) != size:
-                out.put(("error", f"hot object missing or short: {None if got is None else len(got)}"))
-                return
-        out.put(("ok", times))
+    try:
+        with MooncakeBackend(master, metadata, local_buffer_bytes=max(64 << 20, 2 * size)) as b:
+            barrier.wait()
+            out.put(("ok", pull(b, size, repeats)))
+    except Exception as exc:
+        out.put(("error", str(exc)))
 
 
 def hot_object(master: str, metadata: str, size: int, readers: int, repeats: int) -> tuple[float, float, float]:
@@ -129,6 +150,26 @@ def hot_object(master: str, metadata: str, size: int, readers: int, repeats: int
     return size * len(spans) / (end - start) / 1e6, statistics.median(lat), (first_done - start) * 1e3
 
 
+def publish_or_pull(args: argparse.Namespace, size: int) -> int:
+    """One side of a multi-host run: write the hot object, or fetch it and print timings."""
+    try:
+        with MooncakeBackend(
+            args.master, args.metadata, local_hostname=args.local_hostname, local_buffer_bytes=max(64 << 20, 2 * size)
+        ) as b:
+            if args.publish:
+                b.put(HOT_KEY, hot_value(size))
+                print(json.dumps({"published": store_key(HOT_KEY), "size": size}), flush=True)
+                return 0
+            if args.start_at is not None:
+                time.sleep(max(0.0, args.start_at - time.time()))
+            gets = pull(b, size, args.repeats)
+    except (BackendError, RuntimeError) as exc:
+        print(f"bench_mooncake: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"host": args.local_hostname, "size": size, "gets": gets}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both parts and print the tables."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -140,7 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mib", type=int, default=512, help="store node DRAM when starting a pool")
     ap.add_argument("--master", help="RPC address of a running master (host:port)")
     ap.add_argument("--metadata", help="its HTTP metadata URL (http://host:port/metadata)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--publish", action="store_true", help="only write the hot object to --master's pool")
+    mode.add_argument("--pull", action="store_true", help="only fetch it --repeats times and print one JSON line")
+    ap.add_argument("--local-hostname", default="127.0.0.1", help="this client's address (a Mininet host's IP)")
+    ap.add_argument("--start-at", type=float, help="with --pull: time.time() to start at, to line up hosts")
     args = ap.parse_args(argv)
+    if (args.publish or args.pull) and args.master is None:
+        ap.error("--publish and --pull need --master and --metadata")
     if args.size_kib <= 0 or args.count <= 0 or args.rounds <= 0 or args.repeats <= 0 or min(args.readers) <= 0:
         ap.error("sizes and counts must be positive")
     if (args.master is None) != (args.metadata is None):
@@ -148,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     size = args.size_kib << 10
     if size * args.count * 2 > args.segment_mib << 20 and args.master is None:
         ap.error(f"--segment-mib {args.segment_mib} too small for {args.count} values of {args.size_kib} KiB")
+
+    if args.publish or args.pull:
+        return publish_or_pull(args, size)
 
     with ExitStack() as stack:
         if args.master is None:
@@ -169,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:20s} {put:9.1f} {get:9.1f} {put / raw_put:8.2f} {get / raw_get:8.2f}")
 
         with MooncakeBackend(master, metadata, local_buffer_bytes=max(64 << 20, 2 * size)) as writer:
-            writer.put(HOT_KEY, np.random.default_rng(1).bytes(size))
+            writer.put(HOT_KEY, hot_value(size))
             print(f"\nhot object {store_key(HOT_KEY)}: N readers fetch it {args.repeats} times each, at once")
             head = f"{'readers':>7s} {'aggr MB/s':>10s} {'p50 ms/get':>11s} {'all have 1 copy, ms':>20s}"
             print(f"{head} {'vs 1 reader':>12s}")
