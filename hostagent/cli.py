@@ -1,0 +1,141 @@
+"""``kvpool-agent``: run a host agent (holder + requester over kvpool UDP, local HTTP API).
+
+Settings come from defaults, then the ``[agent]`` table of ``--config FILE`` (TOML), then
+flags.  The agent runs until SIGTERM or SIGINT, then closes its sockets, joins its
+threads and exits 0.  ``--ready-file`` receives a JSON line ``{"pid", "udp", "api_url",
+"tiers"}`` once every socket is bound (useful with port 0).
+
+Example::
+
+    kvpool-agent --udp-port 7470 --api-port 7480 --dram-bytes 4GiB
+    curl -s http://127.0.0.1:7480/v1/stats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from hostagent.daemon import BACKENDS, Agent, AgentConfig, ConfigError, load_config
+
+_SIZE = re.compile(r"^(\d+)\s*(|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"64MiB"``, ``"1g"``, ``"4096"`` to bytes (binary units)."""
+    m = _SIZE.match(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"size must be a number with an optional unit (KiB, MiB, GiB), got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2)[:1].lower()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the agent's flags (also used by ``kvpool agent``)."""
+    parser.add_argument("--config", type=Path, help="TOML file with an [agent] table (flags override it)")
+    parser.add_argument("--host", help="address of the UDP sockets (default 127.0.0.1)")
+    parser.add_argument("--udp-port", type=int, help="kvpool UDP port peers send GETs to (default 7470; 0 = any)")
+    parser.add_argument("--api-host", help="address of the HTTP API (default 127.0.0.1; keep it on loopback)")
+    parser.add_argument("--api-port", type=int, help="HTTP API port (default 7480; 0 = any)")
+    parser.add_argument("--dram-bytes", type=parse_size, help="host DRAM tier capacity (default 1GiB)")
+    parser.add_argument("--gpu-bytes", type=parse_size, help="GPU tier capacity, used only with CUDA (default 0)")
+    parser.add_argument("--backend", choices=BACKENDS, help="lowest tier below DRAM (default none)")
+    parser.add_argument("--mooncake-master", help="Mooncake master RPC address host:port (backend mooncake)")
+    parser.add_argument("--mooncake-metadata-url", help="Mooncake HTTP metadata URL (backend mooncake)")
+    parser.add_argument("--rate", dest="rate_bytes_per_s", type=parse_size,
+                        help="pace DATA sent to peers at this many bytes/s (default unpaced)")
+    parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
+    parser.add_argument("--max-inflight", dest="max_inflight_fragments", type=int,
+                        help="fragments in flight over all requests")
+    parser.add_argument("--retransmit-timeout", dest="retransmit_timeout_s", type=float,
+                        help="seconds of silence before re-asking for missing fragments")
+    parser.add_argument("--give-up", dest="give_up_s", type=float, help="seconds of silence before a fetch fails")
+    parser.add_argument("--fetch-timeout", dest="fetch_timeout_s", type=float, help="default deadline of one fetch")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    parser.add_argument("--log-file", type=Path, help="log here instead of stderr")
+    parser.add_argument("--ready-file", type=Path, help="write a JSON line with pid and bound addresses here")
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """Defaults, then the config file, then flags."""
+    cfg = load_config(args.config)
+    overrides = {name: getattr(args, name, None) for name in (
+        "host", "udp_port", "api_host", "api_port", "dram_bytes", "gpu_bytes", "backend", "mooncake_master",
+        "mooncake_metadata_url", "rate_bytes_per_s", "window_fragments", "max_inflight_fragments",
+        "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level")}
+    if overrides["rate_bytes_per_s"] is not None:
+        overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])
+    cfg = cfg.replace(**overrides)
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run an agent until SIGTERM/SIGINT; 0 on a clean stop, 2 on a bad configuration, 1 if it cannot start."""
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"kvpool-agent: {exc}", file=sys.stderr)
+        return 2
+    handler: logging.Handler = (logging.FileHandler(args.log_file) if args.log_file
+                                else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("kvpool")
+    root.addHandler(handler)
+    root.setLevel(cfg.log_level.upper())
+    log = logging.getLogger("kvpool.agent")
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent = Agent(cfg)
+        agent.start()
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"kvpool-agent: cannot start: {exc}", file=sys.stderr)
+        return 1
+    try:
+        info = agent.ready_info()
+        if args.ready_file is not None:
+            tmp = args.ready_file.with_suffix(args.ready_file.suffix + ".tmp")
+            tmp.write_text(json.dumps(info) + "\n")
+            tmp.replace(args.ready_file)  # atomic: a watcher never reads half a line
+        log.info("ready: %s", json.dumps(info))
+        while not stop.wait(1.0):
+            pass
+    finally:
+        agent.stop()
+        root.removeHandler(handler)
+        handler.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool-agent`` argument parser."""
+    parser = argparse.ArgumentParser(prog="kvpool-agent", description=(__doc__ or "").strip().splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Endpoints of the local API: see hostagent/api.py.")
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvpool-agent`` console script."""
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

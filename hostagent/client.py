@@ -1,0 +1,209 @@
+"""Client library for an inference engine: publish and fetch prompt-prefix KV through the local agent.
+
+``AgentClient(url)`` speaks the HTTP API of ``hostagent.api``.  It turns a prompt's KV
+(a transformers ``DynamicCache``, a sequence of per-layer ``(k, v)`` pairs, or chunk
+tensors ``[n, layers, 2, kv_heads, block, head_dim]``) into one serialized chunk per full
+block of ``block_size`` tokens, keyed by the hash chain of ``hostagent.chunking``, and
+back::
+
+    client = AgentClient("http://127.0.0.1:7480")
+    client.publish_prefix("llama-tiny", token_ids, past_key_values, block_size=16)
+    # on another node, through its own agent:
+    prefix = client.fetch_prefix("llama-tiny", token_ids, block_size=16, holder="10.0.0.1:7470")
+    cache = prefix.to_cache()            # DynamicCache of prefix.num_tokens tokens
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hostagent.api import format_key, pack_bundle, unpack_bundle
+from hostagent.chunking import TokenIds, chunk_keys
+from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
+from hostagent.serialize import Quant, deserialize, serialize
+
+
+class AgentError(RuntimeError):
+    """The agent refused a request or could not be reached; ``status`` is the HTTP status (0 if none)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"agent answered {status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPrefix:
+    """The longest prefix of a prompt's chunks that could be fetched."""
+
+    keys: list[int]
+    chunks: torch.Tensor | None
+    """``[n, layers, 2, kv_heads, block, head_dim]``, or None when nothing was found."""
+    block_size: int
+    requested: int
+    stopped: str | None
+    """Why fewer than ``requested`` chunks came back (None when all did)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of KV the prefix covers (the engine prefills only the rest)."""
+        return len(self.keys) * self.block_size
+
+    def to_cache(self, config: Any = None, device: torch.device | str | None = None) -> Any:
+        """A transformers ``DynamicCache`` holding the fetched prefix."""
+        if self.chunks is None:
+            raise ValueError(f"no chunk of the prefix was found ({self.stopped})")
+        return hf_cache_from_chunks(self.chunks, config=config, device=device)
+
+
+class AgentClient:
+    """Talks to one agent's local HTTP API."""
+
+    def __init__(self, url: str, timeout: float = 60.0) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"agent url must look like http://127.0.0.1:7480, got {url!r}")
+        self.url = url.rstrip("/")
+        self._host, self._port = parts.hostname, parts.port
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------ transport
+
+    def _request(self, method: str, path: str, body: bytes | Sequence[bytes | memoryview] | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        try:
+            hdrs = dict(headers or {})
+            parts: Sequence[bytes | memoryview] = [] if body is None else [body] if isinstance(body, bytes) else body
+            if body is not None:
+                hdrs["Content-Length"] = str(sum(len(p) for p in parts))
+            conn.putrequest(method, path)
+            for k, v in hdrs.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            for p in parts:
+                conn.send(p)
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as exc:
+            raise AgentError(0, f"cannot reach agent at {self.url}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            try:
+                message = str(json.loads(data)["error"])
+            except (ValueError, KeyError, TypeError):
+                message = data[:200].decode(errors="replace")
+            raise AgentError(resp.status, message)
+        return resp, data
+
+    def _json(self, method: str, path: str, doc: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = None if doc is None else json.dumps(doc).encode()
+        headers = {} if doc is None else {"Content-Type": "application/json"}
+        _, data = self._request(method, path, body, headers)
+        out: dict[str, Any] = json.loads(data)
+        return out
+
+    # ------------------------------------------------------------------ plain calls
+
+    def health(self) -> dict[str, Any]:
+        """The agent's identity and addresses."""
+        return self._json("GET", "/v1/health")
+
+    def stats(self) -> dict[str, Any]:
+        """All of the agent's counters."""
+        return self._json("GET", "/v1/stats")
+
+    def put_chunk(self, key: int, blob: bytes, generation: int = 0) -> dict[str, Any]:
+        """Publish one serialized chunk."""
+        _, data = self._request("PUT", f"/v1/chunks/{format_key(key)}?generation={generation}", blob,
+                                {"Content-Type": "application/octet-stream"})
+        out: dict[str, Any] = json.loads(data)
+        return out
+
+    def get_chunk(self, key: int) -> bytes:
+        """A serialized chunk held by the agent (``AgentError`` 404 if not)."""
+        return self._request("GET", f"/v1/chunks/{format_key(key)}")[1]
+
+    def publish_chunks(self, keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview],
+                       generation: int = 0) -> dict[str, Any]:
+        """Publish many serialized chunks in one request."""
+        _, data = self._request("POST", "/v1/publish", pack_bundle(keys, blobs),
+                                {"Content-Type": "application/octet-stream", "X-Kvpool-Generation": str(generation)})
+        out: dict[str, Any] = json.loads(data)
+        return out
+
+    def fetch_chunks(self, keys: Sequence[int], holder: str | None = None, *, timeout: float | None = None,
+                     generation: int = 0) -> tuple[list[int], list[bytes], str | None]:
+        """The longest prefix of ``keys`` the agent has or gets from ``holder``: keys, blobs, stop reason."""
+        doc: dict[str, Any] = {"keys": [format_key(k) for k in keys], "generation": generation}
+        if holder is not None:
+            doc["holder"] = holder
+        if timeout is not None:
+            doc["timeout"] = timeout
+        resp, data = self._request("POST", "/v1/fetch", json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        got_keys, views = unpack_bundle(data)
+        if got_keys != list(keys[: len(got_keys)]):
+            raise AgentError(resp.status, "agent answered chunks for other keys than asked")
+        return got_keys, [bytes(v) for v in views], resp.getheader("X-Kvpool-Stopped")
+
+    def prefetch(self, keys: Sequence[int], holder: str | None = None, *,
+                 timeout: float | None = None) -> dict[str, Any]:
+        """Have the agent fetch chunks into its tiers without returning them (JSON summary)."""
+        doc: dict[str, Any] = {"keys": [format_key(k) for k in keys]}
+        if holder is not None:
+            doc["holder"] = holder
+        if timeout is not None:
+            doc["timeout"] = timeout
+        return self._json("POST", "/v1/prefetch", doc)
+
+    # ------------------------------------------------------------------ prefixes
+
+    def publish_prefix(self, model_id: str, token_ids: TokenIds, kv: Any, *, block_size: int,
+                       quant: Quant = Quant.NONE, generation: int = 0) -> list[int]:
+        """Publish the KV of every full block of ``token_ids``; return the chunk keys published.
+
+        ``kv`` is a transformers cache, a sequence of per-layer ``(k, v)`` pairs, or chunk
+        tensors already cut (one ``[layers, 2, kv_heads, block, head_dim]`` per block, or
+        stacked with a leading block axis).
+        """
+        keys = chunk_keys(model_id, token_ids, block_size)
+        chunks = self._as_chunks(kv, block_size, len(keys))
+        blobs = [serialize(chunks[i], quant) for i in range(len(keys))]
+        if keys:
+            self.publish_chunks(keys, blobs, generation)
+        return keys
+
+    @staticmethod
+    def _as_chunks(kv: Any, block_size: int, n: int) -> torch.Tensor | Sequence[torch.Tensor]:
+        if isinstance(kv, torch.Tensor) and kv.dim() == 6:
+            chunks: torch.Tensor | Sequence[torch.Tensor] = kv
+        elif isinstance(kv, Sequence) and kv and isinstance(kv[0], torch.Tensor) and kv[0].dim() == 5:
+            chunks = kv
+        else:
+            return chunks_from_hf(kv, block_size, num_blocks=n)
+        if len(chunks) < n:
+            raise ValueError(f"{len(chunks)} chunk tensors given, the prompt has {n} full blocks")
+        for i in range(n):
+            if chunks[i].shape[3] != block_size:
+                raise ValueError(f"chunk {i} holds {chunks[i].shape[3]} tokens, block_size is {block_size}")
+        return chunks
+
+    def fetch_prefix(self, model_id: str, token_ids: TokenIds, *, block_size: int, holder: str | None = None,
+                     timeout: float | None = None, generation: int = 0) -> FetchedPrefix:
+        """Fetch the KV of the longest available prefix of ``token_ids`` (checksums verified)."""
+        keys = chunk_keys(model_id, token_ids, block_size)
+        if not keys:
+            return FetchedPrefix([], None, block_size, 0, f"prompt has fewer than {block_size} tokens")
+        got, blobs, stopped = self.fetch_chunks(keys, holder, timeout=timeout, generation=generation)
+        tensors = [deserialize(bytearray(b)) for b in blobs]
+        chunks = torch.stack(tensors) if tensors else None
+        return FetchedPrefix(got, chunks, block_size, len(keys), stopped)
+

@@ -1,0 +1,369 @@
+"""The host agent process: tiers + holder + UDP transport + local HTTP API, with one config.
+
+``Agent`` wires the pieces together; ``hostagent.cli`` is the ``kvpool-agent`` command
+that loads an ``AgentConfig`` (TOML file, flags override it) and runs an ``Agent`` until
+SIGTERM/SIGINT.
+
+Every agent is both roles at once: it serves the chunks in its tiers to peers (holder)
+and fetches chunks from other agents for the local inference engine (requester); a
+fetched chunk is stored in the local tiers, so the agent can serve it onwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hostagent.backend import ChunkBackend, MemoryBackend
+from hostagent.holder import Holder
+from hostagent.tiers import TieredStore, TierError, default_store
+from hostagent.transport import Address, FetchResult, Transport, TransportConfig
+from kvpool import wire
+
+log = logging.getLogger("kvpool.agent")
+
+BACKENDS = ("none", "memory", "mooncake")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or file (the CLI reports it and exits with 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything an agent can be told; TOML keys under ``[agent]`` have the same names."""
+
+    host: str = "127.0.0.1"
+    """Address of the UDP sockets (kvpool port and fetch port)."""
+    udp_port: int = wire.KVPOOL_UDP_PORT
+    """kvpool UDP port peers send GETs to; 0 picks a free one."""
+    api_host: str = "127.0.0.1"
+    """Address of the local HTTP API (keep it on loopback: it has no authentication)."""
+    api_port: int = 7480
+    """HTTP API port; 0 picks a free one."""
+    dram_bytes: int = 1 << 30
+    """Host DRAM tier capacity."""
+    gpu_bytes: int = 0
+    """GPU tier capacity (used only when CUDA is available)."""
+    backend: str = "none"
+    """Lowest tier: none, memory (in-process, unbounded) or mooncake (a Mooncake Store)."""
+    mooncake_master: str = "127.0.0.1:50051"
+    """Mooncake master RPC address (backend = mooncake)."""
+    mooncake_metadata_url: str = "http://127.0.0.1:8080/metadata"
+    """Mooncake HTTP metadata server (backend = mooncake)."""
+    rate_bytes_per_s: float = 0.0
+    """Holder pacing rate; 0 = unpaced."""
+    window_fragments: int = 2048
+    """Per-request window of fragments in flight."""
+    max_inflight_fragments: int = 16384
+    """Fragments in flight over all requests."""
+    retransmit_timeout_s: float = 0.2
+    """Silence before re-asking for missing fragments."""
+    give_up_s: float = 3.0
+    """Silence before a fetch fails."""
+    sock_buf_bytes: int = 32 << 20
+    """UDP socket buffer size asked for."""
+    fetch_timeout_s: float = 30.0
+    """Default deadline of one API fetch."""
+    max_body_bytes: int = 1 << 30
+    """Largest API request body accepted."""
+    log_level: str = "INFO"
+    """Logging level name."""
+
+    def transport_config(self) -> TransportConfig:
+        """The transport part of this configuration."""
+        return TransportConfig(
+            host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
+            rate_bytes_per_s=self.rate_bytes_per_s, window_fragments=self.window_fragments,
+            max_inflight_fragments=self.max_inflight_fragments,
+            retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
+        )
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the first bad value."""
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        for name in ("udp_port", "api_port"):
+            if not 0 <= getattr(self, name) <= 0xFFFF:
+                raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
+        if self.dram_bytes <= 0 or self.gpu_bytes < 0 or self.max_body_bytes <= 0 or self.fetch_timeout_s <= 0:
+            raise ConfigError("dram_bytes, max_body_bytes and fetch_timeout_s must be positive, gpu_bytes >= 0")
+        if logging.getLevelName(self.log_level.upper()) not in (10, 20, 30, 40, 50):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
+        try:
+            self.transport_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def replace(self, **changes: Any) -> AgentConfig:
+        """A copy with ``changes`` applied (None values ignored, so unset CLI flags change nothing)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+
+
+def load_config(path: Path | None) -> AgentConfig:
+    """An ``AgentConfig`` from the ``[agent]`` table of a TOML file (defaults if ``path`` is None)."""
+    if path is None:
+        return AgentConfig()
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    table = doc.get("agent", {})
+    if set(doc) - {"agent"} or not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: put settings in an [agent] table (found {sorted(doc)})")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        fld = CONFIG_FIELDS.get(key)
+        if fld is None:
+            raise ConfigError(f"config file {path}: unknown setting {key!r} (known: {', '.join(CONFIG_FIELDS)})")
+        kind = str(fld.type)
+        ok = {"int": isinstance(value, int), "float": isinstance(value, int | float),
+              "str": isinstance(value, str)}[kind]
+        if isinstance(value, bool) or not ok:
+            raise ConfigError(f"config file {path}: {key} must be {kind}, got {value!r}")
+        values[key] = float(value) if kind == "float" else value
+    cfg = AgentConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def parse_address(text: str) -> Address:
+    """``host:port`` to an address tuple; ``ValueError`` with a one-line reason otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise ValueError(f"holder address must be host:port, got {text!r}")
+    return host, int(port)
+
+
+class Agent:
+    """One host agent: tiered store, holder, transport and (started by ``start``) the HTTP API."""
+
+    def __init__(self, config: AgentConfig, backend: ChunkBackend | None = None) -> None:
+        config.validate()
+        self.config = config
+        self._backend = backend if backend is not None else self._make_backend()
+        self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
+        self.holder = Holder(self.store)
+        self.transport = Transport(config.transport_config(), self.holder)
+        self._api: Any = None
+        self._api_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.started_at = 0.0
+        self.published_chunks = 0
+        self.fetch_local_hits = 0
+        self.fetch_remote = 0
+        self.fetch_failed = 0
+
+    def _make_backend(self) -> ChunkBackend | None:
+        if self.config.backend == "memory":
+            return MemoryBackend()
+        if self.config.backend == "mooncake":
+            from hostagent.mooncake_backend import MooncakeBackend  # needs the mooncake package
+
+            return MooncakeBackend(self.config.mooncake_master, self.config.mooncake_metadata_url,
+                                   local_hostname=self.config.host)
+        return None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Bind the UDP sockets and the HTTP API and start serving."""
+        from hostagent.api import make_server  # api imports this module
+
+        self.transport.start()
+        try:
+            self._api = make_server(self, self.config.api_host, self.config.api_port)
+        except OSError:
+            self.transport.stop()
+            raise
+        self._api_thread = threading.Thread(target=self._api.serve_forever, kwargs={"poll_interval": 0.1},
+                                            name="kvpool-api", daemon=True)
+        self._api_thread.start()
+        self.started_at = time.time()
+        log.info("agent up: kvpool udp %s:%d, api http://%s:%d, tiers %s", self.config.host, self.transport.port,
+                 self.config.api_host, self.api_port, "/".join(self.store.tier_names))
+
+    def stop(self) -> None:
+        """Stop the API (waiting for requests in progress), the transport and the backend."""
+        if self._api is not None:
+            self._api.shutdown()
+            self._api.server_close()
+            self._api = None
+        if self._api_thread is not None:
+            self._api_thread.join()
+            self._api_thread = None
+        self.transport.stop()
+        if self._backend is not None:
+            self._backend.close()
+        log.info("agent stopped")
+
+    @property
+    def api_port(self) -> int:
+        """The HTTP API port actually bound."""
+        if self._api is None:
+            raise RuntimeError("agent not started")
+        return int(self._api.server_address[1])
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the HTTP API."""
+        return f"http://{self.config.api_host}:{self.api_port}"
+
+    def ready_info(self) -> dict[str, Any]:
+        """What a launcher needs to talk to this agent (written to --ready-file)."""
+        return {"pid": os.getpid(), "udp": [self.config.host, self.transport.port], "api_url": self.api_url,
+                "tiers": self.store.tier_names}
+
+    # ------------------------------------------------------------------ operations
+
+    def publish(self, key: int, data: bytes | memoryview, generation: int = 0) -> str:
+        """Store a serialized chunk in the local tiers; return the tier it landed in."""
+        if not 0 <= key < 1 << 64:
+            raise ValueError(f"chunk key {key} does not fit 64 bits")
+        if not 0 < len(data) <= wire.MAX_CHUNK_LEN:
+            raise ValueError(f"chunk of {len(data)} bytes, allowed 1..{wire.MAX_CHUNK_LEN}")
+        if not 0 <= generation <= 0xFFFF_FFFF:
+            raise ValueError(f"generation {generation} does not fit 32 bits")
+        try:
+            self.store.put(key, data, generation)
+        except TierError as exc:
+            raise ValueError(str(exc)) from None
+        with self._lock:
+            self.published_chunks += 1
+        return self.store.tier_of(key) or "?"
+
+    def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
+                     timeout: float | None = None) -> tuple[list[bytes], str | None]:
+        """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped.
+
+        Chunks held locally are served from the tiers; the rest are fetched over UDP
+        from ``holder`` in one batch and stored locally.  A key implies its whole
+        prefix, so the answer stops at the first chunk that could not be had.
+        """
+        found: list[bytes | None] = [self.store.get(k) for k in keys]
+        missing = [i for i, blob in enumerate(found) if blob is None]
+        reason: str | None = None
+        results: dict[int, FetchResult] = {}
+        if missing and holder is not None:
+            fetched = self.transport.fetch([keys[i] for i in missing], holder, generation=generation,
+                                           timeout=timeout or self.config.fetch_timeout_s)
+            for i, res in zip(missing, fetched, strict=True):
+                results[i] = res
+                if res.data is not None:
+                    fetched_blob = bytes(res.data)
+                    found[i] = fetched_blob
+                    try:
+                        self.store.put(keys[i], fetched_blob, res.generation)
+                    except TierError:
+                        log.warning("fetched chunk %#x does not fit any tier; not kept", keys[i])
+        out: list[bytes] = []
+        for i, held in enumerate(found):
+            if held is None:
+                failed = results.get(i)
+                reason = (failed.error if failed is not None and failed.error
+                          else f"chunk {keys[i]:#018x} not held locally")
+                break
+            out.append(held)
+        remote = sum(1 for i in results if i < len(out))  # fetched chunks that are part of the answer
+        with self._lock:
+            self.fetch_remote += remote
+            self.fetch_local_hits += len(out) - remote
+            self.fetch_failed += sum(1 for r in results.values() if r.data is None)
+        return out, reason
+
+    def stats(self) -> dict[str, Any]:
+        """Agent, tier, transport and API counters."""
+        with self._lock:
+            agent = {
+                "pid": os.getpid(),
+                "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,
+                "published_chunks": self.published_chunks,
+                "fetch_local_hits": self.fetch_local_hits,
+                "fetch_remote": self.fetch_remote,
+                "fetch_failed": self.fetch_failed,
+            }
+        out: dict[str, Any] = {"agent": agent, "tiers": self.store.stats(), "transport": self.transport.stats()}
+        if self._api is not None:
+            out["api"] = self._api.counters.snapshot()
+        return out
+
+
+@dataclass
+class AgentProcess:
+    """A ``kvpool-agent`` running as a child process (tests, benchmarks, demos)."""
+
+    process: subprocess.Popen[bytes]
+    info: dict[str, Any]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.process.pid
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of its HTTP API."""
+        return str(self.info["api_url"])
+
+    @property
+    def udp_address(self) -> str:
+        """``host:port`` of its kvpool UDP port (what peers pass as ``holder``)."""
+        host, port = self.info["udp"]
+        return f"{host}:{port}"
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM the agent (by its PID) and wait; SIGKILL if it does not exit in time. Returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+    def log(self) -> str:
+        """What the agent logged so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def spawn_agent(workdir: Path, *args: str, ready_timeout: float = 30.0) -> AgentProcess:
+    """Start ``python -m hostagent.cli`` with ``args`` (ports 0 unless given) and wait until it is ready."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"agent-{time.monotonic_ns()}.ready"
+    log_path = ready.with_suffix(".log")
+    argv = [sys.executable, "-m", "hostagent.cli", "--ready-file", str(ready), "--log-file", str(log_path)]
+    if "--udp-port" not in args:
+        argv += ["--udp-port", "0"]
+    if "--api-port" not in args:
+        argv += ["--api-port", "0"]
+    proc = subprocess.Popen([*argv, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=log_path.with_suffix(".err").open("wb"))
+    deadline = time.monotonic() + ready_timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            err = log_path.with_suffix(".err").read_text(errors="replace").strip()
+            raise RuntimeError(f"kvpool-agent exited with {proc.returncode} before it was ready: {err[-500:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"kvpool-agent not ready after {ready_timeout} s")
+        time.sleep(0.05)
+    return AgentProcess(proc, json.loads(ready.read_text()), log_path)
