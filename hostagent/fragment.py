@@ -251,7 +251,7 @@ class Reassembler:
         # bits, key, frag_count, generation, status, chunk_len and a full payload_len; only
         # frag_index and request_id (and the known flags) may vary.  The tail fragment,
         # whose payload_len may be shorter, has its own expectation.
-        self._expect_words, self._expect_tail = self._expectations()
+        self._set_expectations()
 
     def reset(self, generation: int | None = None) -> None:
         """Forget every received fragment (e.g. after an INVALIDATE), optionally for a new generation.
@@ -261,16 +261,19 @@ class Reassembler:
         if generation is not None and generation != self.generation:
             _check_header_values(self.chunk_key, generation, 0, 0)
             self.generation = generation
-            self._expect_words, self._expect_tail = self._expectations()
+            self._set_expectations()
         self.received[:] = False
         self.received_count = 0
 
-    def _expectations(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    def _set_expectations(self) -> None:
         """Masked header words every full fragment, and the tail fragment, must carry."""
         full = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0)
         tail = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0,
                                 self._tail_len)
-        return (full & _MASK_BYTES).view(np.uint64), (tail & _MASK_BYTES).view(np.uint64)
+        self._expect_words = (full & _MASK_BYTES).view(np.uint64)
+        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)
+        # XOR-ed into a full fragment's difference, turns it into the tail's.
+        self._tail_delta = self._expect_words ^ self._expect_tail
 
     # ----------------------------------------------------------------------------- state
 
@@ -403,14 +406,17 @@ class Reassembler:
             # brought into cache; the run is only *marked* stored once every record passed.
             # The slots written hold nothing stored, so a bad record changes no stored data.
             self._copy_run(first, payload)
-            # Validate the whole run with one masked compare: XOR-ing in the expected
-            # frag_index of each position turns "index == first + j" into "bits are zero".
-            masked = self._header_words(records) & _MASK_RUN_WORDS
-            masked[:, _INDEX_WORD] ^= _INDEX_WORDS[first : first + n]
-            ne = masked != self._expect_words
+            # Validate the whole run at once: mask the header words, XOR out what each
+            # position must hold (the chunk's fields, then its own frag_index), and the run
+            # is valid exactly when no bit is left.  In-place ops on one contiguous copy
+            # of the headers are the cheapest way numpy offers.
+            diff = np.ascontiguousarray(self._header_words(records))
+            diff &= _MASK_RUN_WORDS
+            diff ^= self._expect_words
+            diff[:, _INDEX_WORD] ^= _INDEX_WORDS[first : first + n]
             if first + n == self.frag_count:  # the run ends with the tail fragment
-                ne[-1] = masked[-1] != self._expect_tail
-            if not ne.any():
+                diff[-1] ^= self._tail_delta
+            if not np.count_nonzero(diff):
                 self.received[first : first + n] = True
                 self.received_count += n
                 return n
