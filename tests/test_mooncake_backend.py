@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,3 +292,64 @@ def test_backend_can_lend_its_own_dram(tmp_path: Path) -> None:
         # The lender's segment left with it: its chunks are gone, reported as missing.
         with MooncakeBackend.for_master(master) as late:
             assert late.get(11) is None
+
+
+def _ip(*args: str) -> None:
+    """Run ``ip ARGS``, raising with its stderr on failure."""
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_pool_in_one_namespace_serves_a_client_in_another(tmp_path: Path) -> None:
+    # As on a Mininet star: the pool on the holder's address, a client on another host's.
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for network namespaces")
+    holder, reader = f"kvpmc-h{os.getpid()}", f"kvpmc-r{os.getpid()}"
+    veth = f"kvpmc{os.getpid() % 100000}"
+    try:
+        _ip("netns", "add", holder)
+        _ip("netns", "add", reader)
+        _ip("link", "add", veth + "a", "type", "veth", "peer", "name", veth + "b")
+        for ns, dev, addr in ((holder, veth + "a", "10.77.0.1/24"), (reader, veth + "b", "10.77.0.2/24")):
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", addr, "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        for ns in (holder, reader):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        pytest.skip(f"cannot create network namespaces here: {exc}")
+    ready = tmp_path / "ready.json"
+    cli = ["--host", "10.77.0.1", "--segment-mib", "16", "--ready-file", str(ready), "--log-dir", str(tmp_path)]
+    # `ip netns exec` execs its command, so this PID is the pool CLI's own.
+    pool = subprocess.Popen(
+        ["ip", "netns", "exec", holder, sys.executable, "-m", "hostagent.mooncake_master", *cli],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert pool.stdout is not None
+        info = json.loads(pool.stdout.readline())
+        assert info["rpc_address"].startswith("10.77.0.1:")
+        assert info["store_nodes"][0]["segment"].startswith("10.77.0.1:")
+        bench = [sys.executable, "scripts/bench_mooncake.py", "--master", info["rpc_address"]]
+        bench += ["--metadata", info["metadata_url"], "--local-hostname", "10.77.0.2", "--size-kib", "512"]
+        for mode in ("--publish", "--pull"):
+            proc = subprocess.run(
+                ["ip", "netns", "exec", reader, *bench, mode, "--repeats", "3"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout.splitlines()[-1])
+        assert out["host"] == "10.77.0.2" and out["size"] == 512 << 10 and len(out["gets"]) == 3
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        pool.wait(timeout=30)
+        for ns in (holder, reader):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
