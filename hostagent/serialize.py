@@ -38,7 +38,7 @@ import enum
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -89,6 +89,12 @@ DTYPE_CODES: Final[dict[torch.dtype, int]] = {
 """Wire code of every supported dtype; codes are part of the format, never renumber."""
 
 CODE_DTYPES: Final = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_QUANT_CODES: Final = frozenset(int(q) for q in Quant)
+
+WritableBuffer = bytearray | memoryview | npt.NDArray[np.uint8]
+"""A writable, contiguous byte buffer (a reassembly buffer, a bytearray, a numpy array)."""
+ReadableBuffer = bytes | WritableBuffer
+"""Any contiguous byte buffer."""
 _QUANTIZABLE: Final = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 
 
@@ -155,6 +161,15 @@ def _check_tensor(tensor: torch.Tensor, quant: Quant) -> None:
         raise ChunkFormatError("serialization assumes a little-endian host")
 
 
+def _byte_view(buf: ReadableBuffer) -> memoryview:
+    """A flat byte memoryview of ``buf`` without copying."""
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise ValueError("buffer array must be C-contiguous")
+        return buf.reshape(-1).view(np.uint8).data
+    return memoryview(buf).cast("B")
+
+
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A read-write byte view of a contiguous CPU tensor's storage, without copying."""
     if tensor.device.type != "cpu":
@@ -208,7 +223,7 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return x.reshape(q.shape).to(dtype)
 
 
-def serialize_into(tensor: torch.Tensor, out: Any, quant: Quant = Quant.NONE) -> int:
+def serialize_into(tensor: torch.Tensor, out: WritableBuffer, quant: Quant = Quant.NONE) -> int:
     """Serialize ``tensor`` into the writable buffer ``out``; return the bytes written.
 
     The payload is copied once, straight from the tensor's storage into ``out``.
@@ -218,7 +233,7 @@ def serialize_into(tensor: torch.Tensor, out: Any, quant: Quant = Quant.NONE) ->
     shape = tuple(tensor.shape)
     plen = _payload_len(tensor.dtype, shape, quant)
     hlen = header_len(len(shape))
-    view = memoryview(out).cast("B")
+    view = _byte_view(out)
     if view.readonly:
         raise ValueError("out must be writable")
     if len(view) < hlen + plen:
@@ -260,9 +275,9 @@ def serialize_parts(tensor: torch.Tensor) -> tuple[bytes, memoryview]:
     return bytes(hdr), payload
 
 
-def parse_header(blob: Any) -> ChunkHeader:
+def parse_header(blob: ReadableBuffer) -> ChunkHeader:
     """Decode and check a blob's header (not the checksum); raises ``ChunkFormatError``."""
-    view = memoryview(blob).cast("B")
+    view = _byte_view(blob)
     if len(view) < _FIXED_LEN:
         raise ChunkFormatError(f"truncated: {len(view)} bytes, a header needs at least {_FIXED_LEN}")
     magic, version, dcode, qcode, ndim, plen, checksum = _FIXED.unpack_from(view)
@@ -272,7 +287,7 @@ def parse_header(blob: Any) -> ChunkHeader:
         raise ChunkFormatError(f"format version {version}, this code reads {FORMAT_VERSION}")
     if dcode not in CODE_DTYPES:
         raise ChunkFormatError(f"unknown dtype code {dcode}")
-    if qcode not in Quant._value2member_map_:
+    if qcode not in _QUANT_CODES:
         raise ChunkFormatError(f"unknown quantization mode {qcode}")
     if ndim > MAX_NDIM:
         raise ChunkFormatError(f"ndim {ndim} exceeds {MAX_NDIM}")
@@ -291,7 +306,7 @@ def parse_header(blob: Any) -> ChunkHeader:
     return ChunkHeader(dtype, tuple(shape), quant, plen, checksum, hlen)
 
 
-def deserialize(blob: Any, *, verify: bool = True, copy: bool = False) -> torch.Tensor:
+def deserialize(blob: ReadableBuffer, *, verify: bool = True, copy: bool = False) -> torch.Tensor:
     """Rebuild the tensor from a blob; raises ``ChunkFormatError`` / ``ChecksumError``.
 
     For an unquantized blob in a writable buffer (a ``bytearray``, a reassembly buffer)
@@ -299,7 +314,7 @@ def deserialize(blob: Any, *, verify: bool = True, copy: bool = False) -> torch.
     the buffer's memory.  A read-only buffer (``bytes``) or ``copy=True`` gives a tensor
     of its own.  ``verify=False`` skips the checksum (only for data already verified).
     """
-    view = memoryview(blob).cast("B")
+    view = _byte_view(blob)
     hdr = parse_header(view)
     payload = view[hdr.header_len :]
     if verify:

@@ -113,7 +113,7 @@ def test_serialize_into_and_parts() -> None:
     with pytest.raises(ValueError, match="needs"):
         serialize_into(t, bytearray(len(want) - 1))
     with pytest.raises(ValueError, match="writable"):
-        serialize_into(t, bytes(len(want)))
+        serialize_into(t, bytes(len(want)))  # type: ignore[arg-type]
 
 
 def test_unsupported_tensors_rejected() -> None:
@@ -226,3 +226,14 @@ def test_flipped_bits_caught_by_checksum() -> None:
         deserialize(bad)
     # verify=False trusts the caller and skips only the checksum.
     assert deserialize(bad, verify=False).shape == (2, 2, 3, 8, 16)
+
+
+def test_numpy_buffers_in_and_out() -> None:
+    t = _random(torch.float32)
+    out = np.zeros(serialized_size(t), dtype=np.uint8)
+    serialize_into(t, out)
+    back = deserialize(out)
+    assert torch.equal(back, t)
+    assert back.data_ptr() == out.ctypes.data + header_len(t.dim())  # built on the array, no copy
+    with pytest.raises(ValueError, match="C-contiguous"):
+        deserialize(np.zeros((4, 200), dtype=np.uint8)[:, ::2])
