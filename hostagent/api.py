@@ -244,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:  # e.g. an unread oversize body: tell the client not to reuse us
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 

@@ -394,6 +394,15 @@ class Transport:
             out["holder"] = self.holder.stats()
         return out
 
+    def active_requests(self) -> list[tuple[int, int, int, int]]:
+        """``(request_id, chunk_key, fragments received, fragment count or 0 if unknown)`` per transfer."""
+        out = []
+        for r in list(self._active.values()):
+            reasm = r.reasm
+            out.append((r.rid, r.key, 0 if reasm is None else reasm.received_count,
+                        0 if reasm is None else reasm.frag_count))
+        return out
+
     def _drop(self, reason: str, n: int = 1) -> None:
         with self._stats_lock:
             self._c.drops[reason] = self._c.drops.get(reason, 0) + n

@@ -28,7 +28,9 @@ def _model() -> Any:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
+    model: Any = LlamaForCausalLM(cfg)
+    model.eval()
+    return model
 
 
 @torch.no_grad()
