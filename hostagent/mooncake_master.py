@@ -394,6 +394,9 @@ def run(args: argparse.Namespace) -> int:
     if args.store_nodes < 0:
         print("mooncake: --store-nodes must be >= 0", file=sys.stderr)
         return 2
+    if args.segment_mib << 20 < MIN_SEGMENT_BYTES:
+        print(f"mooncake: --segment-mib must be at least {MIN_SEGMENT_BYTES >> 20}", file=sys.stderr)
+        return 2
     try:
         config = MasterConfig(
             host=args.host,

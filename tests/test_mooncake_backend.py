@@ -265,15 +265,19 @@ def test_cli_serves_until_sigterm_and_stops_its_processes(tmp_path: Path) -> Non
     assert (tmp_path / "mooncake_master.log").exists() and (tmp_path / "mooncake_store0.log").exists()
 
 
-def test_cli_usage_error_exits_2() -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--store-nodes", "-1"], "--store-nodes must be >= 0"), (["--segment-mib", "8"], "at least 16")],
+)
+def test_cli_usage_error_exits_2(argv: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "hostagent.mooncake_master", "--store-nodes", "-1"],
+        [sys.executable, "-m", "hostagent.mooncake_master", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert proc.returncode == 2 and "--store-nodes must be >= 0" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 @pytest.mark.slow
