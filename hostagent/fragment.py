@@ -20,6 +20,7 @@ the chunk is complete.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Final
 
 import numpy as np
@@ -247,6 +248,8 @@ class Reassembler:
         self.received_count = 0
         self.rejected = 0
         """Invalid records skipped by non-strict ``add_batch`` calls."""
+        self.rejected_reasons: Counter[str] = Counter()
+        """Those skipped records by ``WireError.reason`` (``wrong_key``, ``bad_length``...)."""
         # One masked compare of the four header words checks version, opcode, unknown flag
         # bits, key, frag_count, generation, status, chunk_len and a full payload_len; only
         # frag_index and request_id (and the known flags) may vary.  The tail fragment,
@@ -372,9 +375,8 @@ class Reassembler:
             bad[tail] = (masked[tail] != self._expect_tail).any(axis=1)
         return bad, idx
 
-    def _first_invalid_reason(self, recs: npt.NDArray[np.void], bad: npt.NDArray[np.bool_]) -> wire.WireError:
-        """The ``WireError`` the per-packet path gives for the first invalid record."""
-        i = int(np.flatnonzero(bad)[0])
+    def _record_error(self, recs: npt.NDArray[np.void], i: int) -> wire.WireError:
+        """The ``WireError`` the per-packet path gives for invalid record ``i`` (slow path, bad records only)."""
         rec = recs[i : i + 1].view(np.uint8)
         try:
             self._check_one(wire.unpack_header(rec.data), wire.DATA_DATAGRAM_LEN)
@@ -387,7 +389,8 @@ class Reassembler:
 
         With ``strict`` (default) any invalid record raises ``WireError`` (the reason of
         the first one) and no fragment of the batch is marked stored.  Without it, invalid
-        records are skipped and counted in ``rejected``, and the valid ones stored.
+        records are skipped and counted in ``rejected`` and, by reason, in
+        ``rejected_reasons``, and the valid ones stored.
         Duplicates, inside the batch or of earlier fragments, are ignored (the first copy
         wins).
         """
@@ -423,8 +426,11 @@ class Reassembler:
         bad, idx = self._invalid(records)
         if bad.any():
             if strict:
-                raise self._first_invalid_reason(records, bad)
-            self.rejected += int(bad.sum())
+                raise self._record_error(records, int(np.flatnonzero(bad)[0]))
+            bad_at = np.flatnonzero(bad)
+            self.rejected += int(bad_at.size)
+            for i in bad_at.tolist():  # per bad record only: the reason each one failed
+                self.rejected_reasons[self._record_error(records, i).reason] += 1
             keep = ~bad
             idx, payload = idx[keep], payload[keep]
             if idx.size == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -230,7 +231,7 @@ def test_malformed_batch_strict_and_lenient(name: str, mutate: Mutator, reason: 
     assert err.value.reason == reason and "record 2" in str(err.value)
     assert r.received_count == 1 and bytes(r.buffer[:P]) == stored
     assert r.add_batch(bad, strict=False) == 3  # fragments 1, 3, 4; 0 is a duplicate
-    assert r.rejected == 1
+    assert r.rejected == 1 and r.rejected_reasons == {reason: 1}
     assert r.missing_ranges() == [(2, 1)]
     assert r.add(recs[2:3].tobytes())
     assert bytes(r.data) == chunk
@@ -246,6 +247,7 @@ def test_bad_records_never_change_stored_fragments() -> None:
     with pytest.raises(wire.WireError):
         r.add_batch(forged)
     assert r.add_batch(forged, strict=False) == 0 and r.rejected == 6
+    assert r.rejected_reasons == {"wrong_generation": 6}
     assert bytes(r.buffer[:P]) == chunk[:P] and bytes(r.buffer[2 * P : 3 * P]) == chunk[2 * P : 3 * P]
     # An in-order run whose last record is bad: the good ones are kept, the bad one is not.
     run = recs[3:6].copy()
@@ -380,16 +382,18 @@ def test_vectorised_validation_agrees_with_per_packet(length: int) -> None:
         raw[rows, rng.integers(0, wire.HEADER_LEN, rows.size)] = rng.integers(0, 256, rows.size)
     one_by_one = Reassembler(KEY, length, generation=9)
     accepted = 0
+    reasons: Counter[str] = Counter()
     for i in range(trials):
         try:
             one_by_one.add(batch[i : i + 1].tobytes())
             accepted += 1
-        except wire.WireError:
-            pass
+        except wire.WireError as err:
+            reasons[err.reason] += 1
     assert 50 < accepted < trials - 50  # both outcomes well represented
     r = Reassembler(KEY, length, generation=9)
     assert r.add_batch(batch, strict=False) == one_by_one.received_count == r.received_count
     assert r.rejected == trials - accepted
+    assert r.rejected_reasons == reasons
     assert np.array_equal(r.received, one_by_one.received)
     for i in map(int, np.flatnonzero(r.received)):  # the same first copy of each fragment was kept
         n = wire.expected_payload_len(length, i)
