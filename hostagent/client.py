@@ -132,6 +132,10 @@ class AgentClient:
         """A serialized chunk held by the agent (``AgentError`` 404 if not)."""
         return self._request("GET", f"/v1/chunks/{format_key(key)}")[1]
 
+    def delete_chunk(self, key: int) -> bool:
+        """Make the agent forget a chunk; True if it held it."""
+        return bool(self._json("DELETE", f"/v1/chunks/{format_key(key)}")["deleted"])
+
     def publish_chunks(self, keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview],
                        generation: int = 0) -> dict[str, Any]:
         """Publish many serialized chunks in one request."""
