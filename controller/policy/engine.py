@@ -1,0 +1,231 @@
+"""The policy engine: observed chunk fetches in, intended pool changes out.
+
+The controller daemon calls :meth:`PolicyEngine.step` once per epoch with the fetches it saw
+(switch digests and counters); the simulator calls :meth:`PolicyEngine.access` per fetch. Both
+run the same code: ``step`` is ``access`` over a batch. The engine keeps its own clock in
+fetches, so nothing depends on the absolute request rate.
+
+How fast should hit counts decay? That is the one knob that separates recency (short
+half-life: LRU-like) from frequency (long half-life: LFU-like), and the right answer depends
+on the pool size and the workload. So the engine runs several :class:`ValuePool` experts
+with half-lives on a geometric grid over the same fetches, as shadows (keys only, no table
+writes), and lets the one with the most recent hits drive the switch (follow the leader, with
+hysteresis). Switching leaders costs table writes, which the engine emits and counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from controller.policy.admission import AdmissionGate
+from controller.policy.changes import Admit, Change, Evict, EvictAction
+from controller.policy.pool import ValuePool
+from controller.policy.sketch import FrequencySketch
+from controller.policy.tiers import Tier, TierLayout, TierSpec
+from controller.policy.value import PrefillCost
+from kvpool.wire import FRAG_PAYLOAD
+
+#: Llama-3-8B-like default when no cost model is given
+DEFAULT_COST = PrefillCost(n_params=8.0e9, n_layers=32, d_model=4096)
+
+#: (half-life in fetches, probation hits) of the default experts: recency to frequency
+DEFAULT_EXPERTS: tuple[tuple[float, int], ...] = ((16.0, 1), (256.0, 1), (4096.0, 1), (65536.0, 1), (4096.0, 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One fetch of chunk ``key`` (block ``position`` of a prefix, child of ``parent``) by ``tenant``."""
+
+    key: int
+    parent: int | None
+    position: int
+    nbytes: int
+    tenant: int = 0
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs of the reuse-value policy; the defaults are what the simulator's ``value`` policy runs."""
+
+    capacity_bytes: int
+    tier: Tier = Tier.SWITCH
+    slot_bytes: int = FRAG_PAYLOAD
+    cost: PrefillCost = DEFAULT_COST
+    #: what one hit saves: "fetch" (a holder transfer: the tier above a pool that keeps every
+    #: chunk), "compute" (the prefill of the block: the tier holds the last copy), or "auto"
+    #: (fetch for the switch, compute for the others)
+    hit_saving: str = "auto"
+    experts: tuple[tuple[float, int], ...] = DEFAULT_EXPERTS
+    #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
+    leader_half_life: float = 10_000.0
+    leader_margin: float = 0.05
+    #: ... and by this many standard deviations of the (Poisson) hit counts, so noise never switches
+    leader_z: float = 3.0
+    epoch_fetches: int = 512
+    demote_min_hits: float = 1.0
+    sketch_width: int = 1 << 16
+    sketch_reset: int = 1 << 16
+    tenant_quotas: dict[int, int] = field(default_factory=dict)
+    pin_fraction: float = 0.25
+    layout: TierLayout | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first nonsensical option."""
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"pool capacity must be positive, got {self.capacity_bytes} bytes")
+        if self.slot_bytes <= 0:
+            raise ValueError(f"slot size must be positive, got {self.slot_bytes} bytes")
+        if self.capacity_bytes < self.slot_bytes:
+            raise ValueError(f"pool capacity {self.capacity_bytes} B is smaller than one slot ({self.slot_bytes} B)")
+        if self.hit_saving not in ("auto", "fetch", "compute"):
+            raise ValueError(f"hit_saving must be auto, fetch or compute, got {self.hit_saving!r}")
+        if not self.experts:
+            raise ValueError("at least one expert (half-life, probation) is needed")
+        for h, p in self.experts:
+            if h <= 0 or p < 1:
+                raise ValueError(f"expert needs a positive half-life and probation >= 1, got ({h}, {p})")
+        if self.leader_half_life <= 0 or self.leader_margin < 0:
+            raise ValueError("leader_half_life must be positive and leader_margin non-negative")
+        if self.epoch_fetches <= 0:
+            raise ValueError(f"epoch_fetches must be positive, got {self.epoch_fetches}")
+        if self.demote_min_hits < 0:
+            raise ValueError(f"demote_min_hits must be non-negative, got {self.demote_min_hits}")
+
+
+class PolicyEngine:
+    """Reuse-value policy for one shared tier: experts over half-lives, the leader drives the switch."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        config.validate()
+        self.config = config
+        self.tier = config.tier
+        self.n_slots = config.capacity_bytes // config.slot_bytes
+        layout = config.layout or TierLayout(
+            {config.tier: TierSpec(config.tier, config.capacity_bytes), Tier.POOL: TierSpec(Tier.POOL, 1 << 62)}
+        )
+        saving_kind = config.hit_saving
+        if saving_kind == "auto":
+            saving_kind = "fetch" if config.tier is Tier.SWITCH else "compute"
+        cost = config.cost
+        saving = (lambda _pos: 1.0) if saving_kind == "fetch" else cost.relative
+        sketch = FrequencySketch(width=config.sketch_width, reset_every=config.sketch_reset)
+        self.gates: dict[int, AdmissionGate] = {}
+        self.experts: list[ValuePool] = []
+        for h, p in config.experts:
+            gate = self.gates.setdefault(p, AdmissionGate(sketch, p))
+            pool = ValuePool(
+                tier=config.tier,
+                n_slots=self.n_slots,
+                slot_bytes=config.slot_bytes,
+                half_life=h,
+                gate=gate,
+                saving=saving,
+                layout=layout,
+                demote_min_hits=config.demote_min_hits,
+                tenant_quotas=config.tenant_quotas,
+                pin_fraction=config.pin_fraction,
+            )
+            pool.record = False
+            self.experts.append(pool)
+        self.sketch = sketch
+        self.leader = 0  # start from recency: the safe choice before there is any evidence
+        self.experts[0].record = True
+        self.scores = [0.0] * len(self.experts)
+        self._decay = 0.5 ** (config.epoch_fetches / config.leader_half_life)
+        self._epoch_hits = [0] * len(self.experts)
+        self._until_epoch = config.epoch_fetches
+        self.clock = 0
+        self.leader_switches = 0
+        self._changes: list[Change] = []
+
+    @property
+    def pool(self) -> ValuePool:
+        """The expert currently driving the switch."""
+        return self.experts[self.leader]
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The leader's counters plus engine-level ones."""
+        s = dict(self.pool.stats)
+        s["leader_switches"] = self.leader_switches
+        return s
+
+    def step(self, observations: list[Observation]) -> list[Change]:
+        """Process one epoch of observed fetches in order; returns the intended changes."""
+        for o in observations:
+            self.access(o.key, o.parent, o.position, o.nbytes, o.tenant)
+        return self.drain()
+
+    def drain(self) -> list[Change]:
+        """The changes decided since the last drain."""
+        lead = self.pool
+        if lead.changes:
+            self._changes.extend(lead.changes)
+            lead.changes = []
+        out, self._changes = self._changes, []
+        return out
+
+    def access(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int = 0) -> bool:
+        """One fetch of ``key``: True when the switch (the leader) holds it; may admit and evict."""
+        self.clock += 1
+        estimate = self.sketch.add(key)
+        hit = False
+        lead = self.leader
+        eh = self._epoch_hits
+        for i, pool in enumerate(self.experts):
+            if pool.access(key, parent, position, nbytes, tenant, estimate):
+                eh[i] += 1
+                if i == lead:
+                    hit = True
+        self._until_epoch -= 1
+        if self._until_epoch <= 0:
+            self._epoch()
+        return hit
+
+    def _epoch(self) -> None:
+        """Fold this epoch's hits into the experts' scores; hand over to a clearly better expert."""
+        self._until_epoch = self.config.epoch_fetches
+        d = self._decay
+        self.scores = [s * d + h for s, h in zip(self.scores, self._epoch_hits, strict=True)]
+        self._epoch_hits = [0] * len(self.experts)
+        best = max(range(len(self.scores)), key=self.scores.__getitem__)
+        sb, sl = self.scores[best], self.scores[self.leader]
+        clearly = sb > sl * (1.0 + self.config.leader_margin) and sb - sl > self.config.leader_z * math.sqrt(sb + sl)
+        if best != self.leader and clearly:
+            self._hand_over(best)
+
+    def _hand_over(self, new: int) -> None:
+        """Make expert ``new`` the leader and emit the table writes that turn the switch into its copy."""
+        old_pool, new_pool = self.pool, self.experts[new]
+        self._changes.extend(old_pool.changes)
+        old_pool.changes = []
+        old_pool.record = False
+        why = f"leader switch to half-life {new_pool.half_life:g}"
+        for key, old in old_pool.residents.items():
+            nr = new_pool.residents.get(key)
+            if nr is None or nr.base_slot != old.base_slot:
+                self._changes.append(Evict(key, self.tier, EvictAction.DROP, None, 0.0, why))
+        for key, new_r in new_pool.residents.items():
+            o = old_pool.residents.get(key)
+            if o is None or o.base_slot != new_r.base_slot:
+                self._changes.append(Admit(key, self.tier, new_r.base_slot, new_r.n_slots, new_pool.value_of(key), why))
+        new_pool.record = True
+        self.leader = new
+        self.leader_switches += 1
+
+    def pin(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int = 0) -> list[Change]:
+        """Pin ``key`` in every expert (so it stays pinned across leader switches)."""
+        for pool in self.experts:
+            pool.pin(key, parent, position, nbytes, tenant)
+        return self.drain()
+
+    def unpin(self, key: int) -> list[Change]:
+        """Release a pin in every expert."""
+        for pool in self.experts:
+            pool.unpin(key)
+        return self.drain()
+
+    def holds(self, key: int) -> bool:
+        """Whether the switch (the leader) holds ``key``."""
+        return key in self.pool.residents

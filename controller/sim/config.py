@@ -1,0 +1,121 @@
+"""Cluster and model configuration of the simulator, with validation that names the bad option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.policy.value import PrefillCost
+from kvpool.trace import BLOCK_TOKENS
+from kvpool.wire import FRAG_PAYLOAD
+
+
+class ConfigError(ValueError):
+    """A nonsensical simulator option; the message names it."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the simulator needs of a model: KV bytes per token and a prefill cost model."""
+
+    name: str
+    kv_bytes_per_token: int
+    n_params: float
+    n_layers: int
+    d_model: int
+    #: prefill throughput at short context on one inference node (tokens/s)
+    prefill_tokens_per_s: float
+
+    def cost(self, block_tokens: int = BLOCK_TOKENS) -> PrefillCost:
+        """The prefill FLOP model of this model."""
+        return PrefillCost(self.n_params, self.n_layers, self.d_model, block_tokens)
+
+    @property
+    def flops_per_s(self) -> float:
+        """Effective FLOP/s of a node, calibrated so short prompts prefill at ``prefill_tokens_per_s``."""
+        return self.prefill_tokens_per_s * 2.0 * self.n_params
+
+
+#: KV bytes/token = 2 (K and V) x layers x KV heads x head dim x 2 bytes (bf16)
+MODELS: dict[str, ModelSpec] = {
+    "qwen2.5-0.5b": ModelSpec("qwen2.5-0.5b", 2 * 24 * 2 * 64 * 2, 0.49e9, 24, 896, 40_000.0),
+    "llama3-8b": ModelSpec("llama3-8b", 2 * 32 * 8 * 128 * 2, 8.0e9, 32, 4096, 8_000.0),
+    "llama3-70b": ModelSpec("llama3-70b", 2 * 80 * 8 * 128 * 2, 70.6e9, 80, 8192, 1_200.0),
+}
+
+ROUTINGS = ("random", "round_robin")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The modelled cluster: nodes, holders, switches, links, tiers, model."""
+
+    nodes: int = 64
+    holders: int = 4
+    switches: int = 1
+    switch_mib: float = 1536.0
+    hbm_gib: float = 8.0
+    dram_gib: float = 32.0
+    pool_gib: float = 0.0  # 0: the holders' DRAM pool keeps everything
+    node_gbps: float = 100.0
+    holder_gbps: float = 100.0
+    pcie_gbps: float = 200.0
+    switch_rtt_us: float = 5.0
+    holder_rtt_us: float = 25.0
+    model: ModelSpec = field(default_factory=lambda: MODELS["qwen2.5-0.5b"])
+    block_tokens: int = BLOCK_TOKENS
+    slot_bytes: int = FRAG_PAYLOAD
+    routing: str = "random"
+    coalesce: bool = True
+    #: controller CPU time per control message (table write, directory update), for the overhead model
+    ctrl_msg_us: float = 50.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first nonsensical option."""
+        positive_int = ("nodes", "holders", "switches", "block_tokens", "slot_bytes")
+        for name in positive_int:
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        positive = ("hbm_gib", "node_gbps", "holder_gbps", "pcie_gbps")
+        for name in positive:
+            v = getattr(self, name)
+            if not v > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v!r}")
+        non_negative = ("switch_mib", "dram_gib", "pool_gib", "switch_rtt_us", "holder_rtt_us", "ctrl_msg_us")
+        for name in non_negative:
+            v = getattr(self, name)
+            if not v >= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be non-negative, got {v!r}")
+        if self.switches > self.nodes:
+            raise ConfigError(f"--switches ({self.switches}) cannot exceed --nodes ({self.nodes})")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"--routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        if self.hbm_gib * 2**30 < self.chunk_bytes:
+            raise ConfigError(f"--hbm-gib {self.hbm_gib} holds not even one {self.chunk_bytes}-byte chunk")
+        if self.pool_gib and self.pool_gib * 2**30 < self.chunk_bytes:
+            raise ConfigError(f"--pool-gib {self.pool_gib} holds not even one chunk")
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one full block's KV."""
+        return self.block_tokens * self.model.kv_bytes_per_token
+
+    @property
+    def slots_per_chunk(self) -> int:
+        """Switch slots (fragments) per chunk."""
+        return -(-self.chunk_bytes // self.slot_bytes)
+
+    @property
+    def switch_bytes(self) -> int:
+        """Pool bytes per switch."""
+        return int(self.switch_mib * 2**20)
+
+    @property
+    def switch_chunks(self) -> int:
+        """Whole chunks one switch pool holds (paged into slots)."""
+        return (self.switch_bytes // self.slot_bytes) // self.slots_per_chunk
+
+    def blocks_in(self, gib: float) -> int:
+        """Whole chunks that fit in ``gib`` GiB."""
+        return int(gib * 2**30) // self.chunk_bytes

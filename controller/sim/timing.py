@@ -1,0 +1,137 @@
+"""Phase 3: turn hits and misses into time: link queues, coalescing, incast, prefill, TTFT.
+
+Each holder link and each node's GPU is a FIFO server. A chunk fetch served by the switch
+costs one switch round trip plus its bytes on the node's link; one served by a holder queues
+on that holder's link (N nodes pulling from one holder is the N-to-1 incast), unless the
+switch already has a transfer of the same chunk outstanding, in which case the request joins
+it (coalescing; the response is multicast) and no holder bytes move. What is neither local
+nor fetched is prefilled; a chunk is fetchable only once the request that computed it is done.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.sim.config import ClusterConfig
+from controller.sim.locality import FetchPlan
+
+
+@dataclass
+class Timing:
+    """Per-request TTFT and the link-level totals of one run."""
+
+    ttft_ms: npt.NDArray[np.float64]
+    compute_tokens: npt.NDArray[np.int64]
+    compute_s: float
+    holder_bytes: int
+    fetch_bytes: int
+    switch_bytes: int
+    coalesced: int
+    peak_incast: int
+    transfer_s: float
+
+
+def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_] | None, sharing: bool) -> Timing:
+    """Time every request; ``hits`` marks fetches the switch served (None: no switch)."""
+    n = plan.n_requests
+    cost = cfg.model.cost(cfg.block_tokens)
+    flops_per_s = cfg.model.flops_per_s
+    kvb = cfg.model.kv_bytes_per_token
+    node_bps = cfg.node_gbps * 1e9 / 8
+    holder_bps = cfg.holder_gbps * 1e9 / 8
+    pcie_bps = cfg.pcie_gbps * 1e9 / 8
+    sw_rtt = cfg.switch_rtt_us / 1e3
+    h_rtt = cfg.holder_rtt_us / 1e3
+    coalesce = sharing and hits is not None and cfg.coalesce
+    n_sw = cfg.switches
+
+    arrival = plan.arrival_ms.tolist()
+    nodes = plan.node.tolist()
+    switch = plan.switch.tolist()
+    inputs = plan.input_tokens.tolist()
+    usable = plan.input_tokens - (plan.recompute_tokens if sharing else plan.input_tokens - plan.local_prefix_tokens)
+    usable_l = usable.tolist()
+    dram_t = plan.dram_tokens.tolist()
+    off = plan.fetch_off.tolist()
+    f_key = plan.fetch_key.tolist()
+    f_tok = plan.fetch_tokens.tolist()
+    f_hold = plan.fetch_holder.tolist()
+    f_prod = plan.fetch_producer.tolist()
+    f_hit = hits.tolist() if hits is not None else None
+
+    gpu_free = [0.0] * cfg.nodes
+    holder_free = [0.0] * cfg.holders
+    flows: list[list[float]] = [[] for _ in range(cfg.holders)]  # end times of live flows per holder
+    inflight: dict[int, float] = {}
+    finish = [0.0] * n
+    ttft = np.empty(n, dtype=np.float64)
+    holder_bytes = fetch_bytes = switch_bytes = coalesced = peak = 0
+    compute_s = transfer_s = 0.0
+    for i in range(n):
+        t = arrival[i]
+        ready_at = t
+        if sharing and off[i + 1] > off[i]:
+            node_bytes = 0
+            flow_end: dict[int, tuple[float, float]] = {}
+            for f in range(off[i], off[i + 1]):
+                b = f_tok[f] * kvb
+                node_bytes += b
+                start = max(t, finish[f_prod[f]])
+                if f_hit is not None and f_hit[f]:
+                    end = start + sw_rtt
+                    switch_bytes += b
+                else:
+                    tag = f_key[f] * n_sw + switch[i]
+                    if coalesce:
+                        e = inflight.get(tag)
+                        if e is not None and e > start:
+                            coalesced += 1
+                            ready_at = max(ready_at, e)
+                            continue
+                    h = f_hold[f]
+                    begin = max(start, holder_free[h])
+                    dur = b / holder_bps * 1e3
+                    holder_free[h] = begin + dur
+                    end = begin + dur + h_rtt
+                    holder_bytes += b
+                    if coalesce:
+                        inflight[tag] = end
+                    fb, fe = flow_end.get(h, (begin, end))
+                    flow_end[h] = (min(fb, begin), max(fe, end))
+                ready_at = max(ready_at, end)
+            fetch_bytes += node_bytes
+            wire = node_bytes / node_bps * 1e3
+            transfer_s += wire / 1e3
+            ready_at = max(ready_at, t + wire + sw_rtt)
+            for h, (fb, fe) in flow_end.items():
+                live = flows[h]
+                while live and live[0] <= fb:
+                    heapq.heappop(live)
+                heapq.heappush(live, fe)
+                peak = max(peak, len(live))
+        ready_at += dram_t[i] * kvb / pcie_bps * 1e3
+        inp = inputs[i]
+        u = usable_l[i]
+        flops = cost.prefix_flops(inp) - cost.prefix_flops(u)
+        c_s = flops / flops_per_s
+        compute_s += c_s
+        begin = max(ready_at, gpu_free[nodes[i]])
+        end = begin + c_s * 1e3
+        gpu_free[nodes[i]] = end
+        finish[i] = end
+        ttft[i] = end - t
+    return Timing(
+        ttft_ms=ttft,
+        compute_tokens=(plan.input_tokens - usable).astype(np.int64),
+        compute_s=compute_s,
+        holder_bytes=holder_bytes,
+        fetch_bytes=fetch_bytes,
+        switch_bytes=switch_bytes,
+        coalesced=coalesced,
+        peak_incast=peak,
+        transfer_s=transfer_s,
+    )

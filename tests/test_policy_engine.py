@@ -1,0 +1,213 @@
+"""The reuse-value policy: admission gate, leaves before parents, demote vs drop, pins, quotas, experts."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.policy import (
+    Admit,
+    Evict,
+    EvictAction,
+    Observation,
+    Pin,
+    PolicyConfig,
+    PolicyEngine,
+    QuotaBook,
+    QuotaError,
+    Tier,
+    TierLayout,
+    TierSpec,
+    Unpin,
+)
+from controller.policy.admission import AdmissionGate
+from controller.policy.eviction import demotion
+from controller.policy.sketch import FrequencySketch
+
+SLOT = 1000
+CHUNK = 3 * SLOT  # three slots per chunk
+
+
+def _engine(chunks: int, **kw: object) -> PolicyEngine:
+    cfg = PolicyConfig(capacity_bytes=chunks * CHUNK, slot_bytes=SLOT, **kw)  # type: ignore[arg-type]
+    return PolicyEngine(cfg)
+
+
+def _one_expert(chunks: int, half_life: float = 1e6, probation: int = 2, **kw: object) -> PolicyEngine:
+    return _engine(chunks, experts=((half_life, probation),), **kw)
+
+
+def test_step_admits_into_free_space_with_consecutive_slots() -> None:
+    e = _one_expert(4)
+    changes = e.step([Observation(k, None, 0, CHUNK) for k in (1, 2, 3)])
+    admits = [c for c in changes if isinstance(c, Admit)]
+    assert [(c.key, c.base_slot, c.n_slots) for c in admits] == [(1, 0, 3), (2, 3, 3), (3, 6, 3)]
+    assert all(c.reason == "fits in free space" for c in admits)
+    assert e.step([Observation(1, None, 0, CHUNK)]) == []  # a hit changes nothing
+    assert e.stats["hits"] == 1
+
+
+def test_one_shot_keys_stay_out_of_a_full_pool() -> None:
+    e = _one_expert(4)
+    hot = [1, 2, 3, 4]
+    for _ in range(3):
+        e.step([Observation(k, None, 0, CHUNK) for k in hot])
+    changes = e.step([Observation(1000 + i, None, 0, CHUNK) for i in range(200)])  # a scan of one-shots
+    assert not [c for c in changes if isinstance(c, Admit)]
+    assert e.stats["rejected_probation"] == 200
+    assert all(e.holds(k) for k in hot)
+    # a repeatedly fetched newcomer passes probation and beats a cold victim eventually
+    for _ in range(8):
+        e.access(99, None, 0, CHUNK)
+    assert e.holds(99)
+
+
+def test_admission_gate_verdicts() -> None:
+    gate = AdmissionGate(FrequencySketch(width=1024), probation_hits=2)
+    assert gate.judge(1, 5.0, None).admit  # free space
+    v = gate.judge(1, 5.0, 1.0)
+    assert not v.admit and "probation" in v.reason
+    assert gate.judge(3, 5.0, 1.0).admit
+    v = gate.judge(3, 1.0, 5.0)
+    assert not v.admit and "does not beat" in v.reason
+
+
+def test_leaves_are_evicted_before_their_parents() -> None:
+    e = _one_expert(3, probation=1)
+    # chain 10 <- 11 <- 12: the parent has the lowest count, yet the leaf must go first
+    e.access(10, None, 0, CHUNK)
+    for _ in range(3):
+        e.access(11, 10, 1, CHUNK)
+    for _ in range(5):
+        e.access(12, 11, 2, CHUNK)
+    e.drain()
+    for _ in range(20):
+        e.access(50, None, 0, CHUNK)
+    evicted = [c.key for c in e.drain() if isinstance(c, Evict)]
+    assert evicted[0] == 12  # the only leaf of the chain
+    assert e.holds(10) and e.holds(11) and e.holds(50)
+
+
+def test_evicted_chunk_is_demoted_or_dropped_with_a_reason() -> None:
+    e = _one_expert(2, half_life=1e9, probation=1)
+    for _ in range(4):
+        e.access(1, None, 0, CHUNK)  # expected hits ~4: worth demoting
+    e.access(2, None, 0, CHUNK)
+    e.drain()
+    for _ in range(6):
+        e.access(3, None, 0, CHUNK)
+    ev = [c for c in e.drain() if isinstance(c, Evict)]
+    assert ev and ev[0].key == 2
+    assert ev[0].action is EvictAction.DROP and ev[0].target is None
+    assert "not worth keeping" in ev[0].reason
+    for _ in range(10):
+        e.access(4, None, 0, CHUNK)
+    ev = [c for c in e.drain() if isinstance(c, Evict)]
+    assert ev and ev[0].key in (1, 3)
+    assert ev[0].action is EvictAction.DEMOTE and ev[0].target is Tier.POOL
+    assert "demote to pool" in ev[0].reason
+
+
+def test_demotion_rule() -> None:
+    assert demotion(3.0, Tier.POOL, 1.0)[0] is EvictAction.DEMOTE
+    assert demotion(0.2, Tier.POOL, 1.0)[0] is EvictAction.DROP
+    action, target, reason = demotion(9.0, None, 1.0)
+    assert action is EvictAction.DROP and target is None and "no lower tier" in reason
+
+
+def test_tier_layout_rules() -> None:
+    layout = TierLayout({t: TierSpec(t, 1 << 30) for t in (Tier.HBM, Tier.DRAM, Tier.SWITCH, Tier.POOL)})
+    assert layout.demotion_target(Tier.HBM) is Tier.DRAM
+    assert layout.demotion_target(Tier.DRAM) is Tier.POOL
+    assert layout.demotion_target(Tier.SWITCH) is Tier.POOL
+    assert layout.demotion_target(Tier.POOL) is None
+    assert layout.promotion_target(Tier.POOL) is Tier.SWITCH
+    assert layout.promotion_target(Tier.DRAM) is Tier.HBM
+    no_dram = TierLayout({Tier.HBM: TierSpec(Tier.HBM, 1), Tier.POOL: TierSpec(Tier.POOL, 1)})
+    assert no_dram.demotion_target(Tier.HBM) is Tier.POOL
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        TierSpec(Tier.SWITCH, 0)
+
+
+def test_pins_survive_pressure_and_are_bounded() -> None:
+    e = _one_expert(8, probation=1, pin_fraction=0.25)  # 24 slots, pins may hold 6 = two chunks
+    changes = e.pin(7, None, 0, CHUNK)
+    assert any(isinstance(c, Pin) and c.key == 7 for c in changes)
+    e.pin(8, None, 0, CHUNK)
+    with pytest.raises(QuotaError, match="pin bound"):
+        e.pin(9, None, 0, CHUNK)
+    for k in range(100, 160):
+        for _ in range(3):
+            e.access(k, None, 0, CHUNK)
+    assert e.holds(7) and e.holds(8)
+    changes = e.unpin(7)
+    assert any(isinstance(c, Unpin) for c in changes)
+    for k in range(200, 260):
+        for _ in range(3):
+            e.access(k, None, 0, CHUNK)
+    assert not e.holds(7) and e.holds(8)
+    with pytest.raises(QuotaError, match="not pinned"):
+        e.unpin(7)
+
+
+def test_tenant_quota_limits_a_tenant_to_its_share() -> None:
+    e = _one_expert(6, probation=1, tenant_quotas={1: 2 * 3})  # tenant 1: two chunks
+    for k in range(10):
+        for _ in range(2):
+            e.access(k, None, 0, CHUNK, tenant=1)
+    pool = e.pool
+    assert pool.quotas.used[1] <= 6
+    assert sum(1 for r in pool.residents.values() if r.tenant == 1) == 2
+    for k in range(50, 54):
+        e.access(k, None, 0, CHUNK, tenant=2)
+    assert sum(1 for r in pool.residents.values() if r.tenant == 2) == 4
+
+
+def test_quota_book_validation() -> None:
+    with pytest.raises(QuotaError):
+        QuotaBook(0)
+    with pytest.raises(QuotaError):
+        QuotaBook(10, {1: 0})
+    with pytest.raises(QuotaError):
+        QuotaBook(10, pin_fraction=2.0)
+    q = QuotaBook(10, {1: 4}, pin_fraction=0.5)
+    q.check_pin(1, 4)
+    with pytest.raises(QuotaError, match="quota"):
+        q.check_pin(1, 5)
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        PolicyEngine(PolicyConfig(capacity_bytes=0))
+    with pytest.raises(ValueError, match="smaller than one slot"):
+        PolicyEngine(PolicyConfig(capacity_bytes=10, slot_bytes=100))
+    with pytest.raises(ValueError, match="hit_saving"):
+        PolicyEngine(PolicyConfig(capacity_bytes=10_000, hit_saving="speed"))
+
+
+def test_leader_switch_turns_the_switch_into_the_better_expert() -> None:
+    # A recency expert and a frequency expert; a hot set interleaved with a scan defeats recency.
+    e = _engine(4, experts=((2.0, 1), (1e6, 1)), epoch_fetches=16, leader_half_life=5000.0)
+    assert e.leader == 0
+    changes: list[object] = []
+    fresh = 1000
+    for _ in range(80):
+        for k in (0, 1, 2, fresh, fresh + 1, fresh + 2):
+            e.access(k, None, 0, CHUNK)
+        fresh += 3
+        changes.extend(e.drain())
+    assert e.leader == 1 and e.leader_switches >= 1
+    assert any(isinstance(c, Admit) and "leader switch" in c.reason for c in changes)
+    assert all(e.holds(k) for k in (0, 1, 2))
+    assert {k for k in e.experts[1].residents if e.holds(k)} == set(e.experts[1].residents)
+    assert e.experts[1].stats["hits"] > e.experts[0].stats["hits"]
+
+
+def test_compute_saving_weights_deep_blocks() -> None:
+    e = _engine(2, experts=((1e6, 1),), hit_saving="compute", tier=Tier.POOL)
+    e.access(1, None, 0, CHUNK)
+    e.access(2, None, 40, CHUNK)
+    assert e.pool.value_of(2) > e.pool.value_of(1)
+    f = _engine(2, experts=((1e6, 1),))  # switch: a hit saves a holder transfer, position-neutral
+    f.access(1, None, 0, CHUNK)
+    f.access(2, None, 40, CHUNK)
+    assert f.pool.value_of(2) == pytest.approx(f.pool.value_of(1))
