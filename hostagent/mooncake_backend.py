@@ -237,6 +237,11 @@ class MooncakeBackend:
             raise ValueError("sizes and full_retry_s must be >= 0, timeouts > 0")
         if 0 < segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be 0 or at least {MIN_SEGMENT_BYTES} (16 MiB), got {segment_bytes}")
+        host = local_hostname.split(":")[0]
+        if segment_bytes and host in ("", "0.0.0.0"):
+            # Peers read a lent segment at the advertised address; a pure client only
+            # initiates transfers, so its address is just a name (checked across netns).
+            raise ValueError("local_hostname must be an address peers can reach when segment_bytes > 0")
         self.master_address = master_address
         self.metadata_url = metadata_url
         self.zero_copy = zero_copy
@@ -249,7 +254,7 @@ class MooncakeBackend:
         # The transfer engine advertises MC_TCP_BIND_ADDRESS, else the first non-loopback
         # interface: pin it to the address we were given so loopback runs stay on loopback
         # and Mininet runs use the host's own interface.
-        os.environ["MC_TCP_BIND_ADDRESS"] = local_hostname.split(":")[0]
+        os.environ["MC_TCP_BIND_ADDRESS"] = host
         # setup() holds the GIL while it retries a dead master for ~90 s, so no deadline
         # can cut it: check first that the master's two servers accept connections.
         _probe(master_address, "master RPC", min(setup_timeout, 3.0))

@@ -286,6 +286,8 @@ def test_backend_can_lend_its_own_dram(tmp_path: Path) -> None:
     with MooncakeMaster(log_path=tmp_path / "master.log") as master:
         with pytest.raises(ValueError, match="at least 16777216"):
             MooncakeBackend.for_master(master, segment_bytes=8 << 20)
+        with pytest.raises(ValueError, match="peers can reach"):
+            MooncakeBackend.for_master(master, segment_bytes=16 << 20, local_hostname="0.0.0.0")
         with MooncakeBackend.for_master(master, segment_bytes=16 << 20) as lender:
             data = payload(11, 3 << 20)
             lender.put(11, data)
