@@ -16,7 +16,7 @@ import pytest
 from switchmodel.targets import bmv2_missing
 from switchmodel.vethlab import can_build
 
-from .harness import P4INFO, ModelTarget, Target, VethTarget, target_kind
+from .harness import BMV2_JSON, P4INFO, ModelTarget, Target, VethTarget, target_kind
 
 _SESSION: dict[str, VethTarget] = {}
 
@@ -29,6 +29,8 @@ def _skip_reason(kind: str) -> str | None:
     reason = can_build()
     if reason is None and kind == "bmv2":
         reason = bmv2_missing()
+        if reason is None and not BMV2_JSON.exists():
+            reason = f"{BMV2_JSON} is missing (BMv2 needs the compiled program)"
     return reason
 
 
