@@ -226,6 +226,54 @@ def bench_serialize(args: argparse.Namespace) -> Section:
     return sec
 
 
+def bench_pipeline(args: argparse.Namespace) -> Section:
+    """The whole in-memory path of a chunk: tensor -> blob -> DATA records -> blob -> tensor."""
+    layers, heads, dim = 24, 2, 64  # bf16 blocks shaped like Qwen2.5-0.5B's, as in "serialize"
+    per_token = layers * 2 * heads * dim * 2
+    tokens = max(1, args.chunk_kib * 1024 // per_token)
+    count = max(1, args.mib * MIB // (tokens * per_token))
+    g = torch.Generator().manual_seed(1)
+    tensors = [torch.randn(layers, 2, heads, tokens, dim, generator=g).to(torch.bfloat16) for _ in range(count)]
+    total = count * tokens * per_token
+    blob_len = serialized_size(tensors[0])
+    _progress(f"pipeline: {count} bf16 chunks of {blob_len} B, {args.reps} reps")
+    # Everything preallocated, as a long-running agent would keep it.
+    blobs = [np.empty(blob_len, dtype=np.uint8) for _ in tensors]
+    records = [empty_records(wire.fragment_count(blob_len)) for _ in tensors]
+    recv = [np.empty(blob_len, dtype=np.uint8) for _ in tensors]
+    srcs = [np.frombuffer(tensor_bytes(t), dtype=np.uint8) for t in tensors]
+    copies = [np.empty_like(a) for a in srcs]
+    out: list[torch.Tensor] = []
+
+    def memcpy() -> None:
+        for src, dst in zip(srcs, copies, strict=True):
+            np.copyto(dst, src)
+
+    def pipeline() -> None:
+        out.clear()
+        for i, t in enumerate(tensors):
+            serialize_into(t, blobs[i])
+            fragment_into(records[i], blobs[i], i + 1)
+            r = Reassembler(i + 1, blob_len, buffer=recv[i])
+            r.add_batch(records[i])
+            out.append(deserialize(r.data))  # checksum verified, tensor built on recv[i]
+
+    times = _timed({"memcpy": memcpy, "pipeline": pipeline}, args.reps)
+    for t, back in zip(tensors, out, strict=True):
+        if not torch.equal(t, back):
+            raise RuntimeError("pipeline round trip is not exact")
+    base = min(times["memcpy"])
+    sec = Section(f"pipeline, {total / MIB:.0f} MiB of bf16 chunk tensors ({count} x {tokens} tokens)", _COLUMNS)
+    sec.rows = [
+        _row("memcpy (np.copyto, same bytes)", times["memcpy"], total, base),
+        _row("serialize+fragment+reassemble+deserialize", times["pipeline"], total, base),
+    ]
+    sec.notes = ["per chunk: serialize_into (copy + xxh3) -> fragment_into (copy) -> add_batch (copy) -> "
+                 "deserialize (xxh3, no copy); three copies and two checksum passes against one memcpy"]
+    sec.summary = {"pipeline_vs_memcpy": min(times["pipeline"]) / base}
+    return sec
+
+
 # ------------------------------------------------------------------ goodput (helper B)
 
 # A plain Python UDP blast, the yardstick for the agents' goodput: the receiver counts
@@ -380,6 +428,7 @@ def bench_goodput(args: argparse.Namespace) -> Section:
 SECTIONS: dict[str, SectionFn] = {
     "fragment": bench_fragment_reassemble,
     "serialize": bench_serialize,
+    "pipeline": bench_pipeline,
     "goodput": bench_goodput,
 }
 """Sections in run order; the fragment section's summary comes last in the output."""

@@ -12,10 +12,13 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_hostagent.py"
 
 def test_bench_runs_and_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
     mod = runpy.run_path(str(SCRIPT))
-    assert mod["main"](["--mib", "2", "--chunk-kib", "256", "--reps", "1"]) == 0
+    argv = ["--mib", "2", "--chunk-kib", "256", "--reps", "1", "--sections", "serialize,pipeline,fragment"]
+    assert mod["main"](argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     summary = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
-    assert {"fragment_reassemble_vs_memcpy", "memcpy_gbps", "serialize_vs_memcpy", "int8_size_ratio"} <= set(summary)
+    want = {"fragment_reassemble_vs_memcpy", "memcpy_gbps", "serialize_vs_memcpy", "int8_size_ratio",
+            "pipeline_vs_memcpy"}
+    assert want <= set(summary)
     assert float(summary["fragment_reassemble_vs_memcpy"]) > 0
     # int8 + one float32 scale per 64-value row, against 2-byte bf16: (64 + 4) / 128.
     assert float(summary["int8_size_ratio"]) == pytest.approx(68 / 128, rel=1e-3)
