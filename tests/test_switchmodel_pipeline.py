@@ -1,0 +1,89 @@
+"""The pipeline's parser/deparser and its behaviour without (or with a foreign) pipeline config."""
+
+from __future__ import annotations
+
+import pytest
+from p4.config.v1 import p4info_pb2
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from kvpool import wire
+from switchmodel.p4info import P4Info
+from switchmodel.pipeline import DROP_PORT, KvpoolPipeline, Meta, mark_to_drop, parse
+from switchmodel.state import SwitchState
+
+ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+IPV4 = IP(src="10.0.0.1", dst="10.0.0.2")
+
+
+def _kv(datagram: bytes, dport: int = wire.KVPOOL_UDP_PORT, sport: int = 1234) -> bytes:
+    return bytes(ETH / IPV4 / UDP(sport=sport, dport=dport) / Raw(datagram))
+
+
+FRAMES = {
+    "get": _kv(wire.get_packet(7, 3, request_id=9)),
+    "data": _kv(wire.data_packet(7, 0, b"x" * 2000), dport=40000, sport=wire.KVPOOL_UDP_PORT),
+    "data_padded": _kv(wire.data_packet(7, 1, b"x" * 2000)) + b"\x00" * 6,
+    "udp": bytes(ETH / IPV4 / UDP(sport=1, dport=2) / Raw(b"hello")),
+    "ipv4_options": bytes(ETH / IP(src="10.0.0.1", dst="10.0.0.2", options=b"\x01\x01\x01\x00") / UDP() / b"z"),
+    "fragment": bytes(ETH / IP(src="10.0.0.1", dst="10.0.0.2", frag=5) / Raw(b"rest")),
+    "arp": bytes(Ether(src="02:00:00:00:00:01", dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="10.0.0.2")),
+    "ipv6": bytes(ETH / IPv6()),
+    "runt": b"\x01\x02\x03",
+    "short_kv": _kv(wire.get_packet(7, 0)[:20]),
+    "short_data": _kv(wire.data_packet(7, 0, b"x" * 10)[:wire.HEADER_LEN + 700]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FRAMES))
+def test_parse_then_deparse_gives_the_frame_back(name: str) -> None:
+    frame = FRAMES[name]
+    assert parse(frame).deparse() == frame
+
+
+def test_parser_extracts_what_the_p4_parser_extracts() -> None:
+    get = parse(FRAMES["get"])
+    assert get.kv is not None and get.kv.opcode == wire.Opcode.GET and get.payload is None and not get.parser_error
+    data = parse(FRAMES["data_padded"])
+    assert data.payload is not None and len(data.payload) == wire.SLICES_PER_FRAGMENT
+    assert data.rest == b"\x00" * 6  # Ethernet padding stays unparsed and is re-emitted
+    assert parse(FRAMES["udp"]).kv is None  # other UDP ports are not kvpool
+    opts = parse(FRAMES["ipv4_options"])
+    assert opts.ipv4 is not None and opts.ipv4.ihl == 6 and opts.udp is None  # options: forwarded only
+    assert parse(FRAMES["fragment"]).udp is None
+    assert parse(FRAMES["ipv6"]).ipv4 is None
+    short = parse(FRAMES["short_data"])
+    assert short.parser_error and short.payload is not None and len(short.payload) == 5  # 700 // 128
+    assert parse(FRAMES["short_kv"]).parser_error and parse(FRAMES["runt"]).parser_error
+
+
+def test_mark_to_drop_also_cancels_multicast() -> None:
+    meta = Meta(mcast_grp=1, egress_spec=3)
+    mark_to_drop(meta)
+    assert (meta.egress_spec, meta.mcast_grp) == (DROP_PORT, 0)
+
+
+def test_replica_metadata_is_a_copy() -> None:
+    meta = Meta(release_mask=0b101, egress_rid=0)
+    copy = meta.copy()
+    copy.egress_rid = 2
+    assert (meta.egress_rid, copy.release_mask) == (0, 0b101)
+
+
+def test_no_pipeline_means_nothing_is_forwarded() -> None:
+    pipe = KvpoolPipeline(SwitchState())
+    assert pipe.process(1, FRAMES["udp"]) == []
+    assert pipe.stats.dropped_no_pipeline == 1
+
+
+def test_a_foreign_program_is_not_run() -> None:
+    info = p4info_pb2.P4Info()
+    t = info.tables.add()
+    t.preamble.id, t.preamble.name, t.size = 0x02000001, "MyIngress.other", 4
+    state = SwitchState()
+    state.set_pipeline(P4Info(info))
+    pipe = KvpoolPipeline(state)
+    assert not pipe.ready()
+    assert pipe.process(1, FRAMES["get"]) == []
