@@ -36,6 +36,13 @@ def hf_layers(cache: Any) -> list[KVPair]:
     layers = getattr(cache, "layers", None)
     if layers is not None and all(hasattr(layer, "keys") for layer in layers):  # transformers >= 5
         pairs = [(layer.keys, layer.values) for layer in layers]
+        for i, layer in enumerate(layers):
+            # A sliding-window layer keeps only its last tokens: position 0 of its tensors
+            # is not token 0, so the prefix's KV is simply not there.
+            held = layer.keys.shape[-2] if isinstance(layer.keys, torch.Tensor) else 0
+            if hasattr(layer, "get_seq_length") and held and layer.get_seq_length() != held:
+                raise ValueError(f"layer {i} holds only the last {held} of {layer.get_seq_length()} tokens "
+                                 "(sliding window); the prefix's KV cannot be read from it")
     elif hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):  # transformers 4.x
         pairs = list(zip(cache.key_cache, cache.value_cache, strict=True))
     elif isinstance(cache, Sequence) and not isinstance(cache, torch.Tensor):

@@ -260,3 +260,17 @@ def test_rebuilt_cache_drives_generation_on_gpu() -> None:
         ref = model.generate(prompt, max_new_tokens=6, do_sample=False)
         got = model.generate(prompt, past_key_values=rebuilt, max_new_tokens=6, do_sample=False)
     assert torch.equal(ref, got)
+
+
+def test_sliding_window_layer_refused() -> None:
+    from transformers import DynamicCache
+
+    k = torch.randn(1, HEADS, 40, DIM)
+    # A third item makes transformers build a sliding-window layer that keeps 8 tokens.
+    cache = DynamicCache([(k, k), (k, k, torch.tensor(8))])
+    assert len(hf_layers([(k, k)])) == 1
+    with pytest.raises(ValueError, match="sliding window"):
+        chunks_from_hf(cache, BLOCK)
+    short = DynamicCache([(k, k), (k[:, :, :6], k[:, :, :6], torch.tensor(8))])  # window not full yet
+    with pytest.raises(ValueError, match="holds 6"):
+        chunks_from_hf(short, BLOCK, num_blocks=1)
