@@ -249,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _send_bundle(self, keys: Sequence[int], blobs: Sequence[bytes], headers: dict[str, str]) -> None:
+    def _send_bundle(self, keys: Sequence[int], blobs: Sequence[bytes | memoryview], headers: dict[str, str]) -> None:
         parts = pack_bundle(keys, blobs)
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/octet-stream")

@@ -27,7 +27,7 @@ from typing import Any
 
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.holder import Holder
-from hostagent.tiers import TieredStore, TierError, default_store
+from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
 from kvpool import wire
 
@@ -249,14 +249,14 @@ class Agent:
         return self.store.tier_of(key) or "?"
 
     def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
-                     timeout: float | None = None) -> tuple[list[bytes], str | None]:
+                     timeout: float | None = None) -> tuple[list[Blob], str | None]:
         """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped.
 
         Chunks held locally are served from the tiers; the rest are fetched over UDP
         from ``holder`` in one batch and stored locally.  A key implies its whole
         prefix, so the answer stops at the first chunk that could not be had.
         """
-        found: list[bytes | None] = [self.store.get(k) for k in keys]
+        found: list[Blob | None] = [self.store.get(k) for k in keys]
         missing = [i for i, blob in enumerate(found) if blob is None]
         reason: str | None = None
         results: dict[int, FetchResult] = {}
@@ -266,13 +266,12 @@ class Agent:
             for i, res in zip(missing, fetched, strict=True):
                 results[i] = res
                 if res.data is not None:
-                    fetched_blob = bytes(res.data)
-                    found[i] = fetched_blob
-                    try:
-                        self.store.put(keys[i], fetched_blob, res.generation)
+                    found[i] = res.data
+                    try:  # the reassembly buffer is handed to the tier: no copy of the chunk
+                        self.store.put(keys[i], res.data, res.generation, copy=False)
                     except TierError:
                         log.warning("fetched chunk %#x does not fit any tier; not kept", keys[i])
-        out: list[bytes] = []
+        out: list[Blob] = []
         for i, held in enumerate(found):
             if held is None:
                 failed = results.get(i)

@@ -28,7 +28,7 @@ from kvpool import wire
 class ChunkSource(Protocol):
     """Where a holder reads serialized chunks from."""
 
-    def lookup(self, key: int) -> tuple[bytes, int] | None:
+    def lookup(self, key: int) -> tuple[bytes | memoryview, int] | None:
         """``(bytes, generation)`` of the chunk or None when it is not held."""
 
 

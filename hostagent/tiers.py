@@ -21,6 +21,9 @@ from typing import Any, Protocol
 
 from hostagent.backend import ChunkBackend
 
+Blob = bytes | memoryview
+"""A stored chunk: immutable ``bytes`` or a read-only view of a buffer nobody writes any more."""
+
 
 class TierError(RuntimeError):
     """A chunk cannot be stored in any tier (e.g. larger than every capacity)."""
@@ -32,10 +35,10 @@ class Tier(Protocol):
     name: str
     capacity_bytes: int | None
 
-    def store(self, key: int, data: bytes) -> None:
+    def store(self, key: int, data: Blob) -> None:
         """Keep ``data`` under ``key``."""
 
-    def load(self, key: int) -> bytes | None:
+    def load(self, key: int) -> Blob | None:
         """The bytes under ``key`` (None if the tier lost them)."""
 
     def remove(self, key: int) -> None:
@@ -43,20 +46,20 @@ class Tier(Protocol):
 
 
 class HostTier:
-    """Host DRAM: a dict of immutable ``bytes``."""
+    """Host DRAM: a dict of immutable blobs (no copy in or out)."""
 
     def __init__(self, capacity_bytes: int, name: str = "dram") -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"{name} capacity must be positive, got {capacity_bytes}")
         self.name = name
         self.capacity_bytes: int | None = capacity_bytes
-        self._data: dict[int, bytes] = {}
+        self._data: dict[int, Blob] = {}
 
-    def store(self, key: int, data: bytes) -> None:
+    def store(self, key: int, data: Blob) -> None:
         """Keep ``data``."""
         self._data[key] = data
 
-    def load(self, key: int) -> bytes | None:
+    def load(self, key: int) -> Blob | None:
         """The bytes or None."""
         return self._data.get(key)
 
@@ -80,7 +83,7 @@ class GpuTier:
         self._device = device
         self._data: dict[int, Any] = {}
 
-    def store(self, key: int, data: bytes) -> None:
+    def store(self, key: int, data: Blob) -> None:
         """Copy ``data`` to the device."""
         import torch
 
@@ -104,11 +107,11 @@ class BackendTier:
         self.capacity_bytes = capacity_bytes
         self._backend = backend
 
-    def store(self, key: int, data: bytes) -> None:
+    def store(self, key: int, data: Blob) -> None:
         """Write through to the backend."""
         self._backend.put(key, data)
 
-    def load(self, key: int) -> bytes | None:
+    def load(self, key: int) -> Blob | None:
         """Read from the backend (it may have evicted the key on its own)."""
         return self._backend.get(key)
 
@@ -152,19 +155,30 @@ class TieredStore:
         """Tier names, fastest first."""
         return [s.tier.name for s in self._tiers]
 
-    def put(self, key: int, data: bytes | memoryview, generation: int = 0) -> None:
-        """Store ``data`` in the fastest tier that can hold it, demoting LRU chunks as needed."""
-        blob = bytes(data)
+    def put(self, key: int, data: bytes | bytearray | memoryview, generation: int = 0, *, copy: bool = True) -> None:
+        """Store ``data`` in the fastest tier that can hold it, demoting LRU chunks as needed.
+
+        ``bytes`` are kept as they are.  Other buffers are copied unless ``copy`` is False,
+        which hands the buffer over (a read-only view is kept): the caller must not write
+        it again.  The agent hands over reassembly buffers so a fetched chunk is not copied.
+        """
+        blob: Blob
+        if isinstance(data, bytes):
+            blob = data
+        elif copy or isinstance(data, bytearray):
+            blob = bytes(data)
+        else:
+            blob = data.toreadonly()
         with self._lock:
             self._remove(key)
             self._insert(key, blob, _Entry(len(blob), generation), 0)
 
-    def get(self, key: int) -> bytes | None:
+    def get(self, key: int) -> Blob | None:
         """The chunk's bytes (promoted to the top tier), or None."""
         found = self.lookup(key)
         return None if found is None else found[0]
 
-    def lookup(self, key: int) -> tuple[bytes, int] | None:
+    def lookup(self, key: int) -> tuple[Blob, int] | None:
         """``(bytes, generation)`` of the chunk, promoting it to the top tier; None on a miss."""
         with self._lock:
             level = self._where.get(key)
@@ -248,7 +262,7 @@ class TieredStore:
         cap = self._tiers[level].tier.capacity_bytes
         return cap is None or size <= cap
 
-    def _insert(self, key: int, data: bytes, entry: _Entry, level: int) -> None:
+    def _insert(self, key: int, data: Blob, entry: _Entry, level: int) -> None:
         # A chunk bigger than a whole tier skips it rather than flushing everything out.
         while level < len(self._tiers) and not self._fits(level, entry.size):
             level += 1

@@ -115,3 +115,17 @@ def test_gpu_tier_round_trip_and_demotion() -> None:
     s.put(1, b"x" * 60)
     s.put(2, b"y" * 60)
     assert s.tier_of(1) == "dram" and s.get(1) == b"x" * 60 and s.tier_of(1) == "gpu"
+
+
+def test_put_hands_over_buffers_only_when_asked() -> None:
+    s = _two_tiers(top=1000, bottom=1000)
+    buf = bytearray(b"abcd")
+    s.put(1, memoryview(buf))  # copied by default: later writes to buf do not leak in
+    buf[0] = ord("z")
+    assert s.get(1) == b"abcd"
+    owned = bytearray(b"wxyz")
+    s.put(2, memoryview(owned), copy=False)  # handed over: kept as a read-only view, no copy
+    view = s.get(2)
+    assert isinstance(view, memoryview) and view.readonly and view == b"wxyz"
+    s.put(3, bytearray(b"q"), copy=False)  # a bytearray is always copied (it has no read-only view)
+    assert s.get(3) == b"q"
