@@ -8,9 +8,11 @@ buffer to ``sendmmsg`` / receive into one and no Python object is created per pa
 
 * ``fragment`` / ``fragment_into`` fill the records' headers with a few array-wide
   assignments and copy the payload with one reshape-copy.
-* ``Reassembler.add_batch`` validates a whole array of received records with array-wide
-  comparisons, drops duplicates, and scatters the payloads into a preallocated buffer;
-  ``Reassembler.add`` does the same for one datagram (control path, tests).
+* ``Reassembler.add_batch`` takes a whole array of received records: an in-order run
+  into empty slots (the common case) is copied into place with one reshape-copy and
+  validated with one masked XOR over the header words; anything else is validated
+  first, de-duplicated and scattered with fancy indexing.  ``Reassembler.add`` does
+  the same for one datagram (control path, tests).
 
 The reassembler never writes outside its buffer, never changes a fragment it has
 stored and never marks as received a fragment whose record failed validation; content
@@ -39,10 +41,12 @@ assert wire.DATA_DATAGRAM_LEN % 8 == 0 and wire.HEADER_LEN % 8 == 0
 def _as_u8(data: BufferLike) -> npt.NDArray[np.uint8]:
     """A flat uint8 view of ``data`` without copying (read-only if the source is)."""
     if isinstance(data, np.ndarray):
-        if data.dtype == np.uint8 and data.ndim == 1:
-            return data
+        # A strided array would make reshape() copy, and writes to a reassembly buffer
+        # would then land in that copy: refuse it.
         if not data.flags.c_contiguous:
             raise ValueError("a numpy array passed as bytes must be C-contiguous")
+        if data.dtype == np.uint8 and data.ndim == 1:
+            return data
         return data.reshape(-1).view(np.uint8)
     return np.frombuffer(data, dtype=np.uint8)
 

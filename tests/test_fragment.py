@@ -410,3 +410,10 @@ def test_run_that_looks_in_order_but_is_not(order: list[int]) -> None:
     assert r.missing_ranges() == [(i, 1) for i in range(5) if i not in order]
     r.add_batch(recs)
     assert bytes(r.data) == chunk
+
+
+def test_strided_buffers_refused() -> None:
+    with pytest.raises(ValueError, match="C-contiguous"):
+        Reassembler(KEY, 100, buffer=np.zeros(400, dtype=np.uint8)[::2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fragment(np.zeros(400, dtype=np.uint8)[::2], KEY)
