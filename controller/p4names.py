@@ -7,6 +7,13 @@ checks every name, key and parameter list against ``p4/build/kvpool.p4info.txtpb
 
 from __future__ import annotations
 
+from pathlib import Path
+
+#: Committed p4c output (p4/build/ in the repository).
+BUILD_DIR = Path(__file__).resolve().parents[1] / "p4" / "build"
+P4INFO_PATH = BUILD_DIR / "kvpool.p4info.txtpb"
+BMV2_JSON_PATH = BUILD_DIR / "kvpool.json"
+
 NO_ACTION = "NoAction"
 
 # --- tables ----------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from switchmodel.state import ActionCall, FieldMatch, SwitchState, TableEntry
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
 KVPOOL_P4INFO = Path(__file__).parents[1] / "p4" / "build" / "kvpool.p4info.txtpb"
-KVPOOL_JSON = Path(__file__).parents[1] / "p4" / "build" / "kvpool.json"
 
 
 def free_port() -> int:
@@ -315,8 +314,7 @@ def test_p4runtime_shell_attaches(server: P4RuntimeServer, tmp_path: Path) -> No
 
 @pytest.mark.skipif(not KVPOOL_P4INFO.exists(), reason="p4/build/kvpool.p4info.txtpb not built yet")
 def test_driver_with_the_kvpool_program(server: P4RuntimeServer) -> None:
-    device_config = KVPOOL_JSON.read_bytes() if KVPOOL_JSON.exists() else b""
-    with P4RuntimeSwitch(f"127.0.0.1:{server.port}", KVPOOL_P4INFO, device_config, timeout_s=3) as sw:
+    with P4RuntimeSwitch.for_kvpool(f"127.0.0.1:{server.port}", timeout_s=3) as sw:
         sw.connect()
         p4info = sw.p4info
         assert server.state.pipeline is not None
