@@ -36,6 +36,8 @@ class FabricSettings:
     """How long an outstanding GET absorbs duplicates before a new one may go upstream."""
     digest_max_timeout_ns: int = 10_000_000
     digest_max_list_size: int = 64
+    fill_sink: str = "10.0.0.254"
+    """Address holders send pushed chunks to: the switches fill on pass, then drop them here."""
 
 
 @dataclass
@@ -76,6 +78,8 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
                                      {"port": r.port, "dst_mac": r.dst_mac}))
             cfg.entries.append(Entry(n.ARP_FORWARD, {n.KEY_ARP_TPA: (r.ip, 32)}, n.ARP_UNICAST,
                                      {"port": r.port}))
+        # Pushed fills are addressed to the sink: filled on pass, then dropped (NO_ROUTE).
+        cfg.entries.append(Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (s.fill_sink, 32)}, n.DROP_NO_ROUTE))
         for holder in topo.holders():
             cfg.entries.append(Entry(n.WRITERS, {n.KEY_WRITER_SRC: holder.address}, n.ALLOW_WRITER))
         replicas: list[tuple[int, int]] = []

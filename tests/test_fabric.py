@@ -20,6 +20,8 @@ def test_star_config() -> None:
     routes = {e.match[n.KEY_IPV4_DST]: e.params for e in cfg.entries if e.table == n.IPV4_ROUTE}
     assert routes[("10.0.0.100", 32)] == {"port": 1, "dst_mac": "08:00:00:00:00:64"}
     assert routes[("10.0.0.2", 32)] == {"port": 3, "dst_mac": "08:00:00:00:00:02"}
+    sink = [e for e in cfg.entries if e.table == n.IPV4_ROUTE and e.action == n.DROP_NO_ROUTE]
+    assert [e.match[n.KEY_IPV4_DST] for e in sink] == [("10.0.0.254", 32)]
     writers = [e.match[n.KEY_WRITER_SRC] for e in cfg.entries if e.table == n.WRITERS]
     assert writers == ["10.0.0.100"]
     assert waiter_ids(topo) == {"h1": 0, "h2": 1, "h3": 2}
@@ -68,7 +70,7 @@ def test_config_is_accepted_by_the_model_switch() -> None:
                 sw.set_multicast_group(gid, replicas)
             for name, dc in cfg.digests.items():
                 sw.configure_digest(name, dc.max_timeout_ns, dc.max_list_size)
-            assert len(sw.read_entries(n.IPV4_ROUTE)) == 7
+            assert len(sw.read_entries(n.IPV4_ROUTE)) == 8  # 7 hosts + the fill sink
             assert len(sw.read_entries(n.WAITER_LOOKUP)) == 6
             assert sw.read_multicast_groups() == cfg.groups
             assert sw.read_default_action(n.POPULARITY_CONFIG) == (n.SET_POPULARITY, {"threshold": 4, "epoch": 1})

@@ -1,0 +1,447 @@
+"""The controller daemon: program every switch of a topology and run the pool policy each epoch.
+
+Glue only. ``controller.fabric`` says what each switch must hold, ``controller.policy``
+decides which chunks the switch pool admits and evicts, ``controller.p4runtime`` ships the
+writes; this module connects them:
+
+* start: connect to every switch over P4Runtime (arbitration, pipeline push), install the
+  fabric for the chosen mode: ``plain`` (routes, ARP, writers ACL only), ``multicast``
+  (+ waiter ids and the coalescing multicast group), ``pool`` (+ pool admission);
+* each epoch (``pool`` mode): turn hot-chunk digests and per-slot hit counters into fetch
+  observations, run ``PolicyEngine.step``, write ``pool_lookup`` inserts / deletes on every
+  switch, and ask the holder to push each newly admitted chunk through the switches so
+  they fill on pass (values never travel through the controller);
+* every ``epochs_per_sketch_epoch`` epochs, advance the sketch epoch (a default-action
+  write), which ages the data plane's popularity counts without register writes.
+
+The chunk *catalog* (key -> parent, position in its prefix, serialized length) is what
+lets the controller write exact pool entries: a switch drops authorised DATA whose
+fragment count or length differs from the entry (``FILL_MISMATCH``).
+"""
+
+from __future__ import annotations
+
+import enum
+import http.client
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bmv2_topologies.topology import Topology
+from controller import p4names as n
+from controller.fabric import HOT_CHUNK_DIGEST, FabricSettings, SwitchConfig, switch_configs
+from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
+from controller.policy.changes import Admit, Change, Evict
+from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
+from kvpool import wire
+
+log = logging.getLogger("kvpool.controller")
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_P4INFO = REPO / "p4" / "build" / "kvpool.p4info.txtpb"
+DEFAULT_BMV2_JSON = REPO / "p4" / "build" / "kvpool.json"
+
+#: Slots of the switch pool (``POOL_SLOTS`` in p4/include/constants.p4).
+POOL_SLOTS = 1024
+#: ``state`` parameter of ``pool_entry`` (p4/README.md, PoolState).
+STATE_FILLING = 1
+STATE_VALID = 2
+
+
+class Mode(enum.StrEnum):
+    """How much the switches help: the three ways the demo runs the same stream."""
+
+    PLAIN = "plain"
+    MULTICAST = "multicast"
+    POOL = "pool"
+
+
+class ControllerError(RuntimeError):
+    """The controller cannot do what it was asked (bad catalog, unknown chunk, no space)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """What the controller must know of a chunk to admit it."""
+
+    key: int
+    parent: int | None
+    position: int
+    nbytes: int
+
+    @property
+    def frag_count(self) -> int:
+        """Fragments (= switch slots) the chunk occupies."""
+        return wire.fragment_count(self.nbytes)
+
+
+class Catalog:
+    """Chunk key -> ``ChunkInfo``: the chunks holders can serve (a JSON list on disk)."""
+
+    def __init__(self, chunks: Iterable[ChunkInfo] = ()) -> None:
+        self._chunks = {c.key: c for c in chunks}
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def get(self, key: int) -> ChunkInfo | None:
+        """The chunk's info, or None when unknown."""
+        return self._chunks.get(key)
+
+    def add(self, info: ChunkInfo) -> None:
+        """Add or replace one chunk."""
+        wire.fragment_count(info.nbytes)  # raises for a length no DATA packet can describe
+        self._chunks[info.key] = info
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """JSON form: keys as hex strings (JSON numbers lose precision past 2**53)."""
+        return [{"key": f"{c.key:#x}", "parent": None if c.parent is None else f"{c.parent:#x}",
+                 "position": c.position, "nbytes": c.nbytes} for c in self._chunks.values()]
+
+    def save(self, path: Path) -> None:
+        """Write the catalog as JSON."""
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Catalog:
+        """Read a catalog written by ``save``; errors name the entry."""
+        try:
+            items = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ControllerError(f"{path}: no such catalog file") from None
+        except json.JSONDecodeError as exc:
+            raise ControllerError(f"{path}: not valid JSON ({exc})") from None
+        cat = cls()
+        for i, item in enumerate(items):
+            try:
+                parent = item.get("parent")
+                cat.add(ChunkInfo(int(item["key"], 16), None if parent is None else int(parent, 16),
+                                  int(item["position"]), int(item["nbytes"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ControllerError(f"{path}: entry {i} is not a chunk ({exc})") from None
+        return cat
+
+
+class FillRequester(Protocol):
+    """Asks a holder to send chunks through the switches so they fill on pass."""
+
+    def push(self, keys: list[int]) -> None:
+        """Send every fragment of each chunk in ``keys`` (best effort; errors are logged)."""
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: reaches an agent inside a Mininet host from the root namespace."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        """Connect to the socket file instead of a TCP port."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+def agent_connection(api: str, timeout: float = 5.0) -> http.client.HTTPConnection:
+    """An HTTP connection to an agent API given as ``http://HOST:PORT`` or ``unix:/PATH``."""
+    if api.startswith("unix:"):
+        return _UnixHTTPConnection(api.removeprefix("unix:").removeprefix("//"), timeout)
+    url = urllib.parse.urlsplit(api)
+    if url.scheme != "http" or not url.hostname:
+        raise ControllerError(f"agent API {api!r}: expected http://HOST:PORT or unix:/PATH")
+    return http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
+
+
+class HolderPushClient:
+    """Asks a holder agent (``POST /v1/push``) to send chunks to the fill sink through the switches."""
+
+    def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0) -> None:
+        self.api = api
+        self.to = f"{sink}:{sink_port}"
+        self.timeout = timeout
+        self.failures = 0
+
+    def push(self, keys: list[int]) -> None:
+        """Request the push; a failure is logged and counted (the next demand fetch fills instead)."""
+        body = json.dumps({"keys": [f"{k:#x}" for k in keys], "to": self.to}).encode()
+        conn = agent_connection(self.api, self.timeout)
+        try:
+            conn.request("POST", "/v1/push", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            answer = resp.read()
+            if resp.status != 200:
+                raise ControllerError(f"{resp.status} {answer[:200]!r}")
+        except (OSError, ControllerError, http.client.HTTPException) as exc:
+            self.failures += 1
+            log.warning("holder %s did not accept the push of %d chunk(s): %s", self.api, len(keys), exc)
+        finally:
+            conn.close()
+
+
+@dataclass(frozen=True)
+class SwitchEndpoint:
+    """Where one switch's P4Runtime server listens."""
+
+    name: str
+    address: str
+    device_id: int = 1
+
+
+@dataclass
+class ControllerSettings:
+    """Everything the controller needs besides the topology and the switches."""
+
+    mode: Mode = Mode.POOL
+    p4info: Path = DEFAULT_P4INFO
+    bmv2_json: Path | None = DEFAULT_BMV2_JSON
+    epoch_s: float = 0.5
+    pool_slots: int = POOL_SLOTS
+    fabric: FabricSettings = field(default_factory=FabricSettings)
+    epochs_per_sketch_epoch: int = 20
+    max_observations_per_digest: int = 64
+    connect_timeout_s: float = 10.0
+
+
+@dataclass
+class EpochReport:
+    """What one epoch saw and did."""
+
+    epoch: int
+    digests: int = 0
+    observations: int = 0
+    unknown_keys: int = 0
+    admitted: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+    slot_hits: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (keys as hex)."""
+        d = asdict(self)
+        d["admitted"] = [f"{k:#x}" for k in self.admitted]
+        d["evicted"] = [f"{k:#x}" for k in self.evicted]
+        return d
+
+
+@dataclass
+class Resident:
+    """A chunk the switches hold: where, and the hit counter reading last epoch."""
+
+    info: ChunkInfo
+    base_slot: int
+    last_hits: int = 0
+
+
+class Controller:
+    """Programs the switches of a topology and runs the pool policy (see the module docstring)."""
+
+    def __init__(self, topo: Topology, switches: Iterable[SwitchEndpoint], settings: ControllerSettings | None = None,
+                 catalog: Catalog | None = None, filler: FillRequester | None = None,
+                 driver_factory: Callable[[SwitchEndpoint, ControllerSettings], P4RuntimeSwitch] | None = None) -> None:
+        self.topo = topo
+        self.settings = settings or ControllerSettings()
+        self.endpoints = {e.name: e for e in switches}
+        missing = set(topo.switches) - set(self.endpoints)
+        if missing:
+            raise ControllerError(f"no P4Runtime address for switch(es) {sorted(missing)}")
+        self.catalog = catalog or Catalog()
+        self.filler = filler
+        self._driver_factory = driver_factory or _default_driver
+        self.switches: dict[str, P4RuntimeSwitch] = {}
+        self.configs: dict[str, SwitchConfig] = switch_configs(topo, self.settings.fabric)
+        self.engine = PolicyEngine(PolicyConfig(capacity_bytes=self.settings.pool_slots * wire.FRAG_PAYLOAD))
+        self.residents: dict[int, Resident] = {}
+        self.epoch = 0
+        self.sketch_epoch = self.settings.fabric.popularity_epoch
+        self.reports: list[EpochReport] = []
+        self._digests: queue.Queue[Digest] = queue.Queue()
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> Controller:
+        """Connect to every switch, push the pipeline and install the fabric for the mode."""
+        for name, ep in self.endpoints.items():
+            sw = self._driver_factory(ep, self.settings)
+            sw.on_digest = self._digests.put
+            sw.connect()
+            self.switches[name] = sw
+            self._install(name, sw)
+            log.info("switch %s (%s, device %d): programmed for mode %s", name, ep.address, ep.device_id,
+                     self.settings.mode)
+        return self
+
+    def _install(self, name: str, sw: P4RuntimeSwitch) -> None:
+        cfg = self.configs[name]
+        mode = self.settings.mode
+        coalescing = {n.WAITER_LOOKUP, n.WAITER_EGRESS}
+        entries = [e for e in cfg.entries if mode is not Mode.PLAIN or e.table not in coalescing]
+        sw.insert_entries(entries)
+        for table, (action, params) in cfg.defaults.items():
+            sw.set_default_action(table, action, params)
+        if mode is not Mode.PLAIN:
+            for gid, replicas in cfg.groups.items():
+                sw.set_multicast_group(gid, replicas)
+        if mode is Mode.POOL:
+            for digest, dc in cfg.digests.items():
+                sw.configure_digest(digest, dc.max_timeout_ns, dc.max_list_size, dc.ack_timeout_ns)
+
+    def close(self) -> None:
+        """Close every P4Runtime connection (entries stay on the switches)."""
+        for sw in self.switches.values():
+            sw.close()
+        self.switches.clear()
+
+    def __enter__(self) -> Controller:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the epoch
+    def run(self, stop: threading.Event, on_epoch: Callable[[EpochReport], None] | None = None) -> None:
+        """Run epochs every ``epoch_s`` seconds until ``stop`` is set."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            report = self.run_epoch()
+            if on_epoch is not None:
+                on_epoch(report)
+            next_at += self.settings.epoch_s
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def run_epoch(self) -> EpochReport:
+        """One epoch: observations in, pool changes out to every switch."""
+        with self._lock:
+            self.epoch += 1
+            report = EpochReport(self.epoch)
+            if self.settings.mode is Mode.POOL:
+                observations = self._observe(report)
+                report.observations = len(observations)
+                changes = self.engine.step(observations)
+                self._apply(changes, report)
+                if self.epoch % self.settings.epochs_per_sketch_epoch == 0:
+                    self._next_sketch_epoch()
+            self.reports.append(report)
+            if report.admitted or report.evicted:
+                log.info("epoch %d: %d digests, %d observations, admitted %d, evicted %d", report.epoch,
+                         report.digests, report.observations, len(report.admitted), len(report.evicted))
+            return report
+
+    def _observe(self, report: EpochReport) -> list[Observation]:
+        obs: list[Observation] = []
+        while True:
+            try:
+                digest = self._digests.get_nowait()
+            except queue.Empty:
+                break
+            if digest.name != HOT_CHUNK_DIGEST:
+                continue
+            report.digests += 1
+            for item in digest.items:
+                info = self.catalog.get(item["chunk_key"])
+                if info is None:
+                    report.unknown_keys += 1
+                    continue
+                count = max(1, min(int(item["estimate"]), self.settings.max_observations_per_digest))
+                obs.extend([Observation(info.key, info.parent, info.position, info.nbytes)] * count)
+        # Resident chunks make no digests (popularity counts misses only): their hits on
+        # fragment 0 are their fetches, read from the per-slot counters of every switch.
+        if self.residents:
+            hits = self._slot_hits()
+            for res in self.residents.values():
+                now = hits.get(res.base_slot, 0)
+                delta, res.last_hits = now - res.last_hits, now
+                report.slot_hits += delta
+                info = res.info
+                obs.extend([Observation(info.key, info.parent, info.position, info.nbytes)]
+                           * min(delta, self.settings.max_observations_per_digest))
+        return obs
+
+    def _slot_hits(self) -> dict[int, int]:
+        total: dict[int, int] = {}
+        for sw in self.switches.values():
+            for idx, value in sw.read_counter(n.SLOT_HITS).items():
+                total[idx] = total.get(idx, 0) + value.packets
+        return total
+
+    def _apply(self, changes: list[Change], report: EpochReport) -> None:
+        # Evictions first: an admission in the same epoch may reuse the freed slots.
+        for ch in changes:
+            if isinstance(ch, Evict) and ch.key in self.residents:
+                self._remove(ch.key)
+                report.evicted.append(ch.key)
+        fresh: list[int] = []
+        for ch in changes:
+            if isinstance(ch, Admit):
+                info = self.catalog.get(ch.key)
+                if info is None or ch.key in self.residents:
+                    continue
+                if ch.n_slots != info.frag_count:
+                    raise ControllerError(f"policy gave chunk {ch.key:#x} {ch.n_slots} slots, it has "
+                                          f"{info.frag_count} fragments")
+                self._place(info, ch.base_slot)
+                fresh.append(ch.key)
+                report.admitted.append(ch.key)
+        if fresh and self.filler is not None:
+            self.filler.push(fresh)
+
+    def _pool_entry(self, info: ChunkInfo, base_slot: int, state: int, generation: int = 0) -> Entry:
+        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: info.key}, n.POOL_ENTRY,
+                     {"base_slot": base_slot, "frag_count": info.frag_count, "chunk_len": info.nbytes,
+                      "generation": generation, "state": state})
+
+    def _place(self, info: ChunkInfo, base_slot: int) -> None:
+        if base_slot + info.frag_count > self.settings.pool_slots:
+            raise ControllerError(f"chunk {info.key:#x} at slot {base_slot} overruns the pool")
+        entry = self._pool_entry(info, base_slot, STATE_FILLING)
+        for sw in self.switches.values():
+            sw.insert_entries([entry])
+        hits = self._slot_hits().get(base_slot, 0) if self.switches else 0
+        self.residents[info.key] = Resident(info, base_slot, hits)
+
+    def _remove(self, key: int) -> None:
+        for sw in self.switches.values():
+            sw.delete_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key})
+        del self.residents[key]
+
+    def _next_sketch_epoch(self) -> None:
+        # Tags 1..127 cycle; a cell written under an older tag reads as zero.
+        self.sketch_epoch = self.sketch_epoch % 127 + 1
+        params = {"threshold": self.settings.fabric.popularity_threshold, "epoch": self.sketch_epoch}
+        for sw in self.switches.values():
+            sw.set_default_action(n.POPULARITY_CONFIG, n.SET_POPULARITY, params)
+
+    # ------------------------------------------------------------------ pool state
+    def mark_valid(self, key: int) -> None:
+        """Switch a filled chunk to VALID: passing DATA no longer rewrites its current slots."""
+        with self._lock:
+            res = self.residents[key]
+            entry = self._pool_entry(res.info, res.base_slot, STATE_VALID)
+            for sw in self.switches.values():
+                sw.modify_entries([entry])
+
+    def status(self) -> dict[str, Any]:
+        """Connection and pool state, for logs and the operator API."""
+        used = sum(r.info.frag_count for r in self.residents.values())
+        return {
+            "mode": str(self.settings.mode),
+            "epoch": self.epoch,
+            "switches": {name: {"address": self.endpoints[name].address, "connected": sw.connected,
+                                "master": sw.is_master} for name, sw in self.switches.items()},
+            "pool": {"slots": self.settings.pool_slots, "used": used, "chunks": len(self.residents)},
+            "catalog": len(self.catalog),
+        }
+
+
+def _default_driver(ep: SwitchEndpoint, settings: ControllerSettings) -> P4RuntimeSwitch:
+    device_config = settings.bmv2_json if settings.bmv2_json and settings.bmv2_json.exists() else None
+    return P4RuntimeSwitch(ep.address, settings.p4info, device_config, device_id=ep.device_id,
+                           timeout_s=settings.connect_timeout_s)

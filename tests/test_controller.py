@@ -1,0 +1,171 @@
+"""The controller daemon against the reference switch: real gRPC, real pipeline, real packets.
+
+A star (holder h0 on port 1, requesters h1..h3 on ports 2..4) in one model switch run
+in-process. Requesters' missed GETs make the switch report a hot chunk; the controller's
+epoch admits it; the holder's DATA passing through fills the slots; the next GET is
+answered by the switch itself and never reaches the holder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+
+from bmv2_topologies.topology import Host, star
+from controller import p4names as n
+from controller.daemon import Catalog, ChunkInfo, Controller, ControllerError, ControllerSettings, Mode, SwitchEndpoint
+from controller.fabric import FabricSettings
+from kvpool import wire
+
+ROOT = Path(__file__).resolve().parents[1]
+P4INFO = ROOT / "p4" / "build" / "kvpool.p4info.txtpb"
+pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} is missing (compile p4/ with make -C p4)")
+
+TOPO = star(3)
+HOLDER, H1, H2, H3 = (TOPO.hosts[h] for h in ("h0", "h1", "h2", "h3"))
+PORT = {"h0": 1, "h1": 2, "h2": 3, "h3": 4}
+KEY = 0x1234_5678_9ABC_DEF0
+CHUNK = bytes((i * 31 + 7) % 256 for i in range(3 * wire.FRAG_PAYLOAD + 100))  # 4 fragments
+
+
+class FakeSink:
+    """Records the keys the controller asks the holder to push (the push itself is tested elsewhere)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[int] = []
+
+    def push(self, keys: list[int]) -> None:
+        self.pushed.extend(keys)
+
+
+class Switch:
+    """The model switch in this process: state, pipeline, in-memory ports and its gRPC server."""
+
+    def __init__(self) -> None:
+        from switchmodel.p4rt_server import P4RuntimeServer
+        from switchmodel.pipeline import KvpoolPipeline
+        from switchmodel.ports import MemoryPorts
+        from switchmodel.state import SwitchState
+
+        self.state = SwitchState(device_id=1)
+        self.ports = MemoryPorts(KvpoolPipeline(self.state))
+        self.server = P4RuntimeServer(self.state, "127.0.0.1:0").start()
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def send(self, src: Host, dst: Host, payload: bytes, sport: int = 40000) -> list[tuple[int, bytes]]:
+        frame = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.address, dst=dst.address)
+                      / UDP(sport=sport, dport=wire.KVPOOL_UDP_PORT) / payload)
+        out = self.ports.inject(PORT[src.name], frame)
+        self.ports.drain()
+        return out
+
+
+@pytest.fixture
+def switch() -> Iterator[Switch]:
+    sw = Switch()
+    yield sw
+    sw.server.stop(0)
+
+
+def controller(switch: Switch, mode: Mode, sink: FakeSink | None = None) -> Controller:
+    settings = ControllerSettings(mode=mode, p4info=P4INFO, fabric=FabricSettings(popularity_threshold=2),
+                                  epoch_s=0.05)
+    catalog = Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))])
+    return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink).start()
+
+
+def _kv(frame: bytes) -> wire.Header:
+    return wire.unpack_header(frame[42:])
+
+
+def test_plain_mode_installs_routes_but_no_coalescing(switch: Switch) -> None:
+    with controller(switch, Mode.PLAIN) as ctl:
+        assert switch.state.entry_count(n.IPV4_ROUTE) == 5  # 4 hosts + the fill sink
+        assert switch.state.entry_count(n.WAITER_LOOKUP) == 0
+        assert switch.state.multicast_groups() == {}
+        # Two GETs for the same fragment both reach the holder.
+        for h in (H1, H2):
+            out = switch.send(h, HOLDER, wire.get_packet(KEY, 0, request_id=7))
+            assert [p for p, _ in out] == [1]
+        assert ctl.status()["mode"] == "plain"
+
+
+def test_multicast_mode_coalesces(switch: Switch) -> None:
+    with controller(switch, Mode.MULTICAST):
+        assert switch.state.entry_count(n.WAITER_LOOKUP) == 3
+        first = switch.send(H1, HOLDER, wire.get_packet(KEY, 0, request_id=1))
+        second = switch.send(H2, HOLDER, wire.get_packet(KEY, 0, request_id=2))
+        assert [p for p, _ in first] == [1] and second == []
+        # The holder's one answer, addressed to h1, reaches both waiters.
+        out = switch.send(HOLDER, H1, wire.data_packet(KEY, 0, CHUNK, request_id=1), sport=wire.KVPOOL_UDP_PORT)
+        assert sorted(p for p, _ in out) == [2, 3]
+        assert {_kv(f).request_id for _, f in out} == {1, 2}
+
+
+def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -> None:
+    sink = FakeSink()
+    with controller(switch, Mode.POOL, sink) as ctl:
+        for i, h in enumerate((H1, H2, H3)):
+            switch.send(h, HOLDER, wire.get_packet(KEY, 0, request_id=10 + i))
+        deadline = time.monotonic() + 10
+        while KEY not in ctl.residents and time.monotonic() < deadline:
+            ctl.run_epoch()
+            time.sleep(0.05)
+        assert KEY in ctl.residents, "the hot chunk was never admitted"
+        assert sink.pushed == [KEY]
+        entry = switch.state.lookup_exact(n.POOL_LOOKUP, KEY)
+        assert entry.action.params["frag_count"] == 4 and entry.action.params["chunk_len"] == len(CHUNK)
+
+        # The holder pushes the chunk through the switch: every fragment is written on pass.
+        for i in range(4):
+            switch.send(HOLDER, H1, wire.data_packet(KEY, i, CHUNK), sport=wire.KVPOOL_UDP_PORT)
+        # Now a GET from h3 is answered by the switch, out of h3's own port, with the bytes.
+        out = switch.send(H3, HOLDER, wire.get_packet(KEY, 2, request_id=99))
+        assert [p for p, _ in out] == [4]
+        reply = out[0][1]
+        hdr = _kv(reply)
+        assert hdr.opcode == wire.Opcode.DATA and hdr.flags & wire.Flag.SWITCH_SERVED and hdr.request_id == 99
+        start, body = 2 * wire.FRAG_PAYLOAD, 42 + wire.HEADER_LEN
+        assert reply[body:body + hdr.payload_len] == CHUNK[start:start + hdr.payload_len]
+
+        # The hit on fragment 0 is a fetch the next epoch observes through the slot counters.
+        switch.send(H2, HOLDER, wire.get_packet(KEY, 0, request_id=5))
+        report = ctl.run_epoch()
+        assert report.slot_hits == 1
+        assert ctl.status()["pool"] == {"slots": 1024, "used": 4, "chunks": 1}
+
+
+def test_unknown_digest_keys_are_counted_not_admitted(switch: Switch) -> None:
+    with controller(switch, Mode.POOL) as ctl:
+        other = 0xDEAD
+        for h in (H1, H2, H3):
+            switch.send(h, HOLDER, wire.get_packet(other, 0))
+        deadline = time.monotonic() + 5
+        unknown = 0
+        while unknown == 0 and time.monotonic() < deadline:
+            unknown += ctl.run_epoch().unknown_keys
+            time.sleep(0.05)
+        assert unknown >= 1 and not ctl.residents
+
+
+def test_missing_switch_address_is_an_error() -> None:
+    with pytest.raises(ControllerError, match="no P4Runtime address"):
+        Controller(TOPO, [], ControllerSettings(p4info=P4INFO))
+
+
+def test_catalog_round_trip_and_errors(tmp_path: Path) -> None:
+    cat = Catalog([ChunkInfo(KEY, None, 0, 5000), ChunkInfo(KEY + 1, KEY, 1, 1408)])
+    path = tmp_path / "chunks.json"
+    cat.save(path)
+    again = Catalog.load(path)
+    assert again.get(KEY + 1) == ChunkInfo(KEY + 1, KEY, 1, 1408)
+    path.write_text('[{"key": "zz"}]')
+    with pytest.raises(ControllerError, match="entry 0"):
+        Catalog.load(path)
+    with pytest.raises(ControllerError, match="no such catalog"):
+        Catalog.load(tmp_path / "none.json")
