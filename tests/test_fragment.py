@@ -102,10 +102,11 @@ def test_records_view_round_trip() -> None:
 
 
 @pytest.mark.parametrize("length", LENGTHS)
-def test_shuffled_single_adds(length: int) -> None:
+@pytest.mark.parametrize("caller_buffer", [False, True])
+def test_shuffled_single_adds(length: int, caller_buffer: bool) -> None:
     chunk = _chunk(length, seed=length)
     recs = fragment(chunk, KEY, generation=2)
-    r = Reassembler(KEY, length, generation=2)
+    r = Reassembler(KEY, length, generation=2, buffer=bytearray(length) if caller_buffer else None)
     order = np.random.default_rng(1).permutation(recs.size)
     for i in order:
         assert not r.complete
