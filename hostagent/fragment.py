@@ -156,8 +156,8 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
     """Write fragments ``first .. first+count-1`` of a chunk into ``out[:count]``; return that slice.
 
     ``out`` must be a C-contiguous ``DATA_PACKET_DTYPE`` array with at least ``count``
-    records (see ``empty_records``); nothing is allocated per call beyond small index
-    arrays.  Each record's bytes equal ``wire.data_packet`` for the same fragment.
+    records (see ``empty_records``); nothing is allocated per call beyond the 32-byte
+    header template.  Each record's bytes equal ``wire.data_packet`` for the same fragment.
     """
     src = _as_u8(chunk_bytes)
     chunk_len = int(src.size)
