@@ -114,6 +114,8 @@ class TransportConfig:
     """DATA datagrams a send job sends before the next job's turn."""
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
+    max_queued_fragments: int = 65536
+    """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -130,6 +132,7 @@ class TransportConfig:
             "recv_batch": self.recv_batch >= 1,
             "send_quantum": self.send_quantum >= 1,
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
+            "max_queued_fragments": self.max_queued_fragments >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -169,6 +172,8 @@ class _Request:
     last_progress: float = 0.0
     next_retx: float = 0.0
     rto: float = 0.0
+    refused: bool = False
+    """The holder answered BUSY: re-ask after the timeout even while it streams to others."""
 
 
 @dataclass(eq=False, slots=True)
@@ -198,6 +203,7 @@ class _Counters:
     send_errors: int = 0
     nacks_sent: int = 0
     nacks_received: int = 0
+    busy_received: int = 0
     requests_completed: int = 0
     requests_failed: int = 0
     goodput_bytes: int = 0
@@ -227,6 +233,7 @@ class Transport:
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
+        self._queued = 0
         self._budget = self.config.max_inflight_fragments
         self._holder_progress: dict[Address, float] = {}
         self._next_rid = int.from_bytes(os.urandom(4), "big") or 1
@@ -381,6 +388,7 @@ class Transport:
             "send_errors": c.send_errors,
             "nacks_sent": c.nacks_sent,
             "nacks_received": c.nacks_received,
+            "busy_received": c.busy_received,
             "requests_completed": c.requests_completed,
             "requests_failed": c.requests_failed,
             "requests_active": len(self._active),
@@ -388,6 +396,7 @@ class Transport:
             "drops": drops,
             "drops_total": sum(drops.values()),
             "send_queue": len(self._jobs),
+            "send_queue_fragments": self._queued,
             "inflight_budget": self._budget,
         }
         if self.holder is not None:
@@ -657,6 +666,12 @@ class Transport:
             return
         self._c.nacks_received += 1
         status = wire.Status(hdr.status)
+        if status == wire.Status.BUSY:
+            # Overload, not an answer: re-ask what is missing after a timeout instead of failing.
+            self._c.busy_received += 1
+            r.refused = True
+            r.next_retx = time.monotonic() + r.rto
+            return
         self._c.requests_failed += 1
         self._finish(r, error=f"chunk {r.key:#018x}: holder {r.holder[0]}:{r.holder[1]} answered "
                               f"NACK {status.name}", status=status)
@@ -679,9 +694,10 @@ class Transport:
                 continue
             if now < r.next_retx:
                 continue
-            if quiet < r.rto:  # the holder is still streaming: ours are queued behind, not lost
+            if quiet < r.rto and not r.refused:  # the holder streams: ours are queued behind, not lost
                 r.next_retx = now + r.rto - quiet
                 continue
+            r.refused = False
             r.result.retransmit_rounds += 1
             if r.reasm is None:
                 self._send_get(r, 0, r.asked_hi, wire.Flag.RETRANSMIT)
@@ -742,12 +758,17 @@ class Transport:
             if self.holder is None:
                 self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
                 continue
-            out = self.holder.serve(hdr.chunk_key, hdr.frag_index, hdr.frag_count,
+            if self._queued >= self.config.max_queued_fragments:
+                self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
+                continue
+            out = self.holder.serve(hdr.chunk_key, hdr.frag_index,
+                                    min(hdr.frag_count, self.config.max_fragments_per_get),
                                     request_id=hdr.request_id, generation=hdr.generation)
             if isinstance(out, wire.Status):
                 self._send_nack(hdr, out, addr)
                 continue
             self._jobs.append(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size)))
+            self._queued += int(out.size)
 
     def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address) -> None:
         assert self._hsock is not None
@@ -791,8 +812,11 @@ class Transport:
             except OSError as exc:
                 self._c.send_errors += 1
                 log.debug("DATA to %s failed: %s", addr, exc)
-                pos = job.count  # an unreachable peer: abandon the job, it will re-ask
+                # An unreachable peer: abandon the rest of the job; a live requester re-asks.
+                self._queued -= job.count - pos
+                job.count = pos
             sent += pos - job.pos
+            self._queued -= pos - job.pos
             job.pos = pos
             if pos >= job.count:
                 jobs.popleft()

@@ -254,3 +254,17 @@ def test_config_validation() -> None:
         TransportConfig(window_fragments=1)
     with pytest.raises(ValueError, match="rate_bytes_per_s"):
         TransportConfig(rate_bytes_per_s=-1)
+
+
+def test_busy_holder_nacks_and_requester_retries() -> None:
+    data = {k: os.urandom(30_000) for k in range(1, 13)}  # 12 chunks of 22 fragments
+    hcfg = TransportConfig(port=0, max_queued_fragments=50)
+    rcfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=0.02)
+    with Transport(hcfg, Holder(_store(data))) as h, Transport(rcfg) as r:
+        results = r.fetch(list(data), h.address, timeout=30)
+        st, hs = r.stats(), h.stats()
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
+    # Twelve GETs arrive at once; the holder queues a few and refuses the rest with BUSY,
+    # which the requester treats as "later", not as a failure.
+    assert 0 < st["busy_received"] <= hs["nacks_sent"] and st["requests_failed"] == 0
+    assert hs["send_queue_fragments"] == 0
