@@ -32,8 +32,10 @@ def _engine(chunks: int, **kw: object) -> PolicyEngine:
     return PolicyEngine(cfg)
 
 
-def _one_expert(chunks: int, half_life: float = 1e6, probation: int = 2, **kw: object) -> PolicyEngine:
-    return _engine(chunks, experts=((half_life, probation),), **kw)
+def _one_expert(
+    chunks: int, half_life: float = 1e6, probation: int = 2, fifo: float = 0.0, **kw: object
+) -> PolicyEngine:
+    return _engine(chunks, experts=((half_life, probation, fifo),), **kw)
 
 
 def test_step_admits_into_free_space_with_consecutive_slots() -> None:
@@ -186,7 +188,7 @@ def test_config_rejects_nonsense() -> None:
 
 def test_leader_switch_turns_the_switch_into_the_better_expert() -> None:
     # A recency expert and a frequency expert; a hot set interleaved with a scan defeats recency.
-    e = _engine(4, experts=((2.0, 1), (1e6, 1)), epoch_fetches=16, leader_half_life=5000.0)
+    e = _engine(4, experts=((2.0, 1, 0.0), (1e6, 1, 0.0)), epoch_fetches=16, leader_half_life=5000.0)
     assert e.leader == 0
     changes: list[object] = []
     fresh = 1000
@@ -203,11 +205,36 @@ def test_leader_switch_turns_the_switch_into_the_better_expert() -> None:
 
 
 def test_compute_saving_weights_deep_blocks() -> None:
-    e = _engine(2, experts=((1e6, 1),), hit_saving="compute", tier=Tier.POOL)
+    e = _engine(2, experts=((1e6, 1, 0.0),), hit_saving="compute", tier=Tier.POOL)
     e.access(1, None, 0, CHUNK)
     e.access(2, None, 40, CHUNK)
     assert e.pool.value_of(2) > e.pool.value_of(1)
-    f = _engine(2, experts=((1e6, 1),))  # switch: a hit saves a holder transfer, position-neutral
+    f = _engine(2, experts=((1e6, 1, 0.0),))  # switch: a hit saves a holder transfer, position-neutral
     f.access(1, None, 0, CHUNK)
     f.access(2, None, 40, CHUNK)
     assert f.pool.value_of(2) == pytest.approx(f.pool.value_of(1))
+
+
+def test_probation_fifo_keeps_one_shots_out_of_main_and_promotes_repeats() -> None:
+    e = _one_expert(10, probation=2, fifo=0.2)  # 30 slots: 6 in probation (two chunks), 24 in main
+    pool = e.pool
+    for k in (1, 2, 3):  # chunks fetched twice: the second fetch is a hit while on probation
+        e.access(k, None, 0, CHUNK)
+        e.access(k, None, 0, CHUNK)
+    assert pool.on_probation(3)
+    e.drain()
+    for k in range(100, 140):  # a scan of one-shots churns through probation only
+        e.access(k, None, 0, CHUNK)
+    assert pool.fifo_used <= pool.probation_slots
+    assert all(not pool.on_probation(k) and e.holds(k) for k in (1, 2, 3))
+    assert sum(1 for k in range(100, 140) if e.holds(k)) <= 2
+    evicts = [c for c in e.drain() if isinstance(c, Evict)]
+    assert evicts and all("probation expired" in c.reason for c in evicts)  # nothing proven was displaced
+    e.access(500, None, 0, CHUNK)
+    assert pool.on_probation(500)
+    e.access(500, None, 0, CHUNK)  # a hit while on probation
+    e.access(501, None, 0, CHUNK)
+    e.access(502, None, 0, CHUNK)  # pushes 500 out of probation: promoted, not dropped
+    assert e.holds(500) and not pool.on_probation(500)
+    assert pool.stats["promoted"] >= 1
+    assert pool.main_used + pool.fifo_used == pool.allocator.used_slots

@@ -38,6 +38,12 @@ class AdmissionGate:
         """Whether a chunk with this fetch-count estimate is still on probation."""
         return estimate < self.probation_hits
 
+    def admits(self, estimate: int, candidate_worth: float, victims_worth: float | None) -> bool:
+        """The verdict of :meth:`judge` without building its reason (the hot path of shadow pools)."""
+        if victims_worth is None:
+            return True
+        return estimate >= self.probation_hits and candidate_worth > victims_worth
+
     def judge(self, estimate: int, candidate_worth: float, victims_worth: float | None) -> Verdict:
         """Verdict for a candidate; ``victims_worth`` is None when it fits in free space."""
         if victims_worth is None:

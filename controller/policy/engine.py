@@ -29,8 +29,14 @@ from kvpool.wire import FRAG_PAYLOAD
 #: Llama-3-8B-like default when no cost model is given
 DEFAULT_COST = PrefillCost(n_params=8.0e9, n_layers=32, d_model=4096)
 
-#: (half-life in fetches, probation hits) of the default experts: recency to frequency
-DEFAULT_EXPERTS: tuple[tuple[float, int], ...] = ((16.0, 1), (256.0, 1), (4096.0, 1), (65536.0, 1), (4096.0, 2))
+#: (half-life in fetches, probation hits, probation FIFO fraction) of the default experts:
+#: recency to frequency, plus one whose gate keeps first sightings out of the pool
+DEFAULT_EXPERTS: tuple[tuple[float, int, float], ...] = (
+    (16.0, 1, 0.0),
+    (4096.0, 1, 0.0),
+    (65536.0, 1, 0.0),
+    (4096.0, 2, 0.0),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,7 @@ class PolicyConfig:
     #: chunk), "compute" (the prefill of the block: the tier holds the last copy), or "auto"
     #: (fetch for the switch, compute for the others)
     hit_saving: str = "auto"
-    experts: tuple[tuple[float, int], ...] = DEFAULT_EXPERTS
+    experts: tuple[tuple[float, int, float], ...] = DEFAULT_EXPERTS
     #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
     leader_half_life: float = 10_000.0
     leader_margin: float = 0.05
@@ -81,10 +87,12 @@ class PolicyConfig:
         if self.hit_saving not in ("auto", "fetch", "compute"):
             raise ValueError(f"hit_saving must be auto, fetch or compute, got {self.hit_saving!r}")
         if not self.experts:
-            raise ValueError("at least one expert (half-life, probation) is needed")
-        for h, p in self.experts:
-            if h <= 0 or p < 1:
-                raise ValueError(f"expert needs a positive half-life and probation >= 1, got ({h}, {p})")
+            raise ValueError("at least one expert (half-life, probation hits, probation fraction) is needed")
+        for h, p, f in self.experts:
+            if h <= 0 or p < 1 or not 0.0 <= f < 1.0:
+                raise ValueError(
+                    f"expert needs a positive half-life, probation hits >= 1 and a fraction in [0, 1), got {(h, p, f)}"
+                )
         if self.leader_half_life <= 0 or self.leader_margin < 0:
             raise ValueError("leader_half_life must be positive and leader_margin non-negative")
         if self.epoch_fetches <= 0:
@@ -112,14 +120,14 @@ class PolicyEngine:
         sketch = FrequencySketch(width=config.sketch_width, reset_every=config.sketch_reset)
         self.gates: dict[int, AdmissionGate] = {}
         self.experts: list[ValuePool] = []
-        for h, p in config.experts:
-            gate = self.gates.setdefault(p, AdmissionGate(sketch, p))
+        for h, hits, frac in config.experts:
             pool = ValuePool(
                 tier=config.tier,
                 n_slots=self.n_slots,
                 slot_bytes=config.slot_bytes,
                 half_life=h,
-                gate=gate,
+                gate=self.gates.setdefault(hits, AdmissionGate(sketch, hits)),
+                probation_fraction=frac,
                 saving=saving,
                 layout=layout,
                 demote_min_hits=config.demote_min_hits,

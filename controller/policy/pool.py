@@ -1,15 +1,24 @@
-"""One tier's residency under the reuse-value rules: admit, score, evict leaves first, pin.
+"""One tier's residency under the reuse-value rules: probation, value-gated main, leaves first, pins.
 
-A :class:`ValuePool` holds chunks in a paged slot array. Each resident carries a decayed hit
-count (half-life in fetches, fixed per pool) and a score ``log2(count) + t / half_life +
-log2(saving per hit / slots)`` that stays constant between hits, so the lowest-value leaf is
-the top of a heap. The :class:`~controller.policy.engine.PolicyEngine` runs several pools
-with different half-lives over the same fetches and lets the best one drive the switch.
+A :class:`ValuePool` holds chunks in a paged slot array, in two segments:
+
+- **probation**: a small FIFO (``probation_fraction`` of the slots) where a chunk seen for the
+  first time lands. If it is fetched again before it reaches the head it is promoted to the
+  main segment (when it beats the main segment's victim); otherwise it leaves without ever
+  displacing a proven chunk, so one-shot prefixes stay out.
+- **main**: every resident carries a decayed hit count (half-life in fetches, fixed per pool)
+  and a score ``log2(count) + t / half_life + log2(saving per hit / slots)`` that stays
+  constant between hits, so the lowest-value leaf is the top of a heap. A candidate seen
+  before (sketch count >= 2) enters main directly if its value beats the victims'.
+
+The :class:`~controller.policy.engine.PolicyEngine` runs several pools with different
+half-lives over the same fetches and lets the best one drive the switch.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 from controller.policy.admission import AdmissionGate
@@ -21,7 +30,7 @@ from controller.policy.tiers import Tier, TierLayout
 
 
 class ValuePool:
-    """Residency of one tier: value-gated admission, leaf-first eviction with demotion, pins, quotas."""
+    """Residency of one tier: probation FIFO, value-gated main segment, leaf-first eviction, pins, quotas."""
 
     def __init__(
         self,
@@ -33,12 +42,15 @@ class ValuePool:
         gate: AdmissionGate,
         saving: Callable[[int], float],
         layout: TierLayout,
+        probation_fraction: float = 0.1,
         demote_min_hits: float = 1.0,
         tenant_quotas: dict[int, int] | None = None,
         pin_fraction: float = 0.25,
     ) -> None:
         if half_life <= 0:
             raise ValueError(f"half_life must be positive, got {half_life}")
+        if not 0.0 <= probation_fraction < 1.0:
+            raise ValueError(f"probation_fraction must be within [0, 1), got {probation_fraction}")
         self.tier = tier
         self.n_slots = n_slots
         self.slot_bytes = slot_bytes
@@ -47,16 +59,33 @@ class ValuePool:
         self.saving = saving
         self.layout = layout
         self.demote_min_hits = demote_min_hits
+        self._demote_to = layout.demotion_target(tier)
         self.allocator = SlotAllocator(n_slots)
         self.quotas = QuotaBook(n_slots, dict(tenant_quotas or {}), pin_fraction)
         self.residents: dict[int, Resident] = {}
         self.order = EvictionOrder()
+        self.probation_slots = int(n_slots * probation_fraction)
+        self.main_slots = n_slots - self.probation_slots
+        self.fifo: OrderedDict[int, None] = OrderedDict()  # probation residents, oldest first
+        self.fifo_used = 0
+        self.main_used = 0
         self.clock = 0.0
         #: when False (a shadow pool) no change objects are built: only the outcome matters
         self.record = True
         self.changes: list[Change] = []
         self.stats: dict[str, int] = dict.fromkeys(
-            ("hits", "misses", "admitted", "rejected_probation", "rejected_value", "too_big", "demoted", "dropped"), 0
+            (
+                "hits",
+                "misses",
+                "admitted",
+                "promoted",
+                "rejected_probation",
+                "rejected_value",
+                "too_big",
+                "demoted",
+                "dropped",
+            ),
+            0,
         )
 
     def slots_for(self, nbytes: int) -> int:
@@ -69,6 +98,10 @@ class ValuePool:
         if r is None:
             return 0.0
         return float(2.0 ** (r.log2_count - (self.clock - r.t0) / self.half_life + r.gain))
+
+    def on_probation(self, key: int) -> bool:
+        """Whether ``key`` sits in the probation segment."""
+        return key in self.fifo
 
     def access(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int, estimate: int) -> bool:
         """One fetch at the next clock tick; ``estimate`` is the gate's count for ``key`` (this fetch included)."""
@@ -83,7 +116,7 @@ class ValuePool:
             r.log2_count = decayed + math.log2(1.0 + 2.0 ** (-decayed)) if decayed > -60 else 0.0
             r.t0 = now
             r.score = r.log2_count + now / h + r.gain
-            if r.children == 0 and not r.pinned:
+            if r.children == 0 and not r.pinned and key not in self.fifo:
                 self.order.push(r)
             return True
         self.stats["misses"] += 1
@@ -99,50 +132,103 @@ class ValuePool:
         """Expected hits x saving per hit, now (the quantity victims are weighed by)."""
         return float(2.0 ** (r.log2_count - (self.clock - r.t0) / self.half_life + r.gain)) * r.n_slots
 
-    def _over(self, tenant: int, n: int, freed: int) -> bool:
-        return self.quotas.used[tenant] - freed + n > self.quotas.quota(tenant)
-
     def _consider(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int, estimate: int) -> None:
         n = self.slots_for(nbytes)
-        if n > self.n_slots or n > self.quotas.quota(tenant):
+        quota = self.quotas.quotas.get(tenant)  # None: the tenant may use the whole pool
+        if n > self.main_slots or (quota is not None and n > quota):
             self.stats["too_big"] += 1
             return
         gain = self._gain(position, n)
+        gate = self.gate
+        if self.probation_slots and gate.on_probation(estimate):
+            if n > self.probation_slots or (quota is not None and self.quotas.used[tenant] + n > quota):
+                self.stats["rejected_probation"] += 1
+                return
+            while self.fifo_used + n > self.probation_slots:
+                if not self._expire_probation():
+                    self.stats["rejected_probation"] += 1
+                    return
+            base = self.allocator.alloc(n)
+            if base is None:  # only with mixed chunk sizes: no run long enough
+                self.stats["rejected_probation"] += 1
+                return
+            self._install(key, parent, position, nbytes, n, base, tenant, 0.0, gain, probation=True)
+            self.stats["admitted"] += 1
+            if self.record:
+                self.changes.append(Admit(key, self.tier, base, n, 2.0**gain, "on probation: first sighting"))
+            return
         cand_worth = estimate * 2.0**gain * n
-        quota_bound = self._over(tenant, n, 0)
-        victims: list[Resident] = []
-        freed = 0
-        while (quota_bound and self._over(tenant, n, freed)) or self.allocator.free_slots + freed < n:
-            v = self.order.pop_victim(self.residents, tenant if quota_bound else None)
-            if v is None:
-                break
-            victims.append(v)
-            freed += v.n_slots
-        if self.allocator.free_slots + freed < n or (quota_bound and self._over(tenant, n, freed)):
-            for v in victims:  # everything left is pinned or has resident children
-                self.order.push(v)
+        victims = self._make_room(n, tenant, quota)
+        if victims is None:
             self.stats["rejected_value"] += 1
             return
         victims_worth = sum(self._worth(v) for v in victims) if victims else None
-        verdict = self.gate.judge(estimate, cand_worth, victims_worth)
-        if not verdict.admit:
+        if not gate.admits(estimate, cand_worth, victims_worth):
             for v in victims:
                 self.order.push(v)
-            self.stats["rejected_probation" if self.gate.on_probation(estimate) else "rejected_value"] += 1
+            self.stats["rejected_probation" if gate.on_probation(estimate) else "rejected_value"] += 1
             return
         for v in victims:
-            self._evict(v, f"displaced by {key:#x}")
+            self._evict(v, "displaced by", key)
         base = self.allocator.alloc(n)
         while base is None:  # enough free slots but no run long enough (mixed chunk sizes)
-            v = self.order.pop_victim(self.residents, None)
-            if v is None:
+            w = self.order.pop_victim(self.residents, None)
+            if w is None:
                 return
-            self._evict(v, f"defragmenting for {key:#x}")
+            self._evict(w, "defragmenting for", key)
             base = self.allocator.alloc(n)
         self._install(key, parent, position, nbytes, n, base, tenant, math.log2(max(estimate, 1)), gain)
         self.stats["admitted"] += 1
         if self.record:
-            self.changes.append(Admit(key, self.tier, base, n, cand_worth / n, verdict.reason))
+            reason = gate.judge(estimate, cand_worth, victims_worth).reason
+            self.changes.append(Admit(key, self.tier, base, n, cand_worth / n, reason))
+
+    def _make_room(self, n: int, tenant: int, quota: int | None) -> list[Resident] | None:
+        """Pop main victims until ``n`` more slots fit main (and the tenant's quota); None if impossible."""
+        used = self.quotas.used[tenant] if quota is not None else 0
+        limit = quota if quota is not None else self.n_slots
+        quota_bound = used + n > limit
+        victims: list[Resident] = []
+        freed = 0
+        pop = self.order.pop_victim
+        while self.main_used - freed + n > self.main_slots or (quota_bound and used - freed + n > limit):
+            v = pop(self.residents, tenant if quota_bound else None)
+            if v is None:
+                for u in victims:  # everything left is pinned or has resident children
+                    self.order.push(u)
+                return None
+            victims.append(v)
+            freed += v.n_slots
+        return victims
+
+    def _expire_probation(self) -> bool:
+        """Move the oldest probation leaf out: promoted to main if it was hit and beats main's victim."""
+        fifo = self.fifo
+        for _ in range(len(fifo)):
+            key, _ = fifo.popitem(last=False)
+            r = self.residents[key]
+            if r.children:  # leaves before parents: give it another lap
+                fifo[key] = None
+                continue
+            self.fifo_used -= r.n_slots
+            if r.log2_count > 0.0:  # hit while on probation: a candidate for main
+                victims = self._make_room(r.n_slots, r.tenant, self.quotas.quotas.get(r.tenant))
+                if victims is not None:
+                    worth = sum(self._worth(v) for v in victims) if victims else None
+                    if worth is None or self._worth(r) > worth:
+                        for v in victims:
+                            self._evict(v, "displaced by promotion of", key)
+                        self.main_used += r.n_slots
+                        self.order.push(r)
+                        self.stats["promoted"] += 1
+                        return True
+                    for v in victims:
+                        self.order.push(v)
+            fifo[key] = None  # back in its segment for the bookkeeping of _evict
+            self.fifo_used += r.n_slots
+            self._evict(r, "probation expired for", key)
+            return True
+        return False
 
     def _install(
         self,
@@ -155,6 +241,7 @@ class ValuePool:
         tenant: int,
         log2_count: float,
         gain: float,
+        probation: bool = False,
     ) -> Resident:
         now = self.clock
         r = Resident(key, parent, tenant, position, nbytes, n, base, log2_count, now, gain)
@@ -164,13 +251,26 @@ class ValuePool:
         p = self.residents.get(parent) if parent is not None else None
         if p is not None:
             p.children += 1  # the parent stops being a leaf; its heap entry goes stale
-        self.order.push(r)
+        if probation:
+            self.fifo[key] = None
+            self.fifo_used += n
+        else:
+            self.main_used += n
+            self.order.push(r)
         return r
 
-    def _evict(self, r: Resident, why: str) -> None:
+    def _evict(self, r: Resident, why: str, by: int) -> None:
         expected = 2.0 ** (r.log2_count - (self.clock - r.t0) / self.half_life)
-        action, target, reason = demotion(expected, self.layout.demotion_target(self.tier), self.demote_min_hits)
+        if self.record:
+            action, target, reason = demotion(expected, self._demote_to, self.demote_min_hits)
+        else:  # same rule as demotion(), without formatting a reason nobody reads
+            demote = self._demote_to is not None and expected >= self.demote_min_hits
+            action = EvictAction.DEMOTE if demote else EvictAction.DROP
         del self.residents[r.key]
+        if self.fifo.pop(r.key, 0) is None:
+            self.fifo_used -= r.n_slots
+        else:
+            self.main_used -= r.n_slots
         self.allocator.free(r.base_slot, r.n_slots)
         self.quotas.charge(r.tenant, -r.n_slots)
         if r.pinned:
@@ -178,33 +278,37 @@ class ValuePool:
         p = self.residents.get(r.parent) if r.parent is not None else None
         if p is not None:
             p.children -= 1
-            if p.children == 0 and not p.pinned:
+            if p.children == 0 and not p.pinned and p.key not in self.fifo:
                 self.order.push(p)  # now a leaf: a candidate again
         self.stats["demoted" if action is EvictAction.DEMOTE else "dropped"] += 1
         if self.record:
-            self.changes.append(Evict(r.key, self.tier, action, target, expected, f"{why}; {reason}"))
+            self.changes.append(Evict(r.key, self.tier, action, target, expected, f"{why} {by:#x}; {reason}"))
 
     # ----------------------------------------------------------------- operator actions
 
     def pin(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int) -> None:
-        """Pin ``key`` for ``tenant``, admitting it (displacing unpinned leaves) when absent."""
+        """Pin ``key`` for ``tenant`` in the main segment, admitting it (displacing unpinned leaves) when absent."""
         r = self.residents.get(key)
         if r is not None and r.pinned:
             return
         n = r.n_slots if r is not None else self.slots_for(nbytes)
         self.quotas.check_pin(tenant, n)
+        if r is not None and key in self.fifo:  # promote out of probation first
+            del self.fifo[key]
+            self.fifo_used -= n
+            self.main_used += n
         if r is None:
-            while self.allocator.free_slots < n or self.quotas.over_quota(tenant, n):
+            while self.main_used + n > self.main_slots or self.quotas.over_quota(tenant, n):
                 v = self.order.pop_victim(self.residents, tenant if self.quotas.over_quota(tenant, n) else None)
                 if v is None:
                     raise QuotaError(f"cannot pin {key:#x}: no unpinned chunk left to displace")
-                self._evict(v, f"displaced by pin of {key:#x}")
+                self._evict(v, "displaced by pin of", key)
             base = self.allocator.alloc(n)
             while base is None:
                 v = self.order.pop_victim(self.residents, None)
                 if v is None:
                     raise QuotaError(f"cannot pin {key:#x}: pool too fragmented")
-                self._evict(v, f"defragmenting for pin of {key:#x}")
+                self._evict(v, "defragmenting for pin of", key)
                 base = self.allocator.alloc(n)
             r = self._install(key, parent, position, nbytes, n, base, tenant, 0.0, self._gain(position, n))
             if self.record:
