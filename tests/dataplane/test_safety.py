@@ -6,6 +6,8 @@ The drop reasons follow ``kvpool.wire.validate``'s order, which the test checks 
 
 from __future__ import annotations
 
+import collections
+import random
 from typing import Any
 
 import grpc
@@ -172,3 +174,47 @@ def test_p4runtime_writes_with_wrong_ids_or_widths_are_rejected(target: Target) 
     target.expect(HOLDER.port, with_ttl(ok, 63))
     target.expect_no_other_packets()
     assert target.counters(n.DROP_REASON) == {}  # rejected writes touch no packet
+
+
+def _mutated(rng: random.Random) -> bytes:
+    """A kvpool datagram: a valid one of a random opcode with one or two fields set to edge values."""
+    op = rng.choice(list(Opcode))
+    chunk_len = rng.choice([1, 1408, 1409, 5000, 3 * FRAG_PAYLOAD])
+    count = wire.fragment_count(chunk_len)
+    frag = rng.randrange(count)
+    fields = {"opcode": int(op), "chunk_key": rng.getrandbits(64), "frag_index": frag, "frag_count": 1,
+              "request_id": rng.getrandbits(32), "status": int(wire.Status.BUSY) if op == Opcode.NACK else 0}
+    if op == Opcode.DATA:
+        fields.update(frag_count=count, chunk_len=chunk_len, payload_len=wire.expected_payload_len(chunk_len, frag))
+    edges = {"version": [0, 2, 255], "opcode": [0, 5, 255], "flags": [0x10, 0x8000, 0xF],
+             "frag_index": [0, count, 0xFFFE, 0xFFFF], "frag_count": [0, 1, count + 1, 0xFFFF],
+             "payload_len": [0, 1, 1407, 1408, 1409], "status": [0, 1, 5, 6], "chunk_len": [0, 1, chunk_len + 1408]}
+    for name in rng.sample(sorted(edges), rng.choice([0, 1, 1, 2])):
+        fields[name] = rng.choice(edges[name])
+    hdr = Header(**fields).pack()
+    body = bytes(FRAG_PAYLOAD) if fields["opcode"] == Opcode.DATA else b""
+    if rng.random() < 0.1:
+        body += b"\x00" * rng.choice([1, 4])  # a datagram longer than its opcode allows
+    return hdr + body
+
+
+def test_random_headers_are_judged_like_kvpool_wire_validate(target: Target) -> None:
+    program.routes(target.sw)
+    program.writer(target.sw, host(1))  # so valid INVALIDATEs pass too
+    rng = random.Random(20261122)
+    expected_drops: collections.Counter[int] = collections.Counter()
+    forwarded = []
+    for _ in range(300):
+        datagram = _mutated(rng)
+        frame = kv_frame(host(1), HOLDER, datagram)
+        try:
+            wire.parse(datagram)
+            forwarded.append(frame)
+        except WireError as e:
+            expected_drops[_REASONS[e.reason]] += 1
+        target.send(1, frame)
+    for frame in forwarded:
+        target.expect(HOLDER.port, with_ttl(frame, 63))
+    target.expect_no_other_packets()
+    assert len(expected_drops) >= 5  # the sample covers most reasons
+    assert target.counters(n.DROP_REASON) == dict(expected_drops)
