@@ -39,7 +39,6 @@ from typing import Final
 from controller import p4names as names
 from kvpool import wire
 from switchmodel import hashes
-from switchmodel.checksum import ipv4_header_checksum
 from switchmodel.state import StateError, SwitchState
 
 log = logging.getLogger(__name__)
@@ -391,9 +390,18 @@ def parse(frame: bytes) -> Packet:
     return pkt
 
 
-def _ipv4_checksum_ok(ip: Ipv4) -> bool:
-    """``MyVerifyChecksum``: csum16 over the header fields equals ``hdrChecksum``."""
-    return ipv4_header_checksum(ip.pack()) == ip.checksum
+def ipv4_csum16(ip: Ipv4) -> int:
+    """csum16 over the IPv4 header fields except the checksum (``MyVerifyChecksum`` field list).
+
+    Summed from the field values, without packing bytes: the same ones' complement sum
+    as :func:`switchmodel.checksum.ipv4_header_checksum` on the packed header.
+    """
+    total = (((ip.version << 12) | (ip.ihl << 8) | ip.diffserv) + ip.total_len + ip.identification
+             + ((ip.flags << 13) | ip.frag_offset) + ((ip.ttl << 8) | ip.protocol)
+             + (ip.src >> 16) + (ip.src & 0xFFFF) + (ip.dst >> 16) + (ip.dst & 0xFFFF))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,7 +562,7 @@ class KvpoolPipeline:
     def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
         pkt = parse(frame)
         meta = Meta(ingress_port=ingress_port, ingress_timestamp=self.clock_us() & M48, packet_length=len(frame))
-        checksum_error = pkt.ipv4 is not None and pkt.ipv4.ihl == 5 and not _ipv4_checksum_ok(pkt.ipv4)
+        checksum_error = pkt.ipv4 is not None and pkt.ipv4.ihl == 5 and ipv4_csum16(pkt.ipv4) != pkt.ipv4.checksum
         self._ingress(pkt, meta, checksum_error)
 
         # Packet replication engine / unicast (simple_switch ingress_thread).
@@ -585,7 +593,7 @@ class KvpoolPipeline:
                 continue
             if p.ipv4 is not None and p.ipv4.ihl == 5:
                 # MyComputeChecksum.
-                p.ipv4.checksum = ipv4_header_checksum(p.ipv4.pack())
+                p.ipv4.checksum = ipv4_csum16(p.ipv4)
             out.append((m.egress_port, p.deparse()))
         return out
 

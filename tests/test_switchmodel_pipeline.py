@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from p4.config.v1 import p4info_pb2
 from scapy.layers.inet import IP, UDP
@@ -10,8 +12,9 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from kvpool import wire
+from switchmodel import checksum
 from switchmodel.p4info import P4Info
-from switchmodel.pipeline import DROP_PORT, KvpoolPipeline, Meta, mark_to_drop, parse
+from switchmodel.pipeline import DROP_PORT, KvpoolPipeline, Meta, ipv4_csum16, mark_to_drop, parse
 from switchmodel.state import SwitchState
 
 ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
@@ -57,6 +60,17 @@ def test_parser_extracts_what_the_p4_parser_extracts() -> None:
     short = parse(FRAMES["short_data"])
     assert short.parser_error and short.payload is not None and len(short.payload) == 5  # 700 // 128
     assert parse(FRAMES["short_kv"]).parser_error and parse(FRAMES["runt"]).parser_error
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_field_checksum_equals_header_checksum(seed: int) -> None:
+    rng = random.Random(seed)
+    frame = bytes(Ether() / IP(src=f"10.{rng.randrange(256)}.0.{rng.randrange(256)}", dst="192.168.255.254",
+                               ttl=rng.randrange(256), id=rng.randrange(65536), tos=rng.randrange(256),
+                               flags=rng.randrange(8), frag=rng.randrange(8192)) / Raw(b"p" * rng.randrange(50)))
+    ip = parse(frame).ipv4
+    assert ip is not None
+    assert ipv4_csum16(ip) == checksum.ipv4_header_checksum(frame[14:34]) == ip.checksum
 
 
 def test_mark_to_drop_also_cancels_multicast() -> None:
