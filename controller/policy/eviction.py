@@ -70,6 +70,17 @@ class EvictionOrder:
                 return
             heapq.heappop(heap)
 
+    def peek_victim(self, residents: dict[int, Resident]) -> Resident | None:
+        """The lowest-score leaf of any tenant, left in place."""
+        best: Resident | None = None
+        best_score = 0.0
+        for h in self._heaps.values():
+            self._clean_top(h, residents)
+            if h and (best is None or h[0][0] < best_score):
+                best_score = h[0][0]
+                best = residents[h[0][2]]
+        return best
+
     def pop_victim(self, residents: dict[int, Resident], tenant: int | None = None) -> Resident | None:
         """Remove and return the lowest-score leaf (of ``tenant``, or of any tenant if None)."""
         best: list[tuple[float, int, int]] | None = None

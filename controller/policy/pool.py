@@ -158,6 +158,17 @@ class ValuePool:
                 self.changes.append(Admit(key, self.tier, base, n, 2.0**gain, "on probation: first sighting"))
             return
         cand_worth = estimate * 2.0**gain * n
+        if quota is None and self.main_used + n > self.main_slots:
+            # Fast path of a full pool (most misses): decide against the cheapest victim
+            # without taking it out of the heap, unless it would really go.
+            if gate.on_probation(estimate):
+                self.stats["rejected_probation"] += 1
+                return
+            top = self.order.peek_victim(self.residents)
+            one_victim = top is not None and self.main_used - top.n_slots + n <= self.main_slots
+            if one_victim and top is not None and cand_worth <= self._worth(top):
+                self.stats["rejected_value"] += 1
+                return
         victims = self._make_room(n, tenant, quota)
         if victims is None:
             self.stats["rejected_value"] += 1
