@@ -15,13 +15,14 @@ can ask for its first window in one packet; a range that starts at or past the e
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from hostagent.backend import BackendError
-from hostagent.fragment import fragment
+from hostagent.fragment import empty_records, fragment_into
 from kvpool import wire
 
 
@@ -46,12 +47,14 @@ class Holder:
         self.bytes_served = 0
         self.nacks: dict[str, int] = {}
 
-    def serve(self, chunk_key: int, first: int, count: int, *, request_id: int = 0,
-              generation: int = 0) -> npt.NDArray[np.void] | wire.Status:
+    def serve(self, chunk_key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
+              alloc: Callable[[int], npt.NDArray[np.void]] = empty_records) -> npt.NDArray[np.void] | wire.Status:
         """DATA records for fragments ``first .. first+count-1`` (clamped), or the NACK status.
 
         ``generation`` 0 accepts whatever generation is held; any other value must match
         it, else ``STALE_GENERATION``.  A store failure is ``STORE_ERROR``, not a miss.
+        ``alloc(n)`` gives a record array of at least ``n`` records to fill (a sender's
+        pool, so a busy holder does not fault in fresh pages for every window).
         """
         with self._lock:
             self.gets += 1
@@ -71,8 +74,8 @@ class Holder:
         if first >= total or count <= 0:
             return self._nack(wire.Status.BAD_RANGE)
         n = min(count, total - first, self._max)
-        records = fragment(data, chunk_key, generation=held_generation, request_id=request_id,
-                           first=first, count=n)
+        records = fragment_into(alloc(n), data, chunk_key, generation=held_generation, request_id=request_id,
+                                first=first, count=n)
         with self._lock:
             self.fragments_served += n
             self.bytes_served += int(records["hdr"]["payload_len"].sum())

@@ -50,7 +50,7 @@ def test_garbage_during_a_live_transfer_is_dropped_counted_and_harmless() -> Non
     store = TieredStore([HostTier(1 << 30)])
     store.put(KEY, payload)
     # Paced so the transfer is still running while the garbage arrives.
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=6e6, burst_bytes=64 << 10)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=2.5e6, burst_bytes=64 << 10)  # about 1.3 s
     with Transport(hcfg, Holder(store)) as holder, Transport(TransportConfig(port=0)) as req:
         result: list[bytes] = []
         t = threading.Thread(target=lambda: result.append(req.fetch_one(KEY, holder.address, timeout=60)))
@@ -84,6 +84,10 @@ def test_garbage_during_a_live_transfer_is_dropped_counted_and_harmless() -> Non
             # And some at the holder's port: its GET service must not care either.
             for p in (b"\xff" * 7, _data(rid, n, 0), bytes(_raw_header(opcode=wire.Opcode.GET, frag_count=0))):
                 s.sendto(p, holder.address)
+        time.sleep(0.05)
+        # The garbage met a transfer in flight (else it would count as late, not as itself).
+        assert req.active_requests(), "transfer finished before the garbage arrived; slow the holder down"
+
         t.join(60)
         assert result and result[0] == payload  # completed, bit-identical
         drops = req.stats()["drops"]

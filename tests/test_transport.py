@@ -258,7 +258,8 @@ def test_config_validation() -> None:
 
 def test_busy_holder_nacks_and_requester_retries() -> None:
     data = {k: os.urandom(30_000) for k in range(1, 13)}  # 12 chunks of 22 fragments
-    hcfg = TransportConfig(port=0, max_queued_fragments=50)
+    # Paced, so the queue cannot drain between the GETs however the threads are scheduled.
+    hcfg = TransportConfig(port=0, max_queued_fragments=50, rate_bytes_per_s=2e6, burst_bytes=16 << 10)
     rcfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=0.02)
     with Transport(hcfg, Holder(_store(data))) as h, Transport(rcfg) as r:
         results = r.fetch(list(data), h.address, timeout=30)
