@@ -138,22 +138,23 @@ def synthetic(mibs: list[float], n: int) -> None:
     )
 
 
-def scale(nodes: list[int], rate_per_node: float, duration_s: float, mib: float) -> None:
+def scale(nodes: list[int], rate_per_node: float, duration_s: float, mib: float, model: str, holders: int) -> None:
     """Nodes 8..1024 at a constant per-node request rate."""
     print(
-        f"\nScale: synthetic trace at {rate_per_node:g} req/s per node for {duration_s:g} s, 4 holders at 100 Gbit/s, "
-        f"switch pool {mib:g} MiB, qwen2.5-0.5b; controller cost 50 us per control message.\n"
+        f"\nScale: synthetic trace at {rate_per_node:g} req/s per node for {duration_s:g} s, {holders} holders at "
+        f"100 Gbit/s, switch pool {mib:g} MiB, {model}; controller cost 50 us per control message.\n"
     )
     table = []
     for n in nodes:
         trace = generate(SyntheticSpec(n_requests=int(n * rate_per_node * duration_s), rate_per_s=n * rate_per_node))
-        rows = sweep(trace, ClusterConfig(), policies=["none", "holder", "value"], switch_mibs=[mib], nodes=[n])
+        cfg = ClusterConfig(model=MODELS[model], holders=holders)
+        rows = sweep(trace, cfg, policies=["none", "holder", "value"], switch_mibs=[mib], nodes=[n])
         by = {r.policy: r for r in rows}
         none, hold, val = by["none"], by["holder"], by["value"]
         dur = val.duration_s
         gpu_saved = val.gpu_s_saved / dur  # GPU-seconds of prefill saved per second
-        link_util = hold.holder_bytes / dur / (4 * 100e9 / 8)
-        link_util_v = val.holder_bytes / dur / (4 * 100e9 / 8)
+        link_util = hold.holder_bytes / dur / (holders * 100e9 / 8)
+        link_util_v = val.holder_bytes / dur / (holders * 100e9 / 8)
         table.append(
             [
                 str(n),
@@ -166,6 +167,7 @@ def scale(nodes: list[int], rate_per_node: float, duration_s: float, mib: float)
                 f"{none.ttft_p99_ms:.0f} / {hold.ttft_p99_ms:.0f} / {val.ttft_p99_ms:.0f}",
                 f"{val.control_msgs_per_s:.0f}",
                 f"{100 * val.controller_load:.1f}%",
+                "yes" if val.ttft_p50_ms < none.ttft_p50_ms and val.controller_load < 1.0 else "no",
             ]
         )
         print(f"  nodes={n} done", file=sys.stderr)
@@ -182,6 +184,7 @@ def scale(nodes: list[int], rate_per_node: float, duration_s: float, mib: float)
                 "TTFT p99 ms (none / holder / switch)",
                 "ctrl msg/s",
                 "controller CPU",
+                "pays",
             ],
             table,
         )
@@ -199,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", default="8,16,32,64,128,256,512,1024")
     ap.add_argument("--rate-per-node", type=float, default=0.5)
     ap.add_argument("--duration-s", type=float, default=300.0)
-    ap.add_argument("--scale-mib", type=float, default=1536.0)
+    ap.add_argument("--scale-mib", type=float, default=16384.0)
+    ap.add_argument("--scale-model", default="llama3-8b", choices=sorted(MODELS))
+    ap.add_argument("--holders", type=int, default=4)
     args = ap.parse_args(argv)
     mibs = [float(x) for x in args.switch_mib.split(",")]
     if args.part in ("policies", "all"):
@@ -210,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("synthetic", "all"):
         synthetic(mibs, args.synthetic_requests)
     if args.part in ("scale", "all"):
-        scale([int(x) for x in args.nodes.split(",")], args.rate_per_node, args.duration_s, args.scale_mib)
+        scale(
+            [int(x) for x in args.nodes.split(",")],
+            args.rate_per_node,
+            args.duration_s,
+            args.scale_mib,
+            args.scale_model,
+            args.holders,
+        )
     return 0
 
 

@@ -100,8 +100,10 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                     holder_bytes += b
                     if coalesce:
                         inflight[tag] = end
-                    fb, fe = flow_end.get(h, (begin, end))
-                    flow_end[h] = (min(fb, begin), max(fe, end))
+                    # The flow is outstanding from when the request asks (not when the FIFO
+                    # link gets to it) until its last byte: queued requests count as incast.
+                    fb, fe = flow_end.get(h, (start, end))
+                    flow_end[h] = (min(fb, start), max(fe, end))
                 ready_at = max(ready_at, end)
             fetch_bytes += node_bytes
             wire = node_bytes / node_bps * 1e3
