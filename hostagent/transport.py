@@ -356,6 +356,8 @@ class Transport:
         for key in keys:
             if not 0 <= key <= wire.FIELD_BY_NAME["chunk_key"].max:
                 raise ValueError(f"chunk key {key} does not fit 64 bits")
+        if not 0 <= generation <= wire.FIELD_BY_NAME["generation"].max:
+            raise ValueError(f"generation {generation} does not fit 32 bits")
         deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
         reqs = [
             _Request(self._new_rid(), key, holder, generation, FetchResult(key), threading.Event(), deadline)
@@ -382,7 +384,7 @@ class Transport:
     # ------------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
-        """Counters of both roles, drops by reason and the current configuration."""
+        """Counters of both roles, drops by reason, queue and budget state."""
         c = self._c
         with self._stats_lock:
             drops = dict(c.drops)
@@ -523,7 +525,8 @@ class Transport:
         assert self._rsock is not None
         recv = self._rsock.recv_into
         slots, lens = self._slots, self._lens
-        while True:
+        # Bounded, so a flood of incoming DATA cannot starve this agent's own sending.
+        for _ in range(16):
             n = 0
             try:
                 for slot in slots:

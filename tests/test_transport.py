@@ -66,6 +66,10 @@ def test_unknown_chunk_nack_and_stale_generation(pair: tuple[Transport, Transpor
     (stale,) = requester.fetch([key], holder.address, generation=7, timeout=10)
     assert stale.status == wire.Status.STALE_GENERATION
     assert requester.stats()["nacks_received"] == 2
+    with pytest.raises(ValueError, match="generation"):
+        requester.fetch([key], holder.address, generation=1 << 32)
+    with pytest.raises(ValueError, match="64 bits"):
+        requester.fetch([-1], holder.address)
     assert holder.stats()["holder"]["nacks"] == {"UNKNOWN_CHUNK": 1, "STALE_GENERATION": 1}
 
 
