@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=int, help="missed GETs before the switch reports a chunk hot (default 4)")
     p.add_argument("--pending-timeout-us", type=int, help="how long a pending GET absorbs duplicates")
     p.add_argument("--status-file", type=Path, help="write the controller status as JSON here every epoch")
+    p.add_argument("--api", metavar="HOST:PORT",
+                   help="serve the operator/agent API (controller.api, used by kvpool-ctl) on this TCP address, "
+                        "e.g. 127.0.0.1:7480")
+    p.add_argument("--api-socket", type=Path, metavar="PATH",
+                   help="also serve the API on this Unix socket (agents inside Mininet hosts reach it there)")
+    p.add_argument("--target", choices=["bmv2", "model"], help="what the switches run (shown by kvpool-ctl status)")
+    p.add_argument("--heartbeat-timeout", type=float,
+                   help="seconds without a heartbeat before an agent is marked down (default 3)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
     return p
 
@@ -109,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             pending_timeout_us=int(cfg.get("pending_timeout_us", FabricSettings.pending_timeout_us)),
         )
         settings = ControllerSettings(mode=Mode(cfg.get("mode", "pool")), fabric=fabric,
-                                      epoch_s=float(cfg.get("epoch", 0.5)))
+                                      epoch_s=float(cfg.get("epoch", 0.5)),
+                                      heartbeat_timeout_s=float(cfg.get("heartbeat_timeout", 3.0)),
+                                      target=str(cfg.get("target", "unknown")))
         if "p4info" in cfg:
             settings.p4info = Path(cfg["p4info"])
         if "bmv2_json" in cfg:
@@ -127,6 +137,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TopologyError, ControllerError, SwitchUnreachableError, WriteError, OSError) as exc:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 1
+    api = None
+    if cfg.get("api") or cfg.get("api_socket"):
+        from controller.api import DEFAULT_PORT, ControllerAPI
+
+        host, _, port = str(cfg.get("api") or f"127.0.0.1:{DEFAULT_PORT}").rpartition(":")
+        try:
+            sock = Path(cfg["api_socket"]) if cfg.get("api_socket") else None
+            api = ControllerAPI(controller, host or "127.0.0.1", int(port), sock).start()
+        except (OSError, ValueError) as exc:
+            controller.close()
+            print(f"kvpool-controller: --api {cfg.get('api')}: cannot serve there ({exc})", file=sys.stderr)
+            return 1
+        log.info("API on %s%s", api.url, f" and unix:{sock}" if sock else "")
 
     stop = threading.Event()
 
@@ -152,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 1
     finally:
+        if api is not None:
+            api.stop()
         controller.close()
     return 0
 

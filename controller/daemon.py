@@ -31,16 +31,21 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from bmv2_topologies.topology import Topology
 from controller import p4names as n
+from controller.directory import Directory, Role
 from controller.fabric import HOT_CHUNK_DIGEST, FabricSettings, SwitchConfig, switch_configs
 from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
-from controller.policy.changes import Admit, Change, Evict
+from controller.policy.changes import Admit, Change, Evict, EvictAction
 from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
+from controller.policy.operator import evict as policy_evict
+from controller.policy.operator import set_quota as policy_set_quota
+from controller.policy.quotas import QuotaError
 from kvpool import wire
 
 log = logging.getLogger("kvpool.controller")
@@ -66,6 +71,38 @@ class Mode(enum.StrEnum):
 
 class ControllerError(RuntimeError):
     """The controller cannot do what it was asked (bad catalog, unknown chunk, no space)."""
+
+
+class OverrideRefusedError(ControllerError):
+    """An operator override the pool cannot honour; ``code`` names why (see ``Controller.override``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Override:
+    """One operator override; the epoch loop applies it at the start of its next epoch.
+
+    ``op`` is ``admit``, ``evict`` (``demote`` or drop), ``pin``, ``unpin`` or ``quota``
+    (``tenant``, ``slots``; None lifts the quota).
+    """
+
+    op: str
+    key: int = 0
+    demote: bool = True
+    tenant: int = 0
+    slots: int | None = None
+
+
+@dataclass
+class ChunkActivity:
+    """What the controller saw of one chunk: fetches observed, switch hits, last data-plane estimate."""
+
+    fetches: int = 0
+    hits: int = 0
+    reported: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +247,9 @@ class ControllerSettings:
     epochs_per_sketch_epoch: int = 20
     max_observations_per_digest: int = 64
     connect_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 3.0
+    #: what the switches run ("bmv2", "model"), shown to operators
+    target: str = "unknown"
 
 
 @dataclass
@@ -265,6 +305,13 @@ class Controller:
         self.reports: list[EpochReport] = []
         self._digests: queue.Queue[Digest] = queue.Queue()
         self._lock = threading.RLock()
+        # Operator side (controller.api): the directory of holders, per-chunk activity, the
+        # snapshot the API reads, and overrides queued for the epoch loop (the API never takes _lock).
+        self.directory = Directory({h.address: Role(h.role) for h in topo.hosts.values()},
+                                   self.settings.heartbeat_timeout_s)
+        self.activity: dict[int, ChunkActivity] = {}
+        self.snapshot: dict[str, Any] = {}
+        self._overrides: queue.Queue[tuple[Override, Future[dict[str, Any]]]] = queue.Queue()
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> Controller:
@@ -277,6 +324,7 @@ class Controller:
             self._install(name, sw)
             log.info("switch %s (%s, device %d): programmed for mode %s", name, ep.address, ep.device_id,
                      self.settings.mode)
+        self.publish_snapshot()
         return self
 
     def _install(self, name: str, sw: P4RuntimeSwitch) -> None:
@@ -322,6 +370,7 @@ class Controller:
         with self._lock:
             self.epoch += 1
             report = EpochReport(self.epoch)
+            self._apply_overrides(report)
             if self.settings.mode is Mode.POOL:
                 observations = self._observe(report)
                 report.observations = len(observations)
@@ -333,6 +382,9 @@ class Controller:
             if report.admitted or report.evicted:
                 log.info("epoch %d: %d digests, %d observations, admitted %d, evicted %d", report.epoch,
                          report.digests, report.observations, len(report.admitted), len(report.evicted))
+            for node in self.directory.sweep():
+                log.warning("node %s missed its heartbeats: marked down, its chunks no longer offered", node)
+            self.publish_snapshot()
             return report
 
     def _observe(self, report: EpochReport) -> list[Observation]:
@@ -352,6 +404,9 @@ class Controller:
                     continue
                 count = max(1, min(int(item["estimate"]), self.settings.max_observations_per_digest))
                 obs.extend([Observation(info.key, info.parent, info.position, info.nbytes)] * count)
+                act = self.activity.setdefault(info.key, ChunkActivity())
+                act.fetches += count
+                act.reported = int(item["estimate"])
         # Resident chunks make no digests (popularity counts misses only): their hits on
         # fragment 0 are their fetches, read from the per-slot counters of every switch.
         if self.residents:
@@ -361,6 +416,10 @@ class Controller:
                 delta, res.last_hits = now - res.last_hits, now
                 report.slot_hits += delta
                 info = res.info
+                if delta:
+                    act = self.activity.setdefault(info.key, ChunkActivity())
+                    act.hits += delta
+                    act.fetches += delta
                 obs.extend([Observation(info.key, info.parent, info.position, info.nbytes)]
                            * min(delta, self.settings.max_observations_per_digest))
         return obs
@@ -439,6 +498,143 @@ class Controller:
             "pool": {"slots": self.settings.pool_slots, "used": used, "chunks": len(self.residents)},
             "catalog": len(self.catalog),
         }
+
+    # ------------------------------------------------------------------ operator overrides
+    def submit(self, override: Override) -> Future[dict[str, Any]]:
+        """Queue an override for the start of the next epoch; the future holds its outcome.
+
+        The outcome is a dict (what was admitted / evicted), or :class:`OverrideRefusedError`
+        with a code: ``unknown_key``, ``not_resident``, ``not_pinned``, ``pinned``,
+        ``no_space``, ``pin_limit``, ``no_lower_tier``, ``bad_request``, ``pool_off``.
+        """
+        fut: Future[dict[str, Any]] = Future()
+        self._overrides.put((override, fut))
+        return fut
+
+    def override(self, override: Override) -> dict[str, Any]:
+        """Apply an override now, in the caller's thread (tests and the non-looping CLI path)."""
+        with self._lock:
+            report = EpochReport(self.epoch)
+            out = self._override(override, report)
+            self.publish_snapshot()
+            return out
+
+    def _apply_overrides(self, report: EpochReport) -> None:
+        while True:
+            try:
+                ov, fut = self._overrides.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue  # the API gave up waiting: an override nobody awaits is not applied late
+            try:
+                result = self._override(ov, report)
+            except ControllerError as exc:  # OverrideRefusedError included
+                fut.set_exception(exc)
+                continue
+            except Exception as exc:  # a failed switch write: tell the operator, then fail the epoch as usual
+                fut.set_exception(exc)
+                raise
+            # Publish before answering: the operator's next read must see the override.
+            self.publish_snapshot()
+            fut.set_result(result)
+
+    def _info(self, key: int) -> ChunkInfo:
+        info = self.catalog.get(key)
+        if info is None:
+            raise OverrideRefusedError("unknown_key", f"chunk {key:#x} is not in the catalog")
+        return info
+
+    def _override(self, ov: Override, report: EpochReport) -> dict[str, Any]:
+        if self.settings.mode is not Mode.POOL:
+            raise OverrideRefusedError("pool_off", f"the controller runs in {self.settings.mode} mode: no switch pool")
+        before_a, before_e = len(report.admitted), len(report.evicted)
+        out: dict[str, Any] = {"op": ov.op}
+        lead = self.engine.pool
+        if ov.op in ("admit", "pin"):
+            info = self._info(ov.key)
+            out["key"] = f"{ov.key:#x}"
+            r = lead.residents.get(ov.key)
+            if r is not None and (ov.op == "admit" or r.pinned):
+                out["already"] = True
+            else:
+                try:
+                    # Through the engine, so its slot allocation and the switch stay one: a pin
+                    # admits (displacing the lowest-value unpinned leaves); an admit is a pin
+                    # released at once, so the chunk then competes on value like any other.
+                    changes = self.engine.pin(info.key, info.parent, info.position, info.nbytes, ov.tenant)
+                    if ov.op == "admit":
+                        changes += self.engine.unpin(info.key)
+                except QuotaError as exc:
+                    code = "pin_limit" if ov.op == "pin" and ("pin bound" in str(exc) or "quota" in str(exc)) \
+                        else "no_space"
+                    raise OverrideRefusedError(code, str(exc)) from None
+                self._apply(changes, report)
+        elif ov.op == "unpin":
+            self._info(ov.key)
+            out["key"] = f"{ov.key:#x}"
+            r = lead.residents.get(ov.key)
+            if r is None or not r.pinned:
+                raise OverrideRefusedError("not_pinned", f"chunk {ov.key:#x} is not pinned")
+            self._apply(self.engine.unpin(ov.key), report)
+        elif ov.op == "evict":
+            self._info(ov.key)
+            out["key"] = f"{ov.key:#x}"
+            r = lead.residents.get(ov.key)
+            if r is None:
+                raise OverrideRefusedError("not_resident", f"chunk {ov.key:#x} is not in the switch pool")
+            if r.pinned:
+                raise OverrideRefusedError("pinned", f"chunk {ov.key:#x} is pinned: unpin it first")
+            if r.children:
+                raise OverrideRefusedError("pinned", f"chunk {ov.key:#x} has {r.children} resident child chunk(s): "
+                                                "evict them first (a child is useless without its parent)")
+            if ov.demote and not self.directory.holders(ov.key):
+                raise OverrideRefusedError("no_lower_tier", f"chunk {ov.key:#x}: no live node holds it in a lower tier "
+                                                       "to demote to (use --drop)")
+            action = EvictAction.DEMOTE if ov.demote else EvictAction.DROP
+            self._apply(policy_evict(self.engine, ov.key, action), report)
+            out["action"] = action.value
+        elif ov.op == "quota":
+            if ov.tenant < 0 or (ov.slots is not None and ov.slots < 1):
+                raise OverrideRefusedError("bad_request", "quota: tenant must be >= 0 and slots >= 1")
+            try:
+                changes = policy_set_quota(self.engine, ov.tenant, ov.slots)
+            except QuotaError as exc:
+                raise OverrideRefusedError("pin_limit", str(exc)) from None
+            self._apply(changes, report)
+            out.update(tenant=ov.tenant, slots=ov.slots)
+        else:
+            raise OverrideRefusedError("bad_request", f"unknown override {ov.op!r}")
+        out["admitted"] = [f"{k:#x}" for k in report.admitted[before_a:]]
+        out["evicted"] = [f"{k:#x}" for k in report.evicted[before_e:]]
+        res = self.residents.get(ov.key)
+        if "key" in out and res is not None:
+            out["base_slot"] = res.base_slot
+        out["epoch"] = self.epoch
+        return out
+
+    # ------------------------------------------------------------------ snapshot for the API
+    def publish_snapshot(self) -> None:
+        """Publish what the operator API shows (an immutable document replaced as a whole)."""
+        lead = self.engine.pool
+        places = self.directory.chunk_tiers()
+        rows: list[dict[str, Any]] = []
+        for key in set(self.residents) | set(self.activity):
+            act = self.activity.get(key, ChunkActivity())
+            pr = lead.residents.get(key)
+            res = self.residents.get(key)
+            info = self.catalog.get(key)
+            where = places.get(key, [])
+            rows.append({
+                "key": f"{key:#x}", "value": lead.value_of(key), "hits": act.hits, "fetches": act.fetches,
+                "estimate": self.engine.sketch.estimate(key), "reported": act.reported,
+                "tier": "switch" if res is not None else (where[0][1] if where else "-"),
+                "holders": sorted({nid for nid, _ in where}), "pinned": bool(pr is not None and pr.pinned),
+                "base_slot": res.base_slot if res is not None else None,
+                "slots": info.frag_count if info is not None else None,
+            })
+        self.snapshot = {"time": time.time(), "status": self.status(), "chunks": rows,
+                         "policy": dict(self.engine.stats)}
 
 
 def _default_driver(ep: SwitchEndpoint, settings: ControllerSettings) -> P4RuntimeSwitch:

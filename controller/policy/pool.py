@@ -270,9 +270,12 @@ class ValuePool:
             self.order.push(r)
         return r
 
-    def _evict(self, r: Resident, why: str, by: int) -> None:
+    def _evict(self, r: Resident, why: str, by: int, forced: EvictAction | None = None) -> None:
         expected = 2.0 ** (r.log2_count - (self.clock - r.t0) / self.half_life)
-        if self.record:
+        if forced is not None:  # the operator chose demote or drop (operator.evict)
+            action, reason = forced, "operator's choice"
+            target = self._demote_to if forced is EvictAction.DEMOTE else None
+        elif self.record:
             action, target, reason = demotion(expected, self._demote_to, self.demote_min_hits)
         else:  # same rule as demotion(), without formatting a reason nobody reads
             demote = self._demote_to is not None and expected >= self.demote_min_hits
@@ -328,6 +331,39 @@ class ValuePool:
         self.quotas.pinned_slots += n
         if self.record:
             self.changes.append(Pin(key, self.tier, r.tenant))
+
+    def evict(self, key: int, action: EvictAction, why: str = "evicted by operator") -> None:
+        """Evict ``key`` now with the operator's ``action``; QuotaError if absent, pinned or a parent."""
+        r = self.residents.get(key)
+        if r is None:
+            raise QuotaError(f"chunk {key:#x} is not resident")
+        if r.pinned:
+            raise QuotaError(f"chunk {key:#x} is pinned: unpin it first")
+        if r.children:
+            raise QuotaError(f"chunk {key:#x} has {r.children} resident child chunk(s): evict them first")
+        self._evict(r, why, key, action)
+
+    def set_quota(self, tenant: int, slots: int | None) -> None:
+        """Set (or lift, None) ``tenant``'s slot quota; its lowest-value leaves go until it fits.
+
+        QuotaError, nothing changed, when the tenant's pinned chunks alone exceed ``slots``.
+        Chunks that cannot go (parents of resident chunks, probation) stay; the tenant then
+        admits nothing until it is under the quota.
+        """
+        if slots is None:
+            self.quotas.quotas.pop(tenant, None)
+            return
+        if slots < 1:
+            raise QuotaError(f"quota of tenant {tenant} must be at least 1 slot, got {slots}")
+        pinned = sum(r.n_slots for r in self.residents.values() if r.tenant == tenant and r.pinned)
+        if pinned > slots:
+            raise QuotaError(f"tenant {tenant} has {pinned} pinned slots, more than the quota of {slots}: unpin first")
+        self.quotas.quotas[tenant] = slots
+        while self.quotas.used[tenant] > slots:
+            v = self.order.pop_victim(self.residents, tenant)
+            if v is None:
+                break
+            self._evict(v, f"tenant {tenant} over its quota of {slots} slots, set by operator for", v.key)
 
     def unpin(self, key: int) -> None:
         """Release a pin; the chunk competes on value again."""

@@ -1,0 +1,476 @@
+"""The controller daemon's local API: HTTP/1.1 + JSON, on loopback TCP and optionally a Unix socket.
+
+HTTP/JSON rather than gRPC because every other local API of kvpool (the agent's) is
+HTTP/JSON, the CLI and shell scripts need nothing beyond the standard library, and agents
+inside Mininet hosts (other network namespaces, same filesystem) reach it through a Unix
+socket. It has no authentication: bind it to loopback and keep the socket in a directory
+only the operator and the agents can reach.
+
+It never blocks the policy epoch loop: reads come from the snapshot the loop publishes at
+the end of each epoch (``Controller.snapshot``) or go straight to a switch over
+P4Runtime (``stats``, the pipeline check of ``status``); operator overrides are queued and
+applied by the loop at the start of its next epoch, while the request's thread waits for
+the outcome (at most ``override_timeout_s``). Directory calls touch only the directory.
+
+Chunk keys are 64-bit, written as hex strings (``"0x1f..."``; bare hex accepted).
+
+Reads:
+
+``GET /v1/status``
+    ``{"mode", "epoch", "target", "switches": {name: {"address", "device_id", "connected",
+    "master", "pipeline": {"p4info", "cookie", "installed"}, "slots": {"total", "used",
+    "free"}}}, "pool": {"slots", "used", "chunks"}, "nodes": {"up", "down"}, "catalog"}``.
+``GET /v1/top?sort=value|hits|fetches|estimate&limit=N``
+    ``{"epoch", "sort", "chunks": [{"key", "value", "hits", "fetches", "estimate",
+    "reported", "tier", "holders", "pinned", "base_slot", "slots"}, ...]}`` hottest first.
+``GET /v1/tiers``
+    ``{"tiers": {tier: {"capacity", "used", "chunks", "nodes"}}}`` over live nodes, plus the
+    ``switch`` tier (slots x 1408 bytes per switch).
+``GET /v1/stats``
+    ``{"switches": {name: {"drops": {reason: n}, "pool": {...}, "coalesce": {...},
+    "popularity": {...}, "egress": {...}, "slots": {"hits", "fills", "slots_hit"},
+    "waiter_replicas": {...}} or {"error": "..."}}}`` read from the switches now.
+``GET /v1/switches/<name>``
+    ``{"name", "address", "device_id", "p4info", "bmv2_json"}`` (what ``kvpool-ctl shell`` needs).
+``GET /v1/nodes``
+    ``{"nodes": [{"node_id", "address", "role", "up", "capacities", "used", "chunks",
+    "last_seen_s"}, ...]}``.
+``GET /v1/chunks/<key>``
+    ``{"key", "holders": [{"node_id", "address", "tier", "nbytes"}], "switch": row of top
+    or null}``; 404 for a key neither the catalog nor the directory knows.
+
+Operator overrides (JSON body; answer ``{"op", "key", "admitted": [...], "evicted":
+[...], "base_slot", "epoch"}``):
+
+``POST /v1/admit {"key"}``, ``POST /v1/pin {"key", "tenant"?}``, ``POST /v1/unpin {"key"}``,
+``POST /v1/evict {"key", "action": "demote"|"drop"}``, ``POST /v1/quota {"tenant", "slots"}``
+(``slots`` null lifts the quota).
+
+Directory (agents; ``hostagent.registration`` is the client):
+
+``POST /v1/nodes/register {"node_id", "address", "role", "tiers": {tier: bytes}}``
+    -> ``{"node_id", "heartbeat_s"}``. Over TCP from a non-loopback peer, the peer address
+    must be the address claimed.
+``POST /v1/nodes/<id>/heartbeat``, ``POST /v1/nodes/<id>/publish {"keys", "tier",
+"nbytes"}`` (-> ``{"new"}``), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?}`` (->
+``{"removed"}``), ``DELETE /v1/nodes/<id>``.
+
+Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (bad
+argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
+(wrong method), 409 (override refused: ``code`` is the reason, e.g. ``no_space``,
+``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``), 410 (node marked down:
+register again), 503 (a switch unreachable), 504 (the epoch loop did not apply the
+override in time).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import socketserver
+import threading
+import urllib.parse
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controller.counters import read_stats
+from controller.directory import (
+    BAD_REQUEST,
+    NODE_DOWN,
+    OVER_CAPACITY,
+    REFUSED,
+    UNKNOWN_NODE,
+    DirectoryError,
+)
+from controller.p4runtime import SwitchUnreachableError
+from kvpool import wire
+
+if TYPE_CHECKING:
+    from controller.daemon import Controller
+
+log = logging.getLogger("kvpool.controller.api")
+
+#: Default TCP port of the controller API (the agent's API uses 7471; the data plane 7470).
+DEFAULT_PORT = 7480
+MAX_BODY = 1 << 20
+SORT_KEYS = ("value", "hits", "fetches", "estimate")
+
+_DIRECTORY_STATUS = {BAD_REQUEST: HTTPStatus.BAD_REQUEST, REFUSED: HTTPStatus.FORBIDDEN,
+                     UNKNOWN_NODE: HTTPStatus.NOT_FOUND, NODE_DOWN: HTTPStatus.GONE,
+                     OVER_CAPACITY: HTTPStatus.CONFLICT}
+
+
+class ApiError(Exception):
+    """A request the API refuses: HTTP status, machine-readable code, one-line message."""
+
+    def __init__(self, status: HTTPStatus, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def parse_key(text: object) -> int:
+    """A 64-bit chunk key from ``"0x..."`` or bare hex; ApiError (400) otherwise."""
+    if not isinstance(text, str):
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"key {text!r}: expected a hex string")
+    try:
+        key = int(text, 16)
+    except ValueError:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"key {text!r} is not hex") from None
+    if not 0 <= key < 1 << 64:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"key {text!r} does not fit 64 bits")
+    return key
+
+
+def _int(doc: dict[str, Any], name: str, default: int | None = None, minimum: int = 0) -> int:
+    value = doc.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"{name}: expected an integer >= {minimum}, "
+                                                              f"got {value!r}")
+    return value
+
+
+def _keys(doc: dict[str, Any]) -> list[int]:
+    keys = doc.get("keys")
+    if not isinstance(keys, list):
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "keys: expected a list of hex strings")
+    return [parse_key(k) for k in keys]
+
+
+class ControllerAPI:
+    """The HTTP servers (TCP, and a Unix socket when asked) in front of one Controller."""
+
+    def __init__(self, controller: Controller, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 unix_path: Path | None = None, override_timeout_s: float | None = None) -> None:
+        self.controller = controller
+        self.host = host
+        self.override_timeout_s = override_timeout_s or max(5.0, 10 * controller.settings.epoch_s)
+        self.tcp = _TCPServer((host, port), self)
+        self.unix: _UnixServer | None = None
+        self.unix_path = unix_path
+        if unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                unix_path.unlink()  # a socket left by a killed daemon would make bind fail
+            self.unix = _UnixServer(str(unix_path), self)
+            os.chmod(unix_path, 0o660)
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def port(self) -> int:
+        """The TCP port actually bound (useful with port 0)."""
+        return int(self.tcp.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` of the TCP server."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ControllerAPI:
+        """Serve in background threads; returns self."""
+        servers: list[socketserver.BaseServer] = [self.tcp] + ([self.unix] if self.unix else [])
+        for srv in servers:
+            t = threading.Thread(target=srv.serve_forever, name="kvpool-ctl-api", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the sockets (removes the Unix socket file)."""
+        for srv in [self.tcp] + ([self.unix] if self.unix else []):
+            srv.shutdown()
+            srv.server_close()
+        if self.unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.unix_path.unlink()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # ------------------------------------------------------------------ reads
+    def status(self) -> dict[str, Any]:
+        """Switches (with a live pipeline check), controller epoch, pool, nodes up/down."""
+        ctl = self.controller
+        snap = ctl.snapshot
+        st = dict(snap.get("status", {}))
+        pool = st.get("pool", {"slots": ctl.settings.pool_slots, "used": 0, "chunks": 0})
+        switches: dict[str, Any] = {}
+        for name, ep in ctl.endpoints.items():
+            sw = ctl.switches.get(name)
+            entry: dict[str, Any] = {"address": ep.address, "device_id": ep.device_id,
+                                     "connected": bool(sw and sw.connected), "master": bool(sw and sw.is_master),
+                                     "slots": {"total": pool["slots"], "used": pool["used"],
+                                               "free": pool["slots"] - pool["used"]}}
+            pipeline: dict[str, Any] = {"p4info": ctl.settings.p4info.name, "installed": False}
+            if sw is not None:
+                pipeline["cookie"] = f"{sw.cookie:#x}"
+                if sw.connected:
+                    try:
+                        pipeline["installed"] = sw.switch_cookie() == sw.cookie
+                    except (SwitchUnreachableError, OSError) as exc:
+                        entry["error"] = str(exc)
+            entry["pipeline"] = pipeline
+            switches[name] = entry
+        st["switches"] = switches
+        st["target"] = ctl.settings.target
+        st["nodes"] = ctl.directory.counts()
+        st.setdefault("epoch", ctl.epoch)
+        st.setdefault("mode", str(ctl.settings.mode))
+        st["pool"] = pool
+        return st
+
+    def top(self, sort: str, limit: int) -> dict[str, Any]:
+        """Chunks hottest first by ``sort``, at most ``limit``."""
+        if sort not in SORT_KEYS:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"sort {sort!r}: expected one of "
+                                                                  f"{', '.join(SORT_KEYS)}")
+        snap = self.controller.snapshot
+        rows = sorted(snap.get("chunks", []), key=lambda r: (-r[sort], -r["fetches"], r["key"]))
+        return {"epoch": snap.get("status", {}).get("epoch", 0), "sort": sort, "chunks": rows[:limit]}
+
+    def tiers(self) -> dict[str, Any]:
+        """Node tiers from the directory plus the switch tier."""
+        ctl = self.controller
+        out: dict[str, Any] = {t: dict(v) for t, v in ctl.directory.tiers().items()}
+        pool = ctl.snapshot.get("status", {}).get("pool", {"used": 0, "chunks": 0})
+        n_sw = len(ctl.endpoints)
+        out["switch"] = {"capacity": ctl.settings.pool_slots * wire.FRAG_PAYLOAD * n_sw,
+                         "used": pool["used"] * wire.FRAG_PAYLOAD * n_sw, "chunks": pool["chunks"] * n_sw,
+                         "nodes": n_sw}
+        return {"tiers": out}
+
+    def stats(self) -> dict[str, Any]:
+        """Data-plane counters of every switch, read now."""
+        out: dict[str, Any] = {}
+        for name in self.controller.endpoints:
+            sw = self.controller.switches.get(name)
+            if sw is None:
+                out[name] = {"error": f"switch {name} is not connected"}
+                continue
+            try:
+                out[name] = read_stats(sw)
+            except (SwitchUnreachableError, OSError) as exc:
+                out[name] = {"error": str(exc)}
+        return {"switches": out}
+
+    def switch(self, name: str) -> dict[str, Any]:
+        """Where switch ``name`` listens and which P4Info it runs."""
+        ctl = self.controller
+        ep = ctl.endpoints.get(name)
+        if ep is None:
+            raise ApiError(HTTPStatus.NOT_FOUND, "unknown_switch",
+                           f"no switch {name!r} (switches: {', '.join(sorted(ctl.endpoints))})")
+        bmv2 = ctl.settings.bmv2_json
+        return {"name": name, "address": ep.address, "device_id": ep.device_id,
+                "p4info": str(ctl.settings.p4info.resolve()),
+                "bmv2_json": str(bmv2.resolve()) if bmv2 is not None and bmv2.exists() else None}
+
+    def chunk(self, key: int) -> dict[str, Any]:
+        """Holders of ``key`` and its switch row."""
+        ctl = self.controller
+        holders = [h.as_dict() for h in ctl.directory.holders(key)]
+        row = next((r for r in ctl.snapshot.get("chunks", []) if r["key"] == f"{key:#x}"), None)
+        if not holders and row is None and ctl.catalog.get(key) is None:
+            raise ApiError(HTTPStatus.NOT_FOUND, "unknown_key", f"chunk {key:#x} is unknown to the controller")
+        return {"key": f"{key:#x}", "holders": holders, "switch": row}
+
+    # ------------------------------------------------------------------ overrides
+    def override(self, doc: dict[str, Any], op: str) -> dict[str, Any]:
+        """Queue one override for the epoch loop and wait for its outcome."""
+        from controller.daemon import ControllerError, Override, OverrideRefusedError
+
+        if op == "quota":
+            slots = doc.get("slots")
+            ov = Override("quota", tenant=_int(doc, "tenant"),
+                          slots=None if slots is None else _int(doc, "slots", minimum=1))
+        else:
+            key = parse_key(doc.get("key"))
+            demote = True
+            if op == "evict":
+                action = doc.get("action", "demote")
+                if action not in ("demote", "drop"):
+                    raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request",
+                                   f"action {action!r}: expected demote or drop")
+                demote = action == "demote"
+            ov = Override(op, key, demote=demote, tenant=_int(doc, "tenant", 0))
+        fut = self.controller.submit(ov)
+        try:
+            return fut.result(timeout=self.override_timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise ApiError(HTTPStatus.GATEWAY_TIMEOUT, "timeout",
+                           f"the epoch loop did not apply the {op} within {self.override_timeout_s:g} s "
+                           "(is the daemon running epochs?)") from None
+        except OverrideRefusedError as exc:
+            raise ApiError(HTTPStatus.CONFLICT, exc.code, str(exc)) from None
+        except SwitchUnreachableError as exc:
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "switch_unreachable", str(exc)) from None
+        except ControllerError as exc:
+            raise ApiError(HTTPStatus.CONFLICT, "refused", str(exc)) from None
+
+    # ------------------------------------------------------------------ directory
+    def register(self, doc: dict[str, Any], peer: str | None) -> dict[str, Any]:
+        """Register an agent; over TCP from a non-loopback peer, the peer must be the claimed address."""
+        node_id, address, role = doc.get("node_id"), doc.get("address"), doc.get("role", "holder")
+        tiers = doc.get("tiers", {})
+        if not isinstance(node_id, str) or not isinstance(address, str) or not isinstance(role, str) \
+                or not isinstance(tiers, dict):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request",
+                           "register: expected {node_id: str, address: str, role: str, tiers: {tier: bytes}}")
+        if peer is not None and not ipaddress.ip_address(peer).is_loopback and peer != address:
+            raise ApiError(HTTPStatus.FORBIDDEN, REFUSED, f"registration for {address} came from {peer}")
+        node = self.controller.directory.register(node_id, address, role, tiers)
+        log.info("node %s registered from %s as %s (%s)", node.node_id, node.address, node.role, node.capacities)
+        return {"node_id": node.node_id, "heartbeat_s": self.controller.directory.heartbeat_timeout_s / 3}
+
+
+class _TCPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], api: ControllerAPI) -> None:
+        self.api = api
+        super().__init__(address, _Handler)
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, api: ControllerAPI) -> None:
+        self.api = api
+        super().__init__(path, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Routes one request to the ControllerAPI; errors become one-line JSON bodies."""
+
+    protocol_version = "HTTP/1.1"
+    server: _TCPServer | _UnixServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("api: " + format, *args)
+
+    def address_string(self) -> str:
+        # A Unix-socket peer has no address; the default implementation indexes into "".
+        return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
+
+    def _peer(self) -> str | None:
+        """The TCP peer address, None over the Unix socket."""
+        return self.client_address[0] if isinstance(self.client_address, tuple) else None
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _json_body(self) -> dict[str, Any]:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "bad Content-Length") from None
+        if length > MAX_BODY:
+            raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", f"body over {MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        try:
+            doc = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"body is not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "body must be a JSON object")
+        return doc
+
+    def _send(self, doc: dict[str, Any], status: HTTPStatus = HTTPStatus.OK) -> None:
+        body = (json.dumps(doc) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _dispatch(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        try:
+            body = self._json_body() if method == "POST" else {}
+            self._send(self._route(method, url.path.rstrip("/"), query, body))
+        except ApiError as exc:
+            self._send({"error": exc.message, "code": exc.code}, exc.status)
+        except DirectoryError as exc:
+            self._send({"error": str(exc), "code": exc.code}, _DIRECTORY_STATUS[exc.code])
+        except Exception as exc:  # a bug must answer 500, not kill the connection silently
+            log.exception("api: %s %s failed", method, self.path)
+            self._send({"error": f"internal error: {exc}", "code": "internal"}, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]) -> dict[str, Any]:
+        api = self.server.api
+        d = api.controller.directory
+        parts = path.split("/")[1:]  # "", "v1", ... -> "v1", ...
+        if not parts or parts[0] != "v1":
+            raise ApiError(HTTPStatus.NOT_FOUND, "not_found", f"no such path {path!r}")
+        rest = parts[1:]
+        gets: dict[str, Callable[[], dict[str, Any]]] = {
+            "status": api.status, "tiers": api.tiers, "stats": api.stats,
+            "nodes": lambda: {"nodes": d.nodes()},
+        }
+        if len(rest) == 1 and rest[0] in gets:
+            self._method(method, "GET")
+            return gets[rest[0]]()
+        if rest == ["top"]:
+            self._method(method, "GET")
+            try:
+                limit = int(query.get("limit", ["20"])[0])
+            except ValueError:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer") from None
+            if limit < 1:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer >= 1")
+            return api.top(query.get("sort", ["value"])[0], limit)
+        if len(rest) == 2 and rest[0] == "switches":
+            self._method(method, "GET")
+            return api.switch(rest[1])
+        if len(rest) == 2 and rest[0] == "chunks":
+            self._method(method, "GET")
+            return api.chunk(parse_key(rest[1]))
+        if len(rest) == 1 and rest[0] in ("admit", "evict", "pin", "unpin", "quota"):
+            self._method(method, "POST")
+            return api.override(body, rest[0])
+        if rest == ["nodes", "register"]:
+            self._method(method, "POST")
+            return api.register(body, self._peer())
+        if len(rest) == 2 and rest[0] == "nodes":
+            self._method(method, "DELETE")
+            d.deregister(rest[1])
+            return {"deregistered": rest[1]}
+        if len(rest) == 3 and rest[0] == "nodes":
+            node_id, verb = rest[1], rest[2]
+            self._method(method, "POST")
+            if verb == "heartbeat":
+                d.heartbeat(node_id)
+                return {"ok": True}
+            if verb == "publish":
+                tier = body.get("tier")
+                if not isinstance(tier, str):
+                    raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name")
+                return {"new": d.publish(node_id, _keys(body), tier, _int(body, "nbytes"))}
+            if verb == "withdraw":
+                tier = body.get("tier")
+                if tier is not None and not isinstance(tier, str):
+                    raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name or null")
+                return {"removed": d.withdraw(node_id, _keys(body), tier)}
+        raise ApiError(HTTPStatus.NOT_FOUND, "not_found", f"no such path {path!r}")
+
+    @staticmethod
+    def _method(got: str, want: str) -> None:
+        if got != want:
+            raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "bad_method", f"use {want} here, not {got}")
+

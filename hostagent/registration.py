@@ -1,0 +1,214 @@
+"""An agent's link to the controller's directory: register, heartbeat, publish and withdraw chunks.
+
+Talks to the controller API (``controller.api``) over HTTP/JSON, on TCP
+(``http://HOST:PORT``) or a Unix socket (``unix:/PATH``): an agent inside a Mininet host
+lives in another network namespace but shares the filesystem, so the socket file is how it
+reaches the controller in the root namespace. Standard library only, so it adds nothing to
+an agent's start-up.
+
+Typical use::
+
+    reg = Registration(ControllerClient("unix:/tmp/kvpool/ctl.sock"), "h0", "10.0.0.1",
+                       role="holder", tiers={"dram": 1 << 30}).start()
+    reg.publish([key1, key2], "dram", nbytes=5632)
+    ...
+    reg.stop()   # deregisters
+
+``start`` heartbeats in a background thread. When the controller has marked the node down
+(it missed heartbeats) or forgot it (controller restart), the next heartbeat re-registers
+and republishes everything this agent still holds, so the directory comes back exact.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import socket
+import threading
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("kvpool.registration")
+
+
+class ControllerUnreachableError(ConnectionError):
+    """Nothing answers at the controller API address (the message says where)."""
+
+
+class ControllerApiError(RuntimeError):
+    """The controller API answered with an error: HTTP ``status``, machine-readable ``code``, one-line message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        """Connect to the socket file instead of a TCP port."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+def connection(url: str, timeout: float) -> http.client.HTTPConnection:
+    """An HTTP connection for ``http://HOST:PORT`` or ``unix:/PATH``; ValueError for anything else."""
+    if url.startswith("unix:"):
+        return _UnixHTTPConnection(url.removeprefix("unix:").removeprefix("//"), timeout)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"controller API {url!r}: expected http://HOST:PORT or unix:/PATH")
+    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+
+
+class ControllerClient:
+    """JSON requests to the controller API; errors as ControllerApiError / ControllerUnreachableError."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        connection(url, timeout)  # validate the address now, not at the first request
+        self.url = url
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, doc: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One request; the decoded JSON object of a 200 answer."""
+        conn = connection(self.url, self.timeout)
+        body = json.dumps(doc).encode() if doc is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            conn.request(method, path, body, headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise ControllerUnreachableError(f"controller API at {self.url} is unreachable: {exc}") from None
+        finally:
+            conn.close()
+        try:
+            answer = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            answer = {"error": raw[:200].decode(errors="replace")}
+        if not isinstance(answer, dict):
+            raise ControllerApiError(resp.status, "bad_answer", f"controller API answered {raw[:200]!r}")
+        if resp.status != 200:
+            raise ControllerApiError(resp.status, str(answer.get("code", "error")),
+                                     str(answer.get("error", f"HTTP {resp.status}")))
+        return answer
+
+    def get(self, path: str) -> dict[str, Any]:
+        """GET ``path``."""
+        return self.request("GET", path)
+
+    def post(self, path: str, doc: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """POST ``doc`` to ``path``."""
+        return self.request("POST", path, doc if doc is not None else {})
+
+
+class Registration:
+    """One agent's membership in the directory (see the module docstring)."""
+
+    def __init__(self, client: ControllerClient, node_id: str, address: str, role: str = "holder",
+                 tiers: Mapping[str, int] | None = None, heartbeat_s: float | None = None) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.address = address
+        self.role = role
+        self.tiers = dict(tiers or {})
+        self.heartbeat_s = heartbeat_s
+        #: (tier, nbytes) -> keys published: what a re-registration republishes
+        self.published: dict[tuple[str, int], set[int]] = {}
+        self.reregistrations = 0
+        self.heartbeat_failures = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/nodes/{urllib.parse.quote(self.node_id, safe='')}"
+
+    def register(self) -> None:
+        """Register with the controller (refused: ControllerApiError with status 403)."""
+        answer = self.client.post("/v1/nodes/register", {"node_id": self.node_id, "address": self.address,
+                                                          "role": self.role, "tiers": self.tiers})
+        if self.heartbeat_s is None:
+            self.heartbeat_s = float(answer.get("heartbeat_s", 1.0))
+
+    def heartbeat(self) -> None:
+        """One heartbeat; re-registers and republishes when the controller marked this node down or forgot it."""
+        try:
+            self.client.post(f"{self._path}/heartbeat")
+        except ControllerApiError as exc:
+            if exc.status not in (404, 410):
+                raise
+            log.warning("controller %s (%s): registering %s again", exc.code, exc, self.node_id)
+            self.register()
+            self.reregistrations += 1
+            with self._lock:
+                items = [(t, nb, sorted(keys)) for (t, nb), keys in self.published.items() if keys]
+            for tier, nbytes, keys in items:
+                self._publish(keys, tier, nbytes)
+
+    def _publish(self, keys: list[int], tier: str, nbytes: int) -> int:
+        return int(self.client.post(f"{self._path}/publish", {"keys": [f"{k:#x}" for k in keys], "tier": tier,
+                                                               "nbytes": nbytes})["new"])
+
+    def publish(self, keys: Iterable[int], tier: str, nbytes: int) -> int:
+        """This agent holds ``keys`` (``nbytes`` each) in ``tier``; returns how many were new to the directory."""
+        keys = list(keys)
+        new = self._publish(keys, tier, nbytes)
+        with self._lock:
+            for k in keys:  # one size per key and tier: a republish under another size moves it
+                for (t, _nb), ks in self.published.items():
+                    if t == tier:
+                        ks.discard(k)
+            self.published.setdefault((tier, nbytes), set()).update(keys)
+        return new
+
+    def withdraw(self, keys: Iterable[int], tier: str | None = None) -> int:
+        """This agent no longer holds ``keys`` (in ``tier``, or anywhere); returns copies removed."""
+        keys = list(keys)
+        removed = int(self.client.post(f"{self._path}/withdraw", {"keys": [f"{k:#x}" for k in keys],
+                                                                   "tier": tier})["removed"])
+        with self._lock:
+            for (t, _nb), ks in self.published.items():
+                if tier is None or t == tier:
+                    ks.difference_update(keys)
+        return removed
+
+    def start(self) -> Registration:
+        """Register, then heartbeat every ``heartbeat_s`` in a background thread; returns self."""
+        self.register()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"kvpool-heartbeat-{self.node_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s or 1.0):
+            try:
+                self.heartbeat()
+            except (ControllerUnreachableError, ControllerApiError) as exc:
+                # Keep trying: the controller may be restarting; it marks us down meanwhile.
+                self.heartbeat_failures += 1
+                log.warning("heartbeat of %s failed: %s", self.node_id, exc)
+
+    def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeating and (by default) leave the directory."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if deregister:
+            try:
+                self.client.request("DELETE", self._path)
+            except (ControllerUnreachableError, ControllerApiError) as exc:
+                log.warning("could not deregister %s: %s", self.node_id, exc)
