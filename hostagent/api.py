@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import struct
 import threading
 import time
@@ -334,9 +335,15 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(doc["holder"], str):
                 raise ApiError(HTTPStatus.BAD_REQUEST, "bad_holder", "holder must be a \"host:port\" string")
             try:
-                holder = parse_address(doc["holder"])
+                host, port = parse_address(doc["holder"])
+                # Resolve once here: a name that does not resolve is the caller's error, not a
+                # transfer that times out seconds later.
+                holder = (str(socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]), port)
             except ValueError as exc:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "bad_holder", str(exc)) from None
+            except OSError as exc:
+                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_holder",
+                               f"cannot resolve holder host {host[:80]!r}: {exc}") from None
         timeout = doc.get("timeout", agent.config.fetch_timeout_s)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"timeout must be a number of seconds in (0, 3600], "

@@ -119,6 +119,8 @@ BAD_CALLS = [
     ("POST", "/v1/fetch", b'{"keys": [1, 2]}', {}, 400, "bad_key", "hex strings"),
     ("POST", "/v1/fetch", b'{"keys": ["0x1"], "holder": "nohost"}', {}, 400, "bad_holder", "host:port"),
     ("POST", "/v1/fetch", b'{"keys": ["0x1"], "holder": "h:99999"}', {}, 400, "bad_holder", "host:port"),
+    ("POST", "/v1/fetch", b'{"keys": ["0x1"], "holder": "no-such-host.invalid:7470"}', {}, 400, "bad_holder",
+     "cannot resolve"),
     ("POST", "/v1/fetch", b'{"keys": ["0x1"], "timeout": -1}', {}, 400, "bad_field", "timeout"),
     ("POST", "/v1/fetch", b'{"model_id": "m"}', {}, 400, "missing_field", "token_ids"),
     ("POST", "/v1/fetch", b'{"model_id": "m", "token_ids": [1], "block_size": 0}', {}, 400, "bad_field",
