@@ -43,6 +43,7 @@ from controller.fabric import HOT_CHUNK_DIGEST, FabricSettings, SwitchConfig, sw
 from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
 from controller.policy.changes import Admit, Change, Evict, EvictAction
 from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
+from controller.policy.operator import admit as policy_admit
 from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
@@ -559,12 +560,14 @@ class Controller:
                 out["already"] = True
             else:
                 try:
-                    # Through the engine, so its slot allocation and the switch stay one: a pin
-                    # admits (displacing the lowest-value unpinned leaves); an admit is a pin
-                    # released at once, so the chunk then competes on value like any other.
-                    changes = self.engine.pin(info.key, info.parent, info.position, info.nbytes, ov.tenant)
+                    # Through the engine, so its slot allocation and the switch stay one; both
+                    # displace the lowest-value unpinned leaves. An admitted chunk then competes
+                    # on value like any other; a pinned one stays until unpinned.
                     if ov.op == "admit":
-                        changes += self.engine.unpin(info.key)
+                        changes = policy_admit(self.engine, info.key, info.parent, info.position, info.nbytes,
+                                               ov.tenant)
+                    else:
+                        changes = self.engine.pin(info.key, info.parent, info.position, info.nbytes, ov.tenant)
                 except QuotaError as exc:
                     code = "pin_limit" if ov.op == "pin" and ("pin bound" in str(exc) or "quota" in str(exc)) \
                         else "no_space"

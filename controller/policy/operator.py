@@ -1,17 +1,31 @@
-"""Operator overrides the engine has no verb for: evict a chunk now, set a tenant's quota.
+"""Operator overrides the engine has no verb for: admit or evict a chunk now, set a tenant's quota.
 
 Pins go through :meth:`PolicyEngine.pin` / :meth:`PolicyEngine.unpin`. Eviction by hand and
 quota changes are applied to every expert (as pins are), so an override survives a leader
 switch, and return the leader's changes exactly as :meth:`PolicyEngine.step` does, so the
 daemon ships them the same way. The pool's own bookkeeping does the work
-(:meth:`ValuePool.evict`, :meth:`ValuePool.set_quota`).
+(:meth:`ValuePool.admit`, :meth:`ValuePool.evict`, :meth:`ValuePool.set_quota`).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from controller.policy.changes import Change, EvictAction
 from controller.policy.engine import PolicyEngine
 from controller.policy.quotas import QuotaError
+
+
+def admit(engine: PolicyEngine, key: int, parent: int | None, position: int, nbytes: int,
+          tenant: int = 0) -> list[Change]:
+    """Admit ``key`` past the gate in every expert; QuotaError (nothing changed) when the leader has no room."""
+    engine.pool.admit(key, parent, position, nbytes, tenant)
+    for pool in engine.experts:
+        if pool is not engine.pool:
+            # A shadow expert without room simply does not hold it: shadows only score themselves.
+            with contextlib.suppress(QuotaError):
+                pool.admit(key, parent, position, nbytes, tenant)
+    return engine.drain()
 
 
 def evict(engine: PolicyEngine, key: int, action: EvictAction, why: str = "evicted by operator") -> list[Change]:

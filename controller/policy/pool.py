@@ -332,6 +332,37 @@ class ValuePool:
         if self.record:
             self.changes.append(Pin(key, self.tier, r.tenant))
 
+    def admit(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int) -> bool:
+        """Admit ``key`` into main now, past the gate (operator override); False if already resident.
+
+        Displaces the lowest-value unpinned leaves as needed; QuotaError, nothing changed, when
+        the chunk is larger than main or the tenant's quota, or only pinned chunks and parents remain.
+        """
+        if key in self.residents:
+            return False
+        n = self.slots_for(nbytes)
+        quota = self.quotas.quotas.get(tenant)
+        if n > self.main_slots or (quota is not None and n > quota):
+            limit = self.main_slots if quota is None or self.main_slots < quota else quota
+            raise QuotaError(f"cannot admit {key:#x}: {n} slots, more than the {limit} it may use")
+        victims = self._make_room(n, tenant, quota)
+        if victims is None:
+            raise QuotaError(f"cannot admit {key:#x}: no space, only pinned chunks and parents left to displace")
+        for v in victims:
+            self._evict(v, "displaced by operator admission of", key)
+        base = self.allocator.alloc(n)
+        while base is None:  # enough free slots but no run long enough
+            w = self.order.pop_victim(self.residents, None)
+            if w is None:
+                raise QuotaError(f"cannot admit {key:#x}: pool too fragmented")
+            self._evict(w, "defragmenting for operator admission of", key)
+            base = self.allocator.alloc(n)
+        self._install(key, parent, position, nbytes, n, base, tenant, 0.0, self._gain(position, n))
+        self.stats["admitted"] += 1
+        if self.record:
+            self.changes.append(Admit(key, self.tier, base, n, self.value_of(key), "admitted by operator"))
+        return True
+
     def evict(self, key: int, action: EvictAction, why: str = "evicted by operator") -> None:
         """Evict ``key`` now with the operator's ``action``; QuotaError if absent, pinned or a parent."""
         r = self.residents.get(key)
