@@ -76,7 +76,7 @@ def controller(switch: Switch, mode: Mode, sink: FakeSink | None = None) -> Cont
     settings = ControllerSettings(mode=mode, p4info=P4INFO, fabric=FabricSettings(popularity_threshold=2),
                                   epoch_s=0.05)
     catalog = Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))])
-    return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink).start()
+    return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink)
 
 
 def _kv(frame: bytes) -> wire.Header:
@@ -119,7 +119,7 @@ def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -
         assert KEY in ctl.residents, "the hot chunk was never admitted"
         assert sink.pushed == [KEY]
         entry = switch.state.lookup_exact(n.POOL_LOOKUP, KEY)
-        assert entry.action.params["frag_count"] == 4 and entry.action.params["chunk_len"] == len(CHUNK)
+        assert entry.hit and entry.params["frag_count"] == 4 and entry.params["chunk_len"] == len(CHUNK)
 
         # The holder pushes the chunk through the switch: every fragment is written on pass.
         for i in range(4):
