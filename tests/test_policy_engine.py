@@ -8,6 +8,7 @@ from controller.policy import (
     Admit,
     Evict,
     EvictAction,
+    Expert,
     Observation,
     Pin,
     PolicyConfig,
@@ -35,7 +36,7 @@ def _engine(chunks: int, **kw: object) -> PolicyEngine:
 def _one_expert(
     chunks: int, half_life: float = 1e6, probation: int = 2, fifo: float = 0.0, **kw: object
 ) -> PolicyEngine:
-    return _engine(chunks, experts=((half_life, probation, fifo),), **kw)
+    return _engine(chunks, experts=(Expert(half_life, probation, fifo),), **kw)
 
 
 def test_step_admits_into_free_space_with_consecutive_slots() -> None:
@@ -188,7 +189,7 @@ def test_config_rejects_nonsense() -> None:
 
 def test_leader_switch_turns_the_switch_into_the_better_expert() -> None:
     # A recency expert and a frequency expert; a hot set interleaved with a scan defeats recency.
-    e = _engine(4, experts=((2.0, 1, 0.0), (1e6, 1, 0.0)), epoch_fetches=16, leader_half_life=5000.0)
+    e = _engine(4, experts=(Expert(2.0), Expert(1e6)), epoch_fetches=16, leader_half_life=5000.0)
     assert e.leader == 0
     changes: list[object] = []
     fresh = 1000
@@ -205,11 +206,11 @@ def test_leader_switch_turns_the_switch_into_the_better_expert() -> None:
 
 
 def test_compute_saving_weights_deep_blocks() -> None:
-    e = _engine(2, experts=((1e6, 1, 0.0),), hit_saving="compute", tier=Tier.POOL)
+    e = _engine(2, experts=(Expert(1e6),), hit_saving="compute", tier=Tier.POOL)
     e.access(1, None, 0, CHUNK)
     e.access(2, None, 40, CHUNK)
     assert e.pool.value_of(2) > e.pool.value_of(1)
-    f = _engine(2, experts=((1e6, 1, 0.0),))  # switch: a hit saves a holder transfer, position-neutral
+    f = _engine(2, experts=(Expert(1e6),))  # switch: a hit saves a holder transfer, position-neutral
     f.access(1, None, 0, CHUNK)
     f.access(2, None, 40, CHUNK)
     assert f.pool.value_of(2) == pytest.approx(f.pool.value_of(1))

@@ -7,7 +7,7 @@ switch; the simulator drives the very same engine fetch by fetch.
 
 from controller.policy.allocator import SlotAllocator
 from controller.policy.changes import Admit, Change, Evict, EvictAction, Pin, Unpin
-from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
+from controller.policy.engine import Expert, Observation, PolicyConfig, PolicyEngine
 from controller.policy.pool import ValuePool
 from controller.policy.quotas import QuotaBook, QuotaError
 from controller.policy.tiers import Tier, TierLayout, TierSpec
@@ -18,6 +18,7 @@ __all__ = [
     "Change",
     "Evict",
     "EvictAction",
+    "Expert",
     "Observation",
     "Pin",
     "PolicyConfig",

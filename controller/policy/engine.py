@@ -16,6 +16,7 @@ hysteresis). Switching leaders costs table writes, which the engine emits and co
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.policy.admission import AdmissionGate
@@ -29,14 +30,44 @@ from kvpool.wire import FRAG_PAYLOAD
 #: Llama-3-8B-like default when no cost model is given
 DEFAULT_COST = PrefillCost(n_params=8.0e9, n_layers=32, d_model=4096)
 
-#: (half-life in fetches, probation hits, probation FIFO fraction) of the default experts:
-#: recency to frequency, plus one whose gate keeps first sightings out of the pool
-DEFAULT_EXPERTS: tuple[tuple[float, int, float], ...] = (
-    (16.0, 1, 0.0),
-    (4096.0, 1, 0.0),
-    (65536.0, 1, 0.0),
-    (4096.0, 2, 0.0),
+
+@dataclass(frozen=True, slots=True)
+class Expert:
+    """One shadow pool's parameters."""
+
+    #: half-life of hit counts, in fetches: short is recency (LRU-like), long is frequency
+    half_life: float
+    #: fetches (within the sketch's half-life) before a chunk is off probation
+    probation_hits: int = 1
+    #: share of the slots given to the probation FIFO (0: a chunk on probation stays out)
+    probation_fraction: float = 0.0
+    #: what one hit saves (see :attr:`PolicyConfig.hit_saving`); "auto" follows the config
+    saving: str = "auto"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field."""
+        if self.half_life <= 0:
+            raise ValueError(f"expert half_life must be positive, got {self.half_life}")
+        if self.probation_hits < 1:
+            raise ValueError(f"expert probation_hits must be at least 1, got {self.probation_hits}")
+        if not 0.0 <= self.probation_fraction < 1.0:
+            raise ValueError(f"expert probation_fraction must be within [0, 1), got {self.probation_fraction}")
+        if self.saving not in ("auto", "fetch", "compute"):
+            raise ValueError(f"expert saving must be auto, fetch or compute, got {self.saving!r}")
+
+
+#: the default experts: recency to frequency, and one whose gate keeps first sightings out
+DEFAULT_EXPERTS: tuple[Expert, ...] = (
+    Expert(16.0),
+    Expert(4096.0),
+    Expert(65536.0),
+    Expert(4096.0, probation_hits=2),
 )
+
+
+def _flat(_position: int) -> float:
+    """A hit saves one holder transfer of the chunk, wherever the block sits in the prefix."""
+    return 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +93,7 @@ class PolicyConfig:
     #: chunk), "compute" (the prefill of the block: the tier holds the last copy), or "auto"
     #: (fetch for the switch, compute for the others)
     hit_saving: str = "auto"
-    experts: tuple[tuple[float, int, float], ...] = DEFAULT_EXPERTS
+    experts: tuple[Expert, ...] = DEFAULT_EXPERTS
     #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
     leader_half_life: float = 10_000.0
     leader_margin: float = 0.05
@@ -88,11 +119,8 @@ class PolicyConfig:
             raise ValueError(f"hit_saving must be auto, fetch or compute, got {self.hit_saving!r}")
         if not self.experts:
             raise ValueError("at least one expert (half-life, probation hits, probation fraction) is needed")
-        for h, p, f in self.experts:
-            if h <= 0 or p < 1 or not 0.0 <= f < 1.0:
-                raise ValueError(
-                    f"expert needs a positive half-life, probation hits >= 1 and a fraction in [0, 1), got {(h, p, f)}"
-                )
+        for ex in self.experts:
+            ex.validate()
         if self.leader_half_life <= 0 or self.leader_margin < 0:
             raise ValueError("leader_half_life must be positive and leader_margin non-negative")
         if self.epoch_fetches <= 0:
@@ -112,22 +140,23 @@ class PolicyEngine:
         layout = config.layout or TierLayout(
             {config.tier: TierSpec(config.tier, config.capacity_bytes), Tier.POOL: TierSpec(Tier.POOL, 1 << 62)}
         )
-        saving_kind = config.hit_saving
-        if saving_kind == "auto":
-            saving_kind = "fetch" if config.tier is Tier.SWITCH else "compute"
+        default_kind = config.hit_saving
+        if default_kind == "auto":
+            default_kind = "fetch" if config.tier is Tier.SWITCH else "compute"
         cost = config.cost
-        saving = (lambda _pos: 1.0) if saving_kind == "fetch" else cost.relative
         sketch = FrequencySketch(width=config.sketch_width, reset_every=config.sketch_reset)
         self.gates: dict[int, AdmissionGate] = {}
         self.experts: list[ValuePool] = []
-        for h, hits, frac in config.experts:
+        for ex in config.experts:
+            kind = default_kind if ex.saving == "auto" else ex.saving
+            saving: Callable[[int], float] = _flat if kind == "fetch" else cost.relative
             pool = ValuePool(
                 tier=config.tier,
                 n_slots=self.n_slots,
                 slot_bytes=config.slot_bytes,
-                half_life=h,
-                gate=self.gates.setdefault(hits, AdmissionGate(sketch, hits)),
-                probation_fraction=frac,
+                half_life=ex.half_life,
+                gate=self.gates.setdefault(ex.probation_hits, AdmissionGate(sketch, ex.probation_hits)),
+                probation_fraction=ex.probation_fraction,
                 saving=saving,
                 layout=layout,
                 demote_min_hits=config.demote_min_hits,

@@ -16,8 +16,9 @@ from controller.policy.engine import PolicyEngine
 from controller.policy.quotas import QuotaError
 
 
-def admit(engine: PolicyEngine, key: int, parent: int | None, position: int, nbytes: int,
-          tenant: int = 0) -> list[Change]:
+def admit(
+    engine: PolicyEngine, key: int, parent: int | None, position: int, nbytes: int, tenant: int = 0
+) -> list[Change]:
     """Admit ``key`` past the gate in every expert; QuotaError (nothing changed) when the leader has no room."""
     engine.pool.admit(key, parent, position, nbytes, tenant)
     for pool in engine.experts:
@@ -50,8 +51,9 @@ def set_quota(engine: PolicyEngine, tenant: int, slots: int | None) -> list[Chan
         for pool in engine.experts:  # check all first: a refused quota changes nothing anywhere
             pinned = sum(r.n_slots for r in pool.residents.values() if r.tenant == tenant and r.pinned)
             if pinned > slots:
-                raise QuotaError(f"tenant {tenant} has {pinned} pinned slots, more than the quota of {slots}: "
-                                 "unpin first")
+                raise QuotaError(
+                    f"tenant {tenant} has {pinned} pinned slots, more than the quota of {slots}: unpin first"
+                )
     for pool in engine.experts:
         pool.set_quota(tenant, slots)
     return engine.drain()
