@@ -1,4 +1,4 @@
-"""``kvpool-ctl``: operate the pool from a terminal, through the controller daemon's API.
+"""kvpool-ctl: operate the pool from a terminal, through the controller daemon's API.
 
 Start the daemon with its API (``kvpool-controller ... --api 127.0.0.1:7480``), then::
 

@@ -203,7 +203,7 @@ def test_admit_and_evict_show_in_the_switch(daemon: Daemon, capsys: pytest.Captu
 
 def test_pin_unpin_and_pinned_limit(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(daemon, capsys, "pin", f"{BIG:#x}")
-    assert code == 0 and daemon.pool_entry(BIG) is not None
+    assert code == 0 and f"pin {BIG:#x} at slot" in out and daemon.pool_entry(BIG) is not None
     code, _, err = run(daemon, capsys, "pin", f"{OTHER:#x}")
     assert code == ctl.EXIT_REFUSED and "pin bound" in err and "[pin_limit]" in err
     code, _, err = run(daemon, capsys, "evict", f"{BIG:#x}", "--drop")
