@@ -250,8 +250,9 @@ class ControllerAPI:
         out: dict[str, Any] = {}
         for name in self.controller.endpoints:
             sw = self.controller.switches.get(name)
-            if sw is None:
-                out[name] = {"error": f"switch {name} is not connected"}
+            if sw is None or not sw.connected:
+                # Do not wait for the driver's reconnect timeout: the operator wants an answer now.
+                out[name] = {"error": f"switch {name} at {self.controller.endpoints[name].address} is not connected"}
                 continue
             try:
                 out[name] = read_stats(sw)

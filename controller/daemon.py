@@ -350,7 +350,8 @@ class Controller:
         self.switches.clear()
 
     def __enter__(self) -> Controller:
-        return self.start()
+        # Idempotent: ``with Controller(...).start() as c`` must not connect twice (same election id).
+        return self if self.switches else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
