@@ -82,6 +82,8 @@ def test_trace_file_and_its_errors(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--holder-gbps", "-1"], "--holder-gbps must be positive"),
         (["--hbm-gib", "0"], "--hbm-gib must be positive"),
         (["--holders", "0"], "--holders must be a positive integer"),
+        (["--requests", "0"], "invalid --requests 0"),
+        (["--rate", "-2"], "invalid --rate -2"),
     ],
 )
 def test_nonsensical_options_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

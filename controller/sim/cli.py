@@ -70,7 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--turns", type=float, default=3.0, help="synthetic trace: mean turns per session")
     g.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the routing (default 0)")
     g = parser.add_argument_group("cluster (lists sweep)")
-    g.add_argument("--nodes", type=_list_of(int, "--nodes", lambda v: v > 0, "positive"), default=[64])
+    g.add_argument(
+        "--nodes",
+        type=_list_of(int, "--nodes", lambda v: v > 0, "positive"),
+        default=[64],
+        help="inference nodes, e.g. 8,64,1024 (default 64)",
+    )
     g.add_argument(
         "--switch-mib",
         type=_list_of(float, "--switch-mib", lambda v: v >= 0, "non-negative"),
@@ -95,20 +100,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_trace(args: argparse.Namespace) -> Any:
-    from kvpool.trace import SyntheticSpec, generate, read_jsonl
+    from kvpool.trace import SyntheticSpec, TraceError, generate, read_jsonl
 
     if args.trace is not None:
         return read_jsonl(args.trace)
-    return generate(
-        SyntheticSpec(
-            n_requests=args.requests,
-            rate_per_s=args.rate,
-            n_prefixes=args.prefixes,
-            zipf_s=args.zipf,
-            mean_turns=args.turns,
-            seed=args.seed,
-        )
+    spec = SyntheticSpec(
+        n_requests=args.requests,
+        rate_per_s=args.rate,
+        n_prefixes=args.prefixes,
+        zipf_s=args.zipf,
+        mean_turns=args.turns,
+        seed=args.seed,
     )
+    options = {"n_requests": "--requests", "rate_per_s": "--rate", "n_prefixes": "--prefixes", "zipf_s": "--zipf"}
+    options["mean_turns"] = "--turns"
+    try:
+        spec.validate()
+    except TraceError as exc:
+        msg = str(exc)
+        for field, opt in options.items():
+            msg = msg.replace(f"invalid {field}=", f"invalid {opt} ")
+        raise TraceError(msg) from None
+    return generate(spec)
 
 
 COLUMNS = (
