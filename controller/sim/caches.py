@@ -128,6 +128,7 @@ def _s3fifo(keys: list[int], cap: int) -> CacheResult:
     adm = ev = 0
 
     def evict_main() -> None:
+        """FIFO-reinsertion over main: a chunk hit since its last lap gets another one."""
         nonlocal ev
         while main:
             k0 = main.popleft()
@@ -141,6 +142,7 @@ def _s3fifo(keys: list[int], cap: int) -> CacheResult:
                 return
 
     def evict_small() -> None:
+        """Oldest of the small FIFO: to main if hit while there, else out (remembered as a ghost)."""
         nonlocal ev
         while small:
             k0 = small.popleft()

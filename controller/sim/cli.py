@@ -23,6 +23,7 @@ POLICY_CHOICES = ("value", "lru", "lfu", "gdsf", "s3fifo", "belady", "none", "ho
 
 def _list_of(conv: Callable[[str], T], what: str, check: Callable[[T], bool], need: str) -> Callable[[str], list[T]]:
     def parse(text: str) -> list[T]:
+        """Split a comma-separated list and check each value."""
         out: list[T] = []
         for part in text.split(","):
             part = part.strip()
@@ -200,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             task = bar.add_task("simulating", total=total)
 
             def tick(label: str) -> None:
+                """Advance the bar by one finished run."""
                 bar.update(task, advance=1, description=label)
 
             results = sweep(
