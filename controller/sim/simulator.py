@@ -194,9 +194,9 @@ def sweep(
                 cfg.validate()
                 bel = float(_switch_replay(p, cfg, "belady")[0].mean()) if p.n_fetches and cfg.switch_chunks else 0.0
                 for pol in policies:
-                    if progress is not None:
-                        progress(f"nodes={n} model={m} switch={mib:g}MiB policy={pol}")
                     r = run_policy(trace, p, cfg, pol, belady_ratio=bel)
                     r.runtime_s += plan_s / (len(switch_mibs) * len(policies))
                     out.append(r)
+                    if progress is not None:
+                        progress(f"nodes={n} model={m} switch={mib:g}MiB policy={pol}")
     return out
