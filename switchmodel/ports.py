@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import logging
 import os
 import selectors
 import shutil
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from switchmodel.checksum import complete_l4_checksum
+
+log = logging.getLogger(__name__)
 
 ETH_P_ALL: Final = 0x0003
 SOL_PACKET: Final = 263
@@ -119,6 +122,7 @@ class PortStats:
     checksums_completed: int = 0
     unknown_egress: int = 0
     tx_errors: int = 0
+    process_errors: int = 0
     per_port_rx: dict[int, int] = field(default_factory=dict)
     per_port_tx: dict[int, int] = field(default_factory=dict)
 
@@ -244,8 +248,15 @@ class PortIO:
         if checksum_not_ready:
             frame = complete_l4_checksum(frame)
             self.stats.checksums_completed += 1
-        with self._lock:
-            outputs = self.processor.process(port, frame)
+        try:
+            with self._lock:
+                outputs = self.processor.process(port, frame)
+        except Exception:
+            # A bug must cost one frame, not the port loop (and with it the whole switch).
+            self.stats.process_errors += 1
+            if self.stats.process_errors <= 10:
+                log.exception("frame from port %d dropped: the processor failed", port)
+            return
         for egress, out in outputs:
             self.send(egress, out)
 

@@ -96,6 +96,20 @@ class _Swap:
         return [(3 - ingress_port, frame)] if ingress_port in (1, 2) else []
 
 
+class _Broken:
+    """A processor with a bug."""
+
+    def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        raise ZeroDivisionError(frame[0] / 0)
+
+
+def test_port_io_survives_a_failing_processor() -> None:
+    io = PortIO([], _Broken())
+    io.handle(1, b"\x01", checksum_not_ready=False)
+    io.handle(1, b"\x02", checksum_not_ready=False)
+    assert io.stats.process_errors == 2 and io.stats.rx_frames == 2 and io.stats.tx_frames == 0
+
+
 def test_memory_ports_queue_outputs_per_port() -> None:
     ports = MemoryPorts(_Swap())
     assert ports.inject(1, b"a") == [(2, b"a")]
