@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.sim.caches import replay
 from controller.sim.config import MODELS, ClusterConfig, ConfigError
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy, sweep
@@ -119,3 +120,29 @@ def test_value_policy_leads_online_baselines_on_the_mooncake_trace() -> None:
         for pol in ("lru", "lfu", "gdsf", "s3fifo"):
             assert at["value"].switch_hit_ratio >= at[pol].switch_hit_ratio - 0.005, (mib, pol)
             assert at["value"].ttft_p99_ms <= at[pol].ttft_p99_ms * 1.005, (mib, pol)
+
+
+def test_each_switch_replays_its_own_fetches(trace: Trace) -> None:
+    one = replace(SMALL, switch_mib=384.0)
+    two = replace(one, switches=2)
+    p = plan(trace, two)
+    halves = [p.switch_fetches(s) for s in range(2)]
+    assert halves[0].size + halves[1].size == p.n_fetches and halves[0].size and halves[1].size
+    r1 = run_policy(trace, plan(trace, one), one, "lru")
+    r2 = run_policy(trace, p, two, "lru")
+    assert r1.fetches == r2.fetches  # the same requests and local tiers: the same fetches
+    cost = two.model.cost()
+    per_switch = [
+        replay(
+            "lru",
+            p.fetch_key[h].tolist(),
+            p.fetch_parent[h].tolist(),
+            p.fetch_pos[h].tolist(),
+            two.switch_chunks,
+            two.chunk_bytes,
+            two.slot_bytes,
+            cost,
+        ).hits.sum()
+        for h in halves
+    ]
+    assert r2.switch_hits == sum(per_switch) > 0  # each pool sees only the fetches behind it
