@@ -1,4 +1,4 @@
-"""``kvpool-agent``: run a host agent (holder + requester over kvpool UDP, local HTTP API).
+"""Run a kvpool host agent: holder and requester over kvpool UDP, with a local HTTP API (``kvpool-agent``).
 
 Settings come from defaults, then the ``[agent]`` table of ``--config FILE`` (TOML), then
 flags.  The agent runs until SIGTERM or SIGINT, then closes its sockets, joins its
