@@ -136,11 +136,19 @@ class Registration:
         return f"/v1/nodes/{urllib.parse.quote(self.node_id, safe='')}"
 
     def register(self) -> None:
-        """Register with the controller (refused: ControllerApiError with status 403)."""
+        """Register with the controller and republish what this agent holds (refused: ControllerApiError 403).
+
+        The controller starts a (re-)registered node from an empty chunk list, so everything
+        published through this object so far is published again.
+        """
         answer = self.client.post("/v1/nodes/register", {"node_id": self.node_id, "address": self.address,
                                                           "role": self.role, "tiers": self.tiers})
         if self.heartbeat_s is None:
             self.heartbeat_s = float(answer.get("heartbeat_s", 1.0))
+        with self._lock:
+            items = [(t, nb, sorted(keys)) for (t, nb), keys in self.published.items() if keys]
+        for tier, nbytes, keys in items:
+            self._publish(keys, tier, nbytes)
 
     def heartbeat(self) -> None:
         """One heartbeat; re-registers and republishes when the controller marked this node down or forgot it."""
@@ -152,10 +160,6 @@ class Registration:
             log.warning("controller %s (%s): registering %s again", exc.code, exc, self.node_id)
             self.register()
             self.reregistrations += 1
-            with self._lock:
-                items = [(t, nb, sorted(keys)) for (t, nb), keys in self.published.items() if keys]
-            for tier, nbytes, keys in items:
-                self._publish(keys, tier, nbytes)
 
     def _publish(self, keys: list[int], tier: str, nbytes: int) -> int:
         return int(self.client.post(f"{self._path}/publish", {"keys": [f"{k:#x}" for k in keys], "tier": tier,

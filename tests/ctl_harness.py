@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
@@ -39,7 +40,7 @@ UNKNOWN = 0xDEAD
 class Daemon:
     """Model switch + Controller (looping) + ControllerAPI, torn down by ``close``."""
 
-    def __init__(self, tmp: Path, heartbeat_timeout_s: float = 3.0) -> None:
+    def __init__(self, tmp: Path, heartbeat_timeout_s: float = 3.0, switch: bool = True) -> None:
         from controller.api import ControllerAPI
         from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, SwitchEndpoint
         from switchmodel.p4rt_server import P4RuntimeServer
@@ -50,15 +51,20 @@ class Daemon:
         self.state = SwitchState(device_id=1)
         self.ports = MemoryPorts(KvpoolPipeline(self.state))
         self.server = P4RuntimeServer(self.state, "127.0.0.1:0").start()
-        self.switch_address = f"127.0.0.1:{self.server.port}"
+        # Without a switch (directory-only tests, no P4Info needed) the controller is never
+        # started: its epoch loop runs over no switch connections.
+        self.switch_address = f"127.0.0.1:{self.server.port}" if switch else "127.0.0.1:1"
         settings = ControllerSettings(mode=Mode.POOL, p4info=P4INFO, bmv2_json=None, epoch_s=0.05,
                                       pool_slots=POOL_SLOTS, heartbeat_timeout_s=heartbeat_timeout_s,
                                       target="model", connect_timeout_s=1.5)
         catalog = Catalog([ChunkInfo(SMALL, None, 0, 1000), ChunkInfo(TWO, None, 0, 2 * wire.FRAG_PAYLOAD),
                            ChunkInfo(BIG, None, 0, 8 * wire.FRAG_PAYLOAD), ChunkInfo(OTHER, None, 0, 500),
                            ChunkInfo(HUGE, None, 0, 33 * wire.FRAG_PAYLOAD), ChunkInfo(CHILD, SMALL, 1, 700)])
-        self.controller = Controller(TOPO, [SwitchEndpoint("s1", self.switch_address, 1)], settings,
-                                     catalog).start()
+        self.controller = Controller(TOPO, [SwitchEndpoint("s1", self.switch_address, 1)], settings, catalog)
+        if switch:
+            self.controller.start()
+        else:
+            self.controller.publish_snapshot()
         self.stop_event = threading.Event()
         self.loop = threading.Thread(target=self.controller.run, args=(self.stop_event,), daemon=True)
         self.loop.start()
@@ -91,9 +97,11 @@ class Daemon:
 
 
 @contextmanager
-def running(tmp: Path, heartbeat_timeout_s: float = 3.0) -> Iterator[Daemon]:
-    """A Daemon for the duration of a ``with`` block."""
-    d = Daemon(tmp, heartbeat_timeout_s)
+def running(tmp: Path, heartbeat_timeout_s: float = 3.0, switch: bool = True) -> Iterator[Daemon]:
+    """A Daemon for the duration of a ``with`` block (``switch=False``: directory only, no P4Info needed)."""
+    if switch and not P4INFO.exists():
+        pytest.skip(SKIP_REASON)
+    d = Daemon(tmp, heartbeat_timeout_s, switch)
     try:
         yield d
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_harness import BIG, OTHER, P4INFO, SKIP_REASON, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
+from ctl_harness import BIG, OTHER, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
 
 from controller import ctl
 from hostagent.registration import ControllerClient, Registration
@@ -29,9 +29,14 @@ H0, H1 = TOPO.hosts["h0"], TOPO.hosts["h1"]
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    if not P4INFO.exists():
-        pytest.skip(SKIP_REASON)
     with running(tmp_path) as d:
+        yield d
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> Iterator[Daemon]:
+    """The daemon and its API without a switch (directory commands; no P4Info needed)."""
+    with running(tmp_path, switch=False) as d:
         yield d
 
 
@@ -142,7 +147,8 @@ def test_top_table_json_sort_and_watch(daemon: Daemon, capsys: pytest.CaptureFix
     assert f"{TWO:#x}" in out
 
 
-def test_tiers(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tiers(bare: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon = bare
     client = ControllerClient(daemon.url)
     Registration(client, "h0", H0.address, "holder", {"dram": 2048, "pool": 1 << 20}).register()
     code, out, _ = run(daemon, capsys, "tiers")
