@@ -51,7 +51,9 @@ def test_garbage_during_a_live_transfer_is_dropped_counted_and_harmless() -> Non
     store.put(KEY, payload)
     # Paced so the transfer is still running while the garbage arrives.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=2.5e6, burst_bytes=64 << 10)  # about 1.3 s
-    with Transport(hcfg, Holder(store)) as holder, Transport(TransportConfig(port=0)) as req:
+    # A long retransmit timeout: no spurious retransmits on a busy machine, so counts stay exact.
+    rcfg = TransportConfig(port=0, retransmit_timeout_s=5.0, give_up_s=30.0)
+    with Transport(hcfg, Holder(store)) as holder, Transport(rcfg) as req:
         result: list[bytes] = []
         t = threading.Thread(target=lambda: result.append(req.fetch_one(KEY, holder.address, timeout=60)))
         t.start()

@@ -57,7 +57,8 @@ def test_generation_from_fetched_kv_is_bit_identical(tmp_path: Path) -> None:
     cached = 3 * BLOCK
 
     holder = spawn_agent(tmp_path / "a1")
-    requester = spawn_agent(tmp_path / "a2")
+    # A long retransmit timeout keeps the fragment counts below exact on a busy machine.
+    requester = spawn_agent(tmp_path / "a2", "--retransmit-timeout", "5", "--give-up", "30")
     try:
         keys = AgentClient(holder.api_url).publish_prefix(MODEL_ID, prompt[0].tolist(), prefill.past_key_values,
                                                           block_size=BLOCK)

@@ -34,7 +34,10 @@ def chunks() -> dict[int, bytes]:
 @pytest.fixture
 def pair(chunks: dict[int, bytes]) -> Iterator[tuple[Transport, Transport]]:
     holder = Transport(TransportConfig(port=0), Holder(_store(chunks)))
-    requester = Transport(TransportConfig(port=0, window_fragments=64, max_inflight_fragments=256))
+    # Loopback loses nothing; a long retransmit timeout keeps a descheduled holder from causing
+    # spurious retransmits, so the exact counts below hold on a busy machine too.
+    requester = Transport(TransportConfig(port=0, window_fragments=64, max_inflight_fragments=256,
+                                          retransmit_timeout_s=5.0, give_up_s=30.0))
     with holder, requester:
         yield holder, requester
 
