@@ -177,7 +177,8 @@ class ControllerAPI:
         """Serve in background threads; returns self."""
         servers: list[socketserver.BaseServer] = [self.tcp] + ([self.unix] if self.unix else [])
         for srv in servers:
-            t = threading.Thread(target=srv.serve_forever, name="kvpool-ctl-api", daemon=True)
+            # A short poll interval: stop() (shutdown) waits up to one interval per server.
+            t = threading.Thread(target=srv.serve_forever, args=(0.05,), name="kvpool-ctl-api", daemon=True)
             t.start()
             self._threads.append(t)
         return self

@@ -98,7 +98,12 @@ def _positive(text: str) -> int:
 def _common(suppress: bool) -> argparse.ArgumentParser:
     """Options accepted before and after the command (``kvpool-ctl --json status`` = ``status --json``)."""
     p = argparse.ArgumentParser(add_help=False)
+    _add_common(p, suppress)
+    return p
 
+
+def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
+    # After the command their defaults are suppressed, so they do not undo a value given before it.
     def d(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 
@@ -106,15 +111,20 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
                    help=f"controller API: http://HOST:PORT or unix:/PATH (default $KVPOOL_CTL_API or {DEFAULT_API})")
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
     p.add_argument("--timeout", type=float, default=d(10.0), help="seconds to wait for the daemon (default 10)")
-    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvpool-ctl`` argument parser."""
     p = argparse.ArgumentParser(prog="kvpool-ctl", description=(__doc__ or "").splitlines()[0],
                                 epilog="exit status: 0 ok, 1 refused by the daemon, 2 bad arguments, "
-                                       "3 daemon unreachable, 4 switch unreachable",
-                                parents=[_common(False)])
+                                       "3 daemon unreachable, 4 switch unreachable")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options and commands of kvpool-ctl on ``p`` (also ``kvpool ctl`` through the umbrella command)."""
+    _add_common(p, False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     c = [_common(True)]
     sub.add_parser("status", parents=c, help="switches (target, connection, pipeline, pool slots), epoch, nodes")
@@ -152,7 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--election-id", default=SHELL_ELECTION_ID, metavar="HI,LO",
                     help=f"election id (default {SHELL_ELECTION_ID}: a read-only backup; a higher one than the "
                          "controller's 0,1 takes the switch from it until the shell exits)")
-    return p
 
 
 # ---------------------------------------------------------------------------------- rendering
@@ -335,7 +344,7 @@ def _shell(client: ControllerClient, args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
-def run(args: argparse.Namespace) -> int:
+def _execute(args: argparse.Namespace) -> int:
     """Execute one parsed command; returns the exit status (raises CtlError / client errors)."""
     client = ControllerClient(args.api, args.timeout)
     cmd = args.command
@@ -386,10 +395,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kvpool-ctl``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute parsed arguments; errors become one line on stderr and the documented exit status."""
     try:
-        return run(args)
+        return _execute(args)
     except ValueError as exc:  # a malformed --api address
         print(f"kvpool-ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
