@@ -58,9 +58,9 @@ Directory (agents; ``hostagent.registration`` is the client):
 Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (bad
 argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
 (wrong method), 409 (override refused: ``code`` is the reason, e.g. ``no_space``,
-``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``), 410 (node marked down:
-register again), 503 (a switch unreachable), 504 (the epoch loop did not apply the
-override in time).
+``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``, ``has_children``), 410
+(node marked down: register again), 503 (a switch unreachable), 504 (the epoch loop did
+not apply the override in time).
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controller.counters import read_stats
+from controller.daemon import Controller, ControllerError, Override, OverrideRefusedError
 from controller.directory import (
     BAD_REQUEST,
     NODE_DOWN,
@@ -91,9 +92,6 @@ from controller.directory import (
 )
 from controller.p4runtime import SwitchUnreachableError
 from kvpool import wire
-
-if TYPE_CHECKING:
-    from controller.daemon import Controller
 
 log = logging.getLogger("kvpool.controller.api")
 
@@ -285,8 +283,6 @@ class ControllerAPI:
     # ------------------------------------------------------------------ overrides
     def override(self, doc: dict[str, Any], op: str) -> dict[str, Any]:
         """Queue one override for the epoch loop and wait for its outcome."""
-        from controller.daemon import ControllerError, Override, OverrideRefusedError
-
         if op == "quota":
             slots = doc.get("slots")
             ov = Override("quota", tenant=_int(doc, "tenant"),

@@ -507,7 +507,8 @@ class Controller:
 
         The outcome is a dict (what was admitted / evicted), or :class:`OverrideRefusedError`
         with a code: ``unknown_key``, ``not_resident``, ``not_pinned``, ``pinned``,
-        ``no_space``, ``pin_limit``, ``no_lower_tier``, ``bad_request``, ``pool_off``.
+        ``has_children``, ``no_space``, ``pin_limit``, ``no_lower_tier``, ``bad_request``,
+        ``pool_off``.
         """
         fut: Future[dict[str, Any]] = Future()
         self._overrides.put((override, fut))
@@ -590,8 +591,9 @@ class Controller:
             if r.pinned:
                 raise OverrideRefusedError("pinned", f"chunk {ov.key:#x} is pinned: unpin it first")
             if r.children:
-                raise OverrideRefusedError("pinned", f"chunk {ov.key:#x} has {r.children} resident child chunk(s): "
-                                                "evict them first (a child is useless without its parent)")
+                raise OverrideRefusedError("has_children", f"chunk {ov.key:#x} has {r.children} resident child "
+                                                           "chunk(s): evict them first (a child is useless without "
+                                                           "its parent)")
             if ov.demote and not self.directory.holders(ov.key):
                 raise OverrideRefusedError("no_lower_tier", f"chunk {ov.key:#x}: no live node holds it in a lower tier "
                                                        "to demote to (use --drop)")

@@ -147,7 +147,7 @@ def test_a_parent_is_not_evicted_before_its_child(daemon: Daemon, api: Controlle
     api.post("/v1/admit", {"key": f"{SMALL:#x}"})
     api.post("/v1/admit", {"key": f"{CHILD:#x}"})
     e = _refused(api, "/v1/evict", {"key": f"{SMALL:#x}", "action": "drop"})
-    assert e.code == "pinned" and "child" in str(e)
+    assert e.code == "has_children" and "child" in str(e)
     api.post("/v1/evict", {"key": f"{CHILD:#x}", "action": "drop"})
     api.post("/v1/evict", {"key": f"{SMALL:#x}", "action": "drop"})
     assert daemon.pool_entry(SMALL) is None and daemon.pool_entry(CHILD) is None
