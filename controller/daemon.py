@@ -594,9 +594,11 @@ class Controller:
                 raise OverrideRefusedError("has_children", f"chunk {ov.key:#x} has {r.children} resident child "
                                                            "chunk(s): evict them first (a child is useless without "
                                                            "its parent)")
-            if ov.demote and not self.directory.holders(ov.key):
-                raise OverrideRefusedError("no_lower_tier", f"chunk {ov.key:#x}: no live node holds it in a lower tier "
-                                                       "to demote to (use --drop)")
+            # The switch demotes to the pool (policy.tiers.DEMOTION): a live holder must still serve it.
+            # Copies in inference nodes' own HBM/DRAM serve nobody else.
+            if ov.demote and not any(h.role is Role.HOLDER for h in self.directory.holders(ov.key)):
+                raise OverrideRefusedError("no_lower_tier", f"chunk {ov.key:#x}: no live holder keeps it in a lower "
+                                                            "tier to demote to (use --drop)")
             action = EvictAction.DEMOTE if ov.demote else EvictAction.DROP
             self._apply(policy_evict(self.engine, ov.key, action), report)
             out["action"] = action.value

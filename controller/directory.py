@@ -74,16 +74,18 @@ class Node:
 
 @dataclass(frozen=True)
 class Holding:
-    """One copy of a chunk: on which node, at which address, in which tier, how many bytes."""
+    """One copy of a chunk: on which node (and its role), at which address, in which tier, how many bytes."""
 
     node_id: str
     address: str
     tier: str
     nbytes: int
+    role: Role = Role.HOLDER
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"node_id": self.node_id, "address": self.address, "tier": self.tier, "nbytes": self.nbytes}
+        return {"node_id": self.node_id, "address": self.address, "tier": self.tier, "nbytes": self.nbytes,
+                "role": str(self.role)}
 
 
 class Directory:
@@ -208,7 +210,7 @@ class Directory:
     def holders(self, key: int) -> list[Holding]:
         """Copies of ``key`` on nodes that are up, fastest tier first, then by node id."""
         with self._lock:
-            out = [Holding(nid, node.address, t, nb)
+            out = [Holding(nid, node.address, t, nb, node.role)
                    for nid in self._index.get(key, ())
                    if (node := self._nodes[nid]).up
                    for t, nb in node.chunks[key].items()]

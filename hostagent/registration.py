@@ -111,6 +111,18 @@ class ControllerClient:
         """POST ``doc`` to ``path``."""
         return self.request("POST", path, doc if doc is not None else {})
 
+    def holders(self, key: int) -> list[dict[str, Any]]:
+        """Live copies of chunk ``key`` (node_id, address, tier, nbytes, role), fastest tier first.
+
+        What a requester addresses its GETs to; empty when no live node offers the chunk.
+        """
+        try:
+            return list(self.get(f"/v1/chunks/{key:#x}")["holders"])
+        except ControllerApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+
 
 class Registration:
     """One agent's membership in the directory (see the module docstring)."""

@@ -132,14 +132,19 @@ def test_admit_writes_the_pool_entry_and_evict_removes_it(daemon: Daemon, api: C
 
 
 def test_evict_demote_with_a_holder_in_a_lower_tier(daemon: Daemon, api: ControllerClient) -> None:
+    # A copy in an inference node's own HBM serves nobody else: not somewhere to demote to.
+    requester = Registration(api, "h1", H1.address, "inference", {"hbm": 1 << 20})
+    requester.register()
+    requester.publish([SMALL], "hbm", 1000)
+    api.post("/v1/admit", {"key": f"{SMALL:#x}"})
+    assert _refused(api, "/v1/evict", {"key": f"{SMALL:#x}"}).code == "no_lower_tier"
     reg = _holder(api)
     reg.publish([SMALL], "pool", 1000)
-    api.post("/v1/admit", {"key": f"{SMALL:#x}"})
     assert daemon.pool_entry(SMALL) is not None
     out = api.post("/v1/evict", {"key": f"{SMALL:#x}"})  # demote is the default
     assert out["action"] == "demote" and daemon.pool_entry(SMALL) is None
     chunk = api.get(f"/v1/chunks/{SMALL:#x}")
-    assert [(h["node_id"], h["tier"]) for h in chunk["holders"]] == [("h0", "pool")]
+    assert [(h["node_id"], h["tier"]) for h in chunk["holders"]] == [("h1", "hbm"), ("h0", "pool")]
     assert chunk["switch"] is None  # out of the switch, never fetched: not a row of top
 
 
@@ -256,9 +261,12 @@ def test_registration_over_the_unix_socket_and_holders(bare: Daemon) -> None:
     reg.register()
     assert reg.publish([SMALL, TWO], "dram", 1000) == 2
     chunk = client.get(f"/v1/chunks/{TWO:#x}")
-    assert chunk["holders"] == [{"node_id": "h0", "address": H0.address, "tier": "dram", "nbytes": 1000}]
+    assert chunk["holders"] == [{"node_id": "h0", "address": H0.address, "tier": "dram", "nbytes": 1000,
+                                 "role": "holder"}]
+    assert [h["address"] for h in client.holders(SMALL)] == [H0.address]
     assert reg.withdraw([TWO]) == 1
     assert client.get(f"/v1/chunks/{TWO:#x}")["holders"] == []
+    assert client.holders(UNKNOWN) == []
     nodes = client.get("/v1/nodes")["nodes"]
     assert [(n["node_id"], n["up"], n["chunks"]) for n in nodes] == [("h0", True, 1)]
     reg.stop()

@@ -52,7 +52,7 @@ def test_register_publish_and_find_holders(d: Directory) -> None:
     holders = d.holders(1)
     # Fastest tier first, then by node id.
     assert [(h.node_id, h.tier) for h in holders] == [("h0", "dram"), ("h2", "dram"), ("h0", "pool")]
-    assert holders[0].address == "10.0.0.1" and holders[0].nbytes == 5000
+    assert holders[0].address == "10.0.0.1" and holders[0].nbytes == 5000 and holders[0].role is Role.HOLDER
     assert d.holders(3) == []
     tiers = d.tiers()
     assert tiers["dram"] == {"capacity": 20 * MiB, "used": 10000, "chunks": 2, "nodes": 2}
