@@ -36,7 +36,7 @@ Reads:
     ``{"nodes": [{"node_id", "address", "role", "up", "capacities", "used", "chunks",
     "last_seen_s"}, ...]}``.
 ``GET /v1/chunks/<key>``
-    ``{"key", "holders": [{"node_id", "address", "tier", "nbytes"}], "switch": row of top
+    ``{"key", "holders": [{"node_id", "address", "tier", "nbytes", "role"}], "switch": row of top
     or null}``; 404 for a key neither the catalog nor the directory knows.
 
 Operator overrides (JSON body; answer ``{"op", "key", "admitted": [...], "evicted":
