@@ -514,14 +514,6 @@ class Controller:
         self._overrides.put((override, fut))
         return fut
 
-    def override(self, override: Override) -> dict[str, Any]:
-        """Apply an override now, in the caller's thread (tests and the non-looping CLI path)."""
-        with self._lock:
-            report = EpochReport(self.epoch)
-            out = self._override(override, report)
-            self.publish_snapshot()
-            return out
-
     def _apply_overrides(self, report: EpochReport) -> None:
         while True:
             try:

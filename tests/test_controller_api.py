@@ -205,6 +205,14 @@ def test_quota_evicts_the_tenants_chunks_from_the_switch(daemon: Daemon, api: Co
     assert e.code == "pin_limit" and "pinned slots" in str(e)
 
 
+def test_overrides_need_the_pool_mode(bare: Daemon) -> None:
+    from controller.daemon import Mode
+
+    bare.controller.settings.mode = Mode.MULTICAST
+    e = _refused(ControllerClient(bare.url), "/v1/admit", {"key": f"{SMALL:#x}"})
+    assert e.status == 409 and e.code == "pool_off" and "multicast" in str(e)
+
+
 def test_override_times_out_when_no_epoch_runs(daemon: Daemon, api: ControllerClient) -> None:
     daemon.stop_event.set()
     daemon.loop.join(timeout=5)
