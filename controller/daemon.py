@@ -12,7 +12,10 @@ writes; this module connects them:
   switch, and ask the holder to push each newly admitted chunk through the switches so
   they fill on pass (values never travel through the controller);
 * every ``epochs_per_sketch_epoch`` epochs, advance the sketch epoch (a default-action
-  write), which ages the data plane's popularity counts without register writes.
+  write), which ages the data plane's popularity counts without register writes;
+* operator side (served by ``controller.api``): overrides queued with ``submit`` are applied
+  through the policy at the start of the next epoch, the directory of holders is swept for
+  silent nodes, and a snapshot for the API is published at the end of every epoch.
 
 The chunk *catalog* (key -> parent, position in its prefix, serialized length) is what
 lets the controller write exact pool entries: a switch drops authorised DATA whose
