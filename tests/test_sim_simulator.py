@@ -10,7 +10,7 @@ import pytest
 from controller.sim.caches import replay
 from controller.sim.config import MODELS, ClusterConfig, ConfigError
 from controller.sim.locality import plan
-from controller.sim.simulator import run_policy, sweep
+from controller.sim.simulator import run_policy, sweep, sweep_steps
 from kvpool.trace import SyntheticSpec, Trace, TraceRequest, generate, read_jsonl
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
@@ -146,3 +146,17 @@ def test_each_switch_replays_its_own_fetches(trace: Trace) -> None:
         for h in halves
     ]
     assert r2.switch_hits == sum(per_switch) > 0  # each pool sees only the fetches behind it
+
+
+def test_sweep_reports_monotone_progress_up_to_its_step_count(trace: Trace) -> None:
+    seen: list[float] = []
+    labels: set[str] = set()
+
+    def progress(label: str, steps: float) -> None:
+        seen.append(steps)
+        labels.add(label)
+
+    sweep(trace, SMALL, policies=["value", "lru"], switch_mibs=[48.0, 96.0], nodes=[8], progress=progress)
+    assert seen == sorted(seen)
+    assert seen[-1] == sweep_steps(1, 1, 2, 2) == 7
+    assert any("policy=value" in lab for lab in labels) and any("local tiers" in lab for lab in labels)

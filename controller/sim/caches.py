@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,6 +235,7 @@ def _value(
     chunk_bytes: int,
     slot_bytes: int,
     cost: PrefillCost,
+    progress: Callable[[float], None] | None = None,
 ) -> CacheResult:
     slots = -(-chunk_bytes // slot_bytes)
     engine = PolicyEngine(PolicyConfig(capacity_bytes=cap * slots * slot_bytes, slot_bytes=slot_bytes, cost=cost))
@@ -243,8 +245,10 @@ def _value(
         p = parents[i]
         if access(k, p if p >= 0 else None, positions[i], chunk_bytes):
             hits[i] = True
-        if i & 1023 == 1023:
+        if i & 16383 == 16383:
             engine.drain()  # the simulator only counts the changes (in stats)
+            if progress is not None:
+                progress(i / len(keys))
     engine.drain()
     s = engine.stats
     return CacheResult(hits, s["admitted"], s["demoted"] + s["dropped"], s["demoted"])
@@ -259,8 +263,12 @@ def replay(
     chunk_bytes: int,
     slot_bytes: int,
     cost: PrefillCost,
+    progress: Callable[[float], None] | None = None,
 ) -> CacheResult:
-    """Replay one switch's fetch sequence through ``policy`` with a pool of ``capacity_chunks``."""
+    """Replay one switch's fetch sequence through ``policy`` with a pool of ``capacity_chunks``.
+
+    ``progress`` gets the fraction done now and then (only the slow ``value`` replay reports).
+    """
     if policy in NO_SWITCH or capacity_chunks <= 0:
         return CacheResult(np.zeros(len(keys), dtype=np.bool_), 0, 0)
     if policy == "lru":
@@ -274,5 +282,5 @@ def replay(
     if policy == "belady":
         return _belady(keys, capacity_chunks)
     if policy == "value":
-        return _value(keys, parents, positions, capacity_chunks, chunk_bytes, slot_bytes, cost)
+        return _value(keys, parents, positions, capacity_chunks, chunk_bytes, slot_bytes, cost, progress)
     raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES + NO_SWITCH)})")

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from controller.sim.config import MODELS, ClusterConfig, ConfigError
-    from controller.sim.simulator import sweep
+    from controller.sim.simulator import sweep, sweep_steps
     from kvpool.trace import TraceError
 
     try:
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ConfigError) as exc:
         print(f"kvpool sim: error: {exc}", file=sys.stderr)
         return 2
-    total = len(args.nodes) * len(args.model) * len(args.switch_mib) * len(args.policy)
+    total = sweep_steps(len(args.nodes), len(args.model), len(args.switch_mib), len(args.policy))
     show = not args.no_progress and sys.stderr.isatty()
     results: list[Any]
     if show:
@@ -200,9 +200,9 @@ def run(args: argparse.Namespace) -> int:
         with Progress(transient=True) as bar:
             task = bar.add_task("simulating", total=total)
 
-            def tick(label: str) -> None:
-                """Advance the bar by one finished run."""
-                bar.update(task, advance=1, description=label)
+            def tick(label: str, steps: float) -> None:
+                """Move the bar to ``steps`` done, showing what runs now."""
+                bar.update(task, completed=steps, description=label)
 
             results = sweep(
                 trace,

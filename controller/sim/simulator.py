@@ -64,7 +64,27 @@ class SimResult:
         return asdict(self)
 
 
-def _switch_replay(p: FetchPlan, cfg: ClusterConfig, policy: str) -> tuple[np.ndarray, int]:
+def _scaled(report: Callable[[str, float], None], label: str, scale: float) -> Callable[[float], None]:
+    """A progress callback reporting ``label`` at ``scale`` x its argument."""
+
+    def cb(x: float) -> None:
+        report(label, x * scale)
+
+    return cb
+
+
+def _shifted(progress: Callable[[float], None], index: int, count: int) -> Callable[[float], None]:
+    """Progress of part ``index`` of ``count`` equal parts, as a fraction of the whole."""
+
+    def cb(f: float) -> None:
+        progress((index + f) / count)
+
+    return cb
+
+
+def _switch_replay(
+    p: FetchPlan, cfg: ClusterConfig, policy: str, progress: Callable[[float], None] | None = None
+) -> tuple[np.ndarray, int]:
     """Hits of ``policy`` over every switch's own fetch sequence, and its table writes."""
     hits = np.zeros(p.n_fetches, dtype=np.bool_)
     writes = 0
@@ -82,6 +102,7 @@ def _switch_replay(p: FetchPlan, cfg: ClusterConfig, policy: str) -> tuple[np.nd
             cfg.chunk_bytes,
             cfg.slot_bytes,
             cost,
+            None if progress is None else _shifted(progress, s, cfg.switches),
         )
         hits[idx] = res.hits
         writes += res.admissions + res.evictions
@@ -89,9 +110,14 @@ def _switch_replay(p: FetchPlan, cfg: ClusterConfig, policy: str) -> tuple[np.nd
 
 
 def run_policy(
-    trace: Trace, p: FetchPlan, cfg: ClusterConfig, policy: str, belady_ratio: float | None = None
+    trace: Trace,
+    p: FetchPlan,
+    cfg: ClusterConfig,
+    policy: str,
+    belady_ratio: float | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> SimResult:
-    """Replay one policy over a ready plan and time it."""
+    """Replay one policy over a ready plan and time it; ``progress`` gets the fraction done."""
     if policy not in POLICIES + NO_SWITCH:
         raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES + NO_SWITCH)})")
     t0 = time.perf_counter()
@@ -100,7 +126,7 @@ def run_policy(
     switch_present = policy not in NO_SWITCH
     has_switch = switch_present and cfg.switch_chunks > 0
     if has_switch:
-        hits, writes = _switch_replay(p, cfg, policy)
+        hits, writes = _switch_replay(p, cfg, policy, None if progress is None else (lambda f: progress(0.8 * f)))
     else:
         hits, writes = np.zeros(p.n_fetches, dtype=np.bool_), 0
     if belady_ratio is None:
@@ -170,6 +196,11 @@ def run_policy(
     )
 
 
+def sweep_steps(n_nodes: int, n_models: int, n_sizes: int, n_policies: int) -> int:
+    """Progress steps of a sweep: one plan per (nodes, model), one Belady per size, one per run."""
+    return n_nodes * n_models * (1 + n_sizes * (1 + n_policies))
+
+
 def sweep(
     trace: Trace,
     base: ClusterConfig,
@@ -178,25 +209,40 @@ def sweep(
     switch_mibs: list[float],
     nodes: list[int],
     models: list[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, float], None] | None = None,
 ) -> list[SimResult]:
-    """Every combination of nodes x model x switch size x policy; one plan per (nodes, model)."""
+    """Every combination of nodes x model x switch size x policy; one plan per (nodes, model).
+
+    ``progress(label, steps)`` reports how many of :func:`sweep_steps` steps are done.
+    """
     out: list[SimResult] = []
+    done = 0.0
+
+    def report(label: str, frac: float) -> None:
+        if progress is not None:
+            progress(label, done + frac)
+
     for n in nodes:
         for m in models or [base.model.name]:
             cfg0 = replace(base, nodes=n, model=MODELS[m], switches=min(base.switches, n))
             cfg0.validate()
             t0 = time.perf_counter()
-            p = plan(trace, cfg0)
+            label = f"nodes={n} model={m}: routing and local tiers"
+            p = plan(trace, cfg0, progress=_scaled(report, label, 1.0 / max(len(trace), 1)))
             plan_s = time.perf_counter() - t0
+            done += 1
             for mib in switch_mibs:
                 cfg = replace(cfg0, switch_mib=mib)
                 cfg.validate()
+                report(f"nodes={n} model={m} switch={mib:g}MiB: Belady", 0.0)
                 bel = float(_switch_replay(p, cfg, "belady")[0].mean()) if p.n_fetches and cfg.switch_chunks else 0.0
+                done += 1
                 for pol in policies:
-                    r = run_policy(trace, p, cfg, pol, belady_ratio=bel)
+                    label = f"nodes={n} model={m} switch={mib:g}MiB policy={pol}"
+                    report(label, 0.0)
+                    r = run_policy(trace, p, cfg, pol, belady_ratio=bel, progress=_scaled(report, label, 1.0))
                     r.runtime_s += plan_s / (len(switch_mibs) * len(policies))
                     out.append(r)
-                    if progress is not None:
-                        progress(f"nodes={n} model={m} switch={mib:g}MiB policy={pol}")
+                    done += 1
+                    report(label, 0.0)
     return out
