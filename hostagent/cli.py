@@ -7,8 +7,8 @@ threads and exits 0.  ``--ready-file`` receives a JSON line ``{"pid", "udp", "ap
 
 Example::
 
-    kvpool-agent --udp-port 7470 --api-port 7480 --dram-bytes 4GiB
-    curl -s http://127.0.0.1:7480/v1/stats
+    kvpool-agent --udp-port 7470 --api-port 7471 --dram-bytes 4GiB
+    curl -s http://127.0.0.1:7471/v1/stats
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address of the UDP sockets (default 127.0.0.1)")
     parser.add_argument("--udp-port", type=int, help="kvpool UDP port peers send GETs to (default 7470; 0 = any)")
     parser.add_argument("--api-host", help="address of the HTTP API (default 127.0.0.1; keep it on loopback)")
-    parser.add_argument("--api-port", type=int, help="HTTP API port (default 7480; 0 = any)")
+    parser.add_argument("--api-port", type=int, help="HTTP API port (default 7471; 0 = any)")
     parser.add_argument("--dram-bytes", type=parse_size, help="host DRAM tier capacity (default 1GiB)")
     parser.add_argument("--gpu-bytes", type=parse_size, help="GPU tier capacity, used only with CUDA (default 0)")
     parser.add_argument("--backend", choices=BACKENDS, help="lowest tier below DRAM (default none)")

@@ -6,7 +6,7 @@ tensors ``[n, layers, 2, kv_heads, block, head_dim]``) into one serialized chunk
 block of ``block_size`` tokens, keyed by the hash chain of ``hostagent.chunking``, and
 back::
 
-    client = AgentClient("http://127.0.0.1:7480")
+    client = AgentClient("http://127.0.0.1:7471")
     client.publish_prefix("llama-tiny", token_ids, past_key_values, block_size=16)
     # on another node, through its own agent:
     prefix = client.fetch_prefix("llama-tiny", token_ids, block_size=16, holder="10.0.0.1:7470")
@@ -69,7 +69,7 @@ class AgentClient:
     def __init__(self, url: str, timeout: float = 60.0) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"agent url must look like http://127.0.0.1:7480, got {url!r}")
+            raise ValueError(f"agent url must look like http://127.0.0.1:7471, got {url!r}")
         self.url = url.rstrip("/")
         self._host, self._port = parts.hostname, parts.port
         self.timeout = timeout

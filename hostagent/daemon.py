@@ -50,8 +50,8 @@ class AgentConfig:
     """kvpool UDP port peers send GETs to; 0 picks a free one."""
     api_host: str = "127.0.0.1"
     """Address of the local HTTP API (keep it on loopback: it has no authentication)."""
-    api_port: int = 7480
-    """HTTP API port; 0 picks a free one."""
+    api_port: int = 7471
+    """HTTP API port; 0 picks a free one (the controller's API defaults to 7480)."""
     dram_bytes: int = 1 << 30
     """Host DRAM tier capacity."""
     gpu_bytes: int = 0
