@@ -119,7 +119,7 @@ class EmulatedNetwork:
     """A Mininet network of a ``Topology``; use as a context manager so it always stops."""
 
     def __init__(self, topo: Topology, target: str | None = None, log_dir: Path | str = "logs",
-                 switch_timeout: float = 30.0) -> None:
+                 switch_timeout: float = 30.0, extra_neighbours: dict[str, str] | None = None) -> None:
         reason = mininet_available()
         if reason:
             raise NetworkError(reason)
@@ -129,6 +129,8 @@ class EmulatedNetwork:
             raise NetworkError(f"unknown target {self.target!r}; choose one of {TARGETS}")
         self.log_dir = Path(log_dir)
         self.switch_timeout = switch_timeout
+        #: Static ARP entries every host gets besides the other hosts (e.g. the fill sink).
+        self.extra_neighbours = dict(extra_neighbours or {})
         self.switches: dict[str, SwitchHandle] = {}
         self.net: Any = None
 
@@ -184,9 +186,9 @@ class EmulatedNetwork:
             intf = node.defaultIntf()
             node.cmd(f"ethtool --offload {intf} rx off tx off sg off >/dev/null 2>&1")
             node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
-            for other in self.topo.hosts.values():
-                if other.name != h.name:
-                    node.cmd(f"ip neigh replace {other.address} lladdr {other.mac} dev {intf} nud permanent")
+            neighbours = {o.address: o.mac for o in self.topo.hosts.values() if o.name != h.name}
+            for ip, mac in (neighbours | self.extra_neighbours).items():
+                node.cmd(f"ip neigh replace {ip} lladdr {mac} dev {intf} nud permanent")
         for sw in self.topo.switches:
             node = self.net.get(sw)
             for intf in node.intfList():

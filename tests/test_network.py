@@ -32,7 +32,8 @@ def test_switch_commands_for_both_targets(tmp_path: Path) -> None:
 @pytest.mark.root
 @pytest.mark.skipif(REASON is not None, reason=str(REASON))
 def test_star_comes_up_shaped_and_goes_away(tmp_path: Path) -> None:
-    net = EmulatedNetwork(star(2, holder_mbps=50), target="model", log_dir=tmp_path)
+    net = EmulatedNetwork(star(2, holder_mbps=50), target="model", log_dir=tmp_path,
+                          extra_neighbours={"10.0.0.254": "02:00:00:00:00:fe"})
     with net:
         handle = net.switches["s1"]
         assert handle.process is not None and handle.process.poll() is None
@@ -43,6 +44,7 @@ def test_star_comes_up_shaped_and_goes_away(tmp_path: Path) -> None:
         neigh = h1.cmd("ip neigh show dev h1-eth0")
         assert "10.0.0.100 lladdr 08:00:00:00:00:64 PERMANENT" in neigh
         assert "10.0.0.2 lladdr 08:00:00:00:00:02 PERMANENT" in neigh
+        assert "10.0.0.254 lladdr 02:00:00:00:00:fe PERMANENT" in neigh
         assert "tx-checksumming: off" in h1.cmd("ethtool -k h1-eth0")
         # The holder's link is shaped on the switch side (tc htb at 50 Mbit/s).
         assert "rate 50Mbit" in net.host("s1").cmd("tc class show dev s1-eth1")
