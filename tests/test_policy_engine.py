@@ -239,3 +239,29 @@ def test_probation_fifo_keeps_one_shots_out_of_main_and_promotes_repeats() -> No
     assert e.holds(500) and not pool.on_probation(500)
     assert pool.stats["promoted"] >= 1
     assert pool.main_used + pool.fifo_used == pool.allocator.used_slots
+
+
+def test_slots_match_residents_under_random_churn() -> None:
+    import random
+
+    rng = random.Random(3)
+    e = _engine(12, experts=(Expert(8.0), Expert(1e4, probation_hits=2), Expert(64.0, 2, 0.25)), epoch_fetches=32)
+    e.pin(7777, None, 0, CHUNK)
+    seen_bases: set[int] = set()
+    for step in range(4000):
+        key = rng.choice(range(40)) if rng.random() < 0.7 else 10_000 + step
+        parent = key - 1 if key % 5 else None
+        e.access(key, parent, key % 5, CHUNK, tenant=key % 2)
+        for c in e.drain():
+            if isinstance(c, Admit):
+                seen_bases.add(c.base_slot)
+        for pool in e.experts:
+            live = {r.base_slot: r.n_slots for r in pool.residents.values()}
+            assert pool.allocator.allocations() == live  # no leaked or double-booked slots
+            assert pool.main_used + pool.fifo_used == pool.allocator.used_slots
+            assert all(
+                r.children == sum(1 for c in pool.residents.values() if c.parent == r.key)
+                for r in pool.residents.values()
+            )
+    assert e.holds(7777)
+    assert len(seen_bases) <= e.n_slots // 3  # freed slot runs are reused, never fresh ones beyond the pool

@@ -63,6 +63,9 @@ class ValuePool:
         self.allocator = SlotAllocator(n_slots)
         self.quotas = QuotaBook(n_slots, dict(tenant_quotas or {}), pin_fraction)
         self.residents: dict[int, Resident] = {}
+        # resident children per parent key, whether or not the parent itself is resident, so
+        # a parent admitted after its children starts with the right count
+        self._kids: dict[int, int] = {}
         self.order = EvictionOrder()
         self.probation_slots = int(n_slots * probation_fraction)
         self.main_slots = n_slots - self.probation_slots
@@ -257,11 +260,14 @@ class ValuePool:
         now = self.clock
         r = Resident(key, parent, tenant, position, nbytes, n, base, log2_count, now, gain)
         r.score = log2_count + now / self.half_life + gain
+        r.children = self._kids.get(key, 0)
         self.residents[key] = r
         self.quotas.charge(tenant, n)
-        p = self.residents.get(parent) if parent is not None else None
-        if p is not None:
-            p.children += 1  # the parent stops being a leaf; its heap entry goes stale
+        if parent is not None:
+            self._kids[parent] = self._kids.get(parent, 0) + 1
+            p = self.residents.get(parent)
+            if p is not None:
+                p.children += 1  # the parent stops being a leaf; its heap entry goes stale
         if probation:
             self.fifo[key] = None
             self.fifo_used += n
@@ -289,11 +295,17 @@ class ValuePool:
         self.quotas.charge(r.tenant, -r.n_slots)
         if r.pinned:
             self.quotas.pinned_slots -= r.n_slots
-        p = self.residents.get(r.parent) if r.parent is not None else None
-        if p is not None:
-            p.children -= 1
-            if p.children == 0 and not p.pinned and p.key not in self.fifo:
-                self.order.push(p)  # now a leaf: a candidate again
+        if r.parent is not None:
+            left = self._kids[r.parent] - 1
+            if left:
+                self._kids[r.parent] = left
+            else:
+                del self._kids[r.parent]
+            p = self.residents.get(r.parent)
+            if p is not None:
+                p.children -= 1
+                if p.children == 0 and not p.pinned and p.key not in self.fifo:
+                    self.order.push(p)  # now a leaf: a candidate again
         self.stats["demoted" if action is EvictAction.DEMOTE else "dropped"] += 1
         if self.record:
             self.changes.append(Evict(r.key, self.tier, action, target, expected, f"{why} {by:#x}; {reason}"))
