@@ -75,8 +75,6 @@ def test_port_version_and_geometry() -> None:
     assert C["SLICES_PER_FRAGMENT"] == wire.SLICES_PER_FRAGMENT
     assert C["FRAG_PAYLOAD"] == wire.FRAG_PAYLOAD == C["SLICE_BYTES"] * C["SLICES_PER_FRAGMENT"]
     assert C["MAX_FRAG_INDEX"] == wire.MAX_FRAGMENTS
-    assert C["IPV4_HEADER_BYTES"] == wire.IPV4_HEADER_LEN
-    assert C["UDP_HEADER_BYTES"] == wire.UDP_HEADER_LEN
     assert C["KV_UDP_LEN_NO_PAYLOAD"] == wire.UDP_HEADER_LEN + wire.HEADER_LEN
     assert C["KV_UDP_LEN_DATA"] == wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN
     assert C["KV_IPV4_LEN_DATA"] == wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN

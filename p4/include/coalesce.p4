@@ -98,7 +98,8 @@ control Coalesce(inout headers_t hdr,
         pending_tag.read(slot_tag, meta.pending_idx);
         pending_ts.read(slot_ts, meta.pending_idx);
         pending_waiters.read(slot_mask, meta.pending_idx);
-        waiterMask_t me = (waiterMask_t)1 << meta.waiter_id;
+        // BMv2 shifts by at most 8 bits; waiter ids are < MAX_WAITERS = 32 anyway.
+        waiterMask_t me = (waiterMask_t)1 << (bit<8>)meta.waiter_id;
         timestamp_t now = standard_metadata.ingress_global_timestamp;
 
         if (hdr.kv.opcode == OP_GET) {
@@ -167,7 +168,7 @@ control CoalesceEgress(inout headers_t hdr,
     apply {
         if (meta.release == 1) {
             waiterId_t rid = standard_metadata.egress_rid;
-            if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << rid)) == 0) {
+            if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << (bit<8>)rid)) == 0) {
                 mark_to_drop(standard_metadata);
                 egress_stats.count(EG_REPLICA_PRUNED);
             } else if (waiter_egress.apply().hit) {

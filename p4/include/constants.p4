@@ -49,8 +49,6 @@ const bit<16> FRAG_PAYLOAD  = 1408;
 const bit<16> MAX_FRAG_INDEX = 0xFFFF;  // frag_index must stay below this (wire.MAX_FRAGMENTS)
 
 // Lengths of the packets the switch checks or creates (IPv4 without options).
-const bit<16> IPV4_HEADER_BYTES = 20;
-const bit<16> UDP_HEADER_BYTES  = 8;
 const bit<16> KV_UDP_LEN_NO_PAYLOAD = 40;    // UDP 8 + kvpool 32: GET, INVALIDATE, NACK
 const bit<16> KV_UDP_LEN_DATA       = 1448;  // UDP 8 + kvpool 32 + payload 1408
 const bit<16> KV_IPV4_LEN_DATA      = 1468;  // IPv4 20 + KV_UDP_LEN_DATA
@@ -90,7 +88,8 @@ const bit<32> DEFAULT_HOT_THRESHOLD      = 8;
 const bit<7>  DEFAULT_SKETCH_EPOCH       = 1;
 
 // Pool entry states (action parameter `state` of pool_entry).
-const bit<8> POOL_STATE_DISABLED = 0;  // entry kept but neither filled nor served
+// Any value other than FILLING and VALID disables the entry (#define: nothing tests for it).
+#define POOL_STATE_DISABLED 0      // entry kept but neither filled nor served
 const bit<8> POOL_STATE_FILLING  = 1;  // every authorised DATA is written; filled fragments served
 const bit<8> POOL_STATE_VALID    = 2;  // served; DATA only rewrites fragments not current
 

@@ -78,12 +78,15 @@ control Pool(inout headers_t hdr,
         default_action = NoAction();
     }
 
+    // Called from apply, never from a table: @hidden keeps it out of the P4Info.
+    @hidden
     action advance_generation(generation_t generation) {
         chunk_gen.write(meta.base_slot, generation);
         chunk_gen_key.write(meta.base_slot, hdr.kv.chunk_key);
         meta.cur_generation = generation;
     }
 
+    @hidden
     action write_slot(slotIdx_t slot) {
         slice_0.write(slot, hdr.payload[0].v);
         slice_1.write(slot, hdr.payload[1].v);
@@ -102,6 +105,7 @@ control Pool(inout headers_t hdr,
     }
 
     // Turn the GET into the DATA reply in place and send it back where it came from.
+    @hidden
     action serve(slotIdx_t slot, bit<16> payload_len) {
         hdr.payload[0].setValid();
         hdr.payload[1].setValid();
