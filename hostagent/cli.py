@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of silence before re-asking for missing fragments")
     parser.add_argument("--give-up", dest="give_up_s", type=float, help="seconds of silence before a fetch fails")
     parser.add_argument("--fetch-timeout", dest="fetch_timeout_s", type=float, help="default deadline of one fetch")
+    parser.add_argument("--controller", help="controller API to register with (http://HOST:PORT or unix:/PATH)")
+    parser.add_argument("--node-id", help="node id in the controller's directory (default: host name)")
+    parser.add_argument("--role", choices=["holder", "inference"], help="directory role (default holder)")
+    parser.add_argument("--advertise", help="address registered in the directory (default: --host)")
+    parser.add_argument("--pool-bytes", type=parse_size,
+                        help="capacity declared to the directory for the tier below DRAM (default 1TiB)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
     parser.add_argument("--log-file", type=Path, help="log here instead of stderr")
     parser.add_argument("--ready-file", type=Path, help="write a JSON line with pid and bound addresses here")
@@ -70,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "dram_bytes", "gpu_bytes", "backend", "mooncake_master",
         "mooncake_metadata_url", "rate_bytes_per_s", "window_fragments", "max_inflight_fragments",
-        "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level")}
+        "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
+        "advertise", "pool_bytes")}
     if overrides["rate_bytes_per_s"] is not None:
         overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])
     cfg = cfg.replace(**overrides)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hostagent.backend import ChunkBackend, MemoryBackend
+from hostagent.dirsync import DirectorySync
 from hostagent.holder import Holder
+from hostagent.registration import ControllerApiError, ControllerClient, ControllerUnreachableError, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
 from kvpool import wire
@@ -34,6 +37,7 @@ from kvpool import wire
 log = logging.getLogger("kvpool.agent")
 
 BACKENDS = ("none", "memory", "mooncake")
+ROLES = ("holder", "inference")
 
 
 class ConfigError(ValueError):
@@ -80,6 +84,16 @@ class AgentConfig:
     """Largest API request body accepted."""
     log_level: str = "INFO"
     """Logging level name."""
+    controller: str = ""
+    """Controller API (``http://HOST:PORT`` or ``unix:/PATH``) to register with; empty: none."""
+    node_id: str = ""
+    """This agent's node id in the directory (default: the host name)."""
+    role: str = "holder"
+    """Directory role: holder (serves chunks) or inference (fetches them)."""
+    advertise: str = ""
+    """Address registered in the directory (default: ``host``)."""
+    pool_bytes: int = 1 << 40
+    """Capacity declared to the directory for the tier below DRAM (the backend)."""
 
     def transport_config(self) -> TransportConfig:
         """The transport part of this configuration."""
@@ -94,6 +108,12 @@ class AgentConfig:
         """Raise ``ConfigError`` naming the first bad value."""
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.role not in ROLES:
+            raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.pool_bytes <= 0:
+            raise ConfigError(f"pool_bytes must be positive, got {self.pool_bytes}")
+        if self.controller and not self.controller.startswith(("http://", "unix:")):
+            raise ConfigError(f"controller must be http://HOST:PORT or unix:/PATH, got {self.controller!r}")
         for name in ("udp_port", "api_port"):
             if not 0 <= getattr(self, name) <= 0xFFFF:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
@@ -169,6 +189,7 @@ class Agent:
         self.fetch_local_hits = 0
         self.fetch_remote = 0
         self.fetch_failed = 0
+        self.directory: DirectorySync | None = None
 
     def _make_backend(self) -> ChunkBackend | None:
         if self.config.backend == "memory":
@@ -195,12 +216,41 @@ class Agent:
         self._api_thread = threading.Thread(target=self._api.serve_forever, kwargs={"poll_interval": 0.1},
                                             name="kvpool-api", daemon=True)
         self._api_thread.start()
+        if self.config.controller:
+            try:
+                self._join_directory()
+            except (ControllerApiError, ControllerUnreachableError, ValueError) as exc:
+                self.stop()
+                raise RuntimeError(f"controller {self.config.controller}: {exc}") from None
         self.started_at = time.time()
         log.info("agent up: kvpool udp %s:%d, api http://%s:%d, tiers %s", self.config.host, self.transport.port,
                  self.config.api_host, self.api_port, "/".join(self.store.tier_names))
 
+    def _join_directory(self) -> None:
+        """Register with the controller and mirror every tier change into its directory."""
+        cfg = self.config
+        caps = {"dram": cfg.dram_bytes}
+        if "gpu" in self.store.tier_names:
+            caps["hbm"] = cfg.gpu_bytes
+        if self._backend is not None:
+            caps["pool"] = cfg.pool_bytes
+        reg = Registration(ControllerClient(cfg.controller), cfg.node_id or socket.gethostname(),
+                           cfg.advertise or cfg.host, role=cfg.role, tiers=caps)
+        sync = DirectorySync(reg)
+        self.store.set_listener(sync.notify)  # replays the chunks stored before registering
+        try:
+            sync.start()
+        except BaseException:
+            self.store.set_listener(None)
+            raise
+        self.directory = sync
+
     def stop(self) -> None:
-        """Stop the API (waiting for requests in progress), the transport and the backend."""
+        """Leave the directory, stop the API (waiting for requests in progress), the transport and the backend."""
+        if self.directory is not None:
+            self.store.set_listener(None)
+            self.directory.stop()
+            self.directory = None
         if self._api is not None:
             self._api.shutdown()
             self._api.server_close()
@@ -300,6 +350,8 @@ class Agent:
         out: dict[str, Any] = {"agent": agent, "tiers": self.store.stats(), "transport": self.transport.stats()}
         if self._api is not None:
             out["api"] = self._api.counters.snapshot()
+        if self.directory is not None:
+            out["directory"] = self.directory.stats()
         return out
 
 

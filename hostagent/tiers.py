@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,9 +147,24 @@ class TieredStore:
         self._tiers = [_TierState(t, OrderedDict()) for t in tiers]
         self._where: dict[int, int] = {}
         self._lock = threading.RLock()
+        self._listener: Callable[[int, str | None, int], None] | None = None
         self.misses = 0
         self.dropped = 0
         self.dropped_bytes = 0
+
+    def set_listener(self, listener: Callable[[int, str | None, int], None] | None) -> None:
+        """Call ``listener(key, tier name or None when gone, size)`` on every placement change.
+
+        The chunks already stored are reported first, under the same lock, so the listener
+        sees a consistent history.  It runs under the store's lock, so it must be quick
+        (record and return); a move shows up as the chunk leaving one tier, then landing
+        in another.
+        """
+        with self._lock:
+            self._listener = listener
+            if listener is not None:
+                for key, tier, size in self.placements():
+                    listener(key, tier, size)
 
     @property
     def tier_names(self) -> list[str]:
@@ -227,6 +243,11 @@ class TieredStore:
         with self._lock:
             return len(self._where)
 
+    def placements(self) -> list[tuple[int, str, int]]:
+        """``(key, tier name, size)`` of every stored chunk, without touching LRU order."""
+        with self._lock:
+            return [(k, s.tier.name, e.size) for s in self._tiers for k, e in s.lru.items()]
+
     def keys(self) -> list[int]:
         """All stored keys (any tier)."""
         with self._lock:
@@ -273,6 +294,8 @@ class TieredStore:
         state.lru[key] = entry
         state.used += entry.size
         self._where[key] = level
+        if self._listener is not None:
+            self._listener(key, state.tier.name, entry.size)
         cap = state.tier.capacity_bytes
         while cap is not None and state.used > cap:
             victim, ventry = next(iter(state.lru.items()))
@@ -292,6 +315,8 @@ class TieredStore:
         state.used -= entry.size
         state.tier.remove(key)
         del self._where[key]
+        if self._listener is not None:
+            self._listener(key, None, entry.size)
 
     def _remove(self, key: int) -> bool:
         level = self._where.get(key)

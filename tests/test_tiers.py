@@ -129,3 +129,18 @@ def test_put_hands_over_buffers_only_when_asked() -> None:
     assert isinstance(view, memoryview) and view.readonly and view == b"wxyz"
     s.put(3, bytearray(b"q"), copy=False)  # a bytearray is always copied (it has no read-only view)
     assert s.get(3) == b"q"
+
+
+def test_listener_sees_every_placement_change_and_a_replay() -> None:
+    s = _two_tiers(top=100, bottom=100)
+    s.put(1, bytes(60))
+    events: list[tuple[int, str | None, int]] = []
+    s.set_listener(lambda key, tier, size: events.append((key, tier, size)))
+    assert events == [(1, "fast", 60)]  # what was stored before is replayed first
+    s.put(2, bytes(60))  # 1 is demoted: it leaves "fast", lands in "slow"
+    assert events[1:] == [(2, "fast", 60), (1, None, 60), (1, "slow", 60)]
+    s.delete(2)
+    assert events[-1] == (2, None, 60)
+    s.set_listener(None)
+    s.put(3, bytes(10))
+    assert len(events) == 5
