@@ -871,8 +871,10 @@ class KvpoolPipeline:
         slot_tag = self._read(R_PENDING_TAG, meta.pending_idx)
         slot_ts = self._read(R_PENDING_TS, meta.pending_idx)
         slot_mask = self._read(R_PENDING_WAITERS, meta.pending_idx)
-        # A shift by the full width or more gives 0 in P4.
-        me = (1 << meta.waiter_id) & M32 if meta.waiter_id < 32 else 0
+        # The P4 casts the shift amount to bit<8> (BMv2 shifts by at most 8 bits); a shift
+        # by the full width or more gives 0.
+        shift = meta.waiter_id & 0xFF
+        me = (1 << shift) & M32 if shift < 32 else 0
         now = meta.ingress_timestamp
 
         if kv.opcode == OP_GET:
@@ -938,7 +940,7 @@ class KvpoolPipeline:
         if meta.release == 1:
             assert kv is not None and pkt.udp is not None and pkt.ipv4 is not None
             rid = meta.egress_rid
-            if rid >= MAX_WAITERS or not meta.release_mask & (1 << rid):
+            if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
                 mark_to_drop(meta)
                 self._count(C_EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
                 return
