@@ -8,7 +8,11 @@ socket, including a node that misses its heartbeats and comes back.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from enum import IntEnum
@@ -279,6 +283,41 @@ def test_registration_over_the_unix_socket_and_holders(bare: Daemon) -> None:
     assert [(n["node_id"], n["up"], n["chunks"]) for n in nodes] == [("h0", True, 1)]
     reg.stop()
     assert client.get("/v1/nodes")["nodes"] == []
+
+
+def _netns_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for a network namespace (unshare -n)"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+def test_an_agent_in_another_network_namespace_registers_through_the_socket(bare: Daemon) -> None:
+    # As a Mininet host: its own network namespace (the controller's loopback TCP port is not
+    # reachable from there), the same filesystem (the Unix socket is).
+    script = (
+        "import sys\n"
+        "from hostagent.registration import ControllerClient, ControllerUnreachableError, Registration\n"
+        f"tcp = ControllerClient({bare.url!r}, timeout=2)\n"
+        "try:\n"
+        "    tcp.get('/v1/status')\n"
+        "    sys.exit('TCP reached the controller from another namespace')\n"
+        "except ControllerUnreachableError:\n"
+        "    print('tcp unreachable')\n"
+        f"reg = Registration(ControllerClient('unix:{bare.socket}'), 'h0', {H0.address!r}, 'holder', "
+        "{'pool': 1 << 20})\n"
+        "reg.register()\n"
+        f"print('new', reg.publish([{SMALL}], 'pool', 1000))\n"
+    )
+    r = subprocess.run(["unshare", "-n", sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["tcp", "unreachable", "new", "1"]
+    client = ControllerClient(bare.url)
+    assert [h["address"] for h in client.holders(SMALL)] == [H0.address]
 
 
 def test_registration_outside_the_node_list_is_refused(bare: Daemon) -> None:
