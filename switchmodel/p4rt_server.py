@@ -8,8 +8,18 @@ codes; a batched Write that fails answers UNKNOWN with one ``p4.v1.Error`` per u
 the status details (``grpc-status-details-bin``), as PI does, so p4runtime-shell and our
 driver read them the same way from either target.
 
-Left out like BMv2: register and meter entries (UNIMPLEMENTED), action profiles, clone
-sessions, ROLLBACK_ON_ERROR/DATAPLANE_ATOMIC batches, named roles.
+Codes follow PI (p4lang/PI proto/frontend), not always the spec's wording: an id missing
+from the P4Info is INVALID_ARGUMENT ("Invalid P4 id"; digests: NOT_FOUND); bytestrings of
+any length are accepted when the value fits; an absent election id is id 0; with no stream
+open, requests without an election id are accepted; counter DELETE resets the cell, an
+index out of range is UNKNOWN; counters report packets and bytes whatever their unit.
+
+Left out (UNIMPLEMENTED), as far as BMv2 goes too: register and meter entries, action
+profiles, clone sessions, ROLLBACK_ON_ERROR/DATAPLANE_ATOMIC batches, named roles.
+Known differences from BMv2: Capabilities says "1.4.1" (PI says "1.3.0"); arbitration for
+another device id is refused with NOT_FOUND (PI would create an empty device); the device
+config is stored without checking that it is BMv2 JSON; replicas are read back with
+``egress_port`` even when written with ``port``.
 """
 
 from __future__ import annotations
