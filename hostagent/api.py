@@ -174,6 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "kvpool-agent/0.1"
 
     def log_message(self, format: str, *args: Any) -> None:
+        """Access log to the ``kvpool.api`` logger at DEBUG instead of stderr."""
         log.debug("%s " + format, self.address_string(), *args)
 
     # ------------------------------------------------------------------ plumbing

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        """Ask the main loop to stop (the handler itself does nothing slow)."""
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
