@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvpool-switch`` argument parser."""
-    parser = argparse.ArgumentParser(prog="kvpool-switch", description=(__doc__ or "").strip().splitlines()[0])
+    parser = argparse.ArgumentParser(prog="kvpool-switch",
+                                     description="Run the kvpool reference switch model behind P4Runtime (gRPC).")
     add_arguments(parser)
     return parser
 
