@@ -303,11 +303,15 @@ class Agent:
         """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped.
 
         Chunks held locally are served from the tiers; the rest are fetched over UDP
-        from ``holder`` in one batch and stored locally.  A key implies its whole
-        prefix, so the answer stops at the first chunk that could not be had.
+        from ``holder`` in one batch and stored locally.  Without a ``holder``, an agent
+        registered with a controller asks its directory who holds the first missing
+        chunk.  A key implies its whole prefix, so the answer stops at the first chunk
+        that could not be had.
         """
         found: list[Blob | None] = [self.store.get(k) for k in keys]
         missing = [i for i, blob in enumerate(found) if blob is None]
+        if missing and holder is None and self.directory is not None:
+            holder = self.holder_from_directory(keys[missing[0]])
         reason: str | None = None
         results: dict[int, FetchResult] = {}
         if missing and holder is not None:
@@ -335,6 +339,25 @@ class Agent:
             self.fetch_local_hits += len(out) - remote
             self.fetch_failed += sum(1 for r in results.values() if r.data is None)
         return out, reason
+
+    def holder_from_directory(self, key: int) -> Address | None:
+        """The kvpool address of the fastest live copy of ``key`` on another node, per the directory.
+
+        Peers listen on the kvpool port (``KVPOOL_UDP_PORT``) of the address they
+        registered.  None when no other node holds it or the controller cannot answer.
+        """
+        if self.directory is None:
+            return None
+        me = self.directory.registration.node_id
+        try:
+            holders = self.directory.registration.client.holders(key)
+        except (ControllerApiError, ControllerUnreachableError) as exc:
+            log.warning("directory lookup of %#x failed: %s", key, exc)
+            return None
+        for h in holders:  # fastest tier first, as the directory lists them
+            if h.get("node_id") != me and h.get("address"):
+                return str(h["address"]), wire.KVPOOL_UDP_PORT
+        return None
 
     def stats(self) -> dict[str, Any]:
         """Agent, tier, transport and API counters."""

@@ -65,3 +65,26 @@ def test_unreachable_or_refusing_controller_fails_start_cleanly(tmp_path: Path) 
                                   log_level="WARNING"))
         with pytest.raises(RuntimeError, match="controller"):
             agent.start()
+
+
+def test_requester_finds_the_holder_in_the_directory(tmp_path: Path) -> None:
+    with running(tmp_path, switch=False) as ctl_daemon:
+        def agent(node: str, role: str) -> Agent:
+            a = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id=node, role=role,
+                                  advertise=TOPO.hosts[node].address, log_level="WARNING"))
+            a.start()
+            return a
+
+        holder, requester = agent("h0", "holder"), agent("h1", "inference")
+        try:
+            AgentClient(holder.api_url).put_chunk(0xC0FFEE, b"kv" * 100)
+            assert holder.directory is not None
+            _until(lambda: holder.directory is not None and holder.directory.stats()["published_chunks"] == 1,
+                   "the publish")
+            # Peers are addressed at the kvpool port of the address they registered.
+            assert requester.holder_from_directory(0xC0FFEE) == (TOPO.hosts["h0"].address, 7470)
+            assert holder.holder_from_directory(0xC0FFEE) is None  # only itself holds it
+            assert requester.holder_from_directory(0xBAD) is None  # nobody does
+        finally:
+            requester.stop()
+            holder.stop()
