@@ -15,6 +15,7 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("controller.sim.cli", "replay a prefix-reuse trace over a modelled cluster"),
+    "switch": ("switchmodel.cli", "run the reference switch model (P4Runtime server, packet I/O)"),
     "ctl": ("controller.ctl", "operate the pool through the controller daemon's API"),
     "mooncake": ("hostagent.mooncake_master", "run a Mooncake Store pool (master + store node) until stopped"),
 }

@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${KVPOOL_VENV:-.venv}
 echo "[test] ruff"; "$VENV/bin/ruff" check .
-echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller bmv2_topologies
+echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller switchmodel bmv2_topologies
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"
