@@ -126,7 +126,7 @@ def test_put_hands_over_buffers_only_when_asked() -> None:
     owned = bytearray(b"wxyz")
     s.put(2, memoryview(owned), copy=False)  # handed over: kept as a read-only view, no copy
     view = s.get(2)
-    assert isinstance(view, memoryview) and view.readonly and view == b"wxyz"
+    assert isinstance(view, memoryview) and view.readonly and view.tobytes() == b"wxyz"
     s.put(3, bytearray(b"q"), copy=False)  # a bytearray is always copied (it has no read-only view)
     assert s.get(3) == b"q"
 
