@@ -83,6 +83,7 @@ def test_trace_file_and_its_errors(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--hbm-gib", "0"], "--hbm-gib must be positive"),
         (["--holders", "0"], "--holders must be a positive integer"),
         (["--requests", "0"], "invalid --requests 0"),
+        (["--model", "qwen2.5-0.5b,llama3-70b", "--hbm-gib", "0.05"], "--hbm-gib 0.05 holds not even one"),
         (["--rate", "-2"], "invalid --rate -2"),
     ],
 )
@@ -106,3 +107,10 @@ def test_bad_arguments_are_usage_errors(args: list[str], message: str, capsys: p
         main(["sim", *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["sim", *SMALL, "--out", str(blocker / "sub")]) == 2
+    assert "cannot write results" in capsys.readouterr().err

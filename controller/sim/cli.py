@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         )
         base.validate()
         for n in args.nodes:
-            replace(base, nodes=n, switches=min(base.switches, n)).validate()
+            for m in args.model:
+                replace(base, nodes=n, model=MODELS[m], switches=min(base.switches, n)).validate()
     except (TraceError, ConfigError) as exc:
         print(f"kvpool sim: error: {exc}", file=sys.stderr)
         return 2
@@ -221,7 +222,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         from controller.sim.report import write_outputs
 
-        write_outputs(rows, args.out)
+        try:
+            write_outputs(rows, args.out)
+        except OSError as exc:
+            print(f"kvpool sim: error: cannot write results to {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=None))
     else:
