@@ -17,6 +17,7 @@ This module is standalone (numpy only): the simulator and the Mininet replay sha
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy.typing as npt
 BLOCK_TOKENS = 512
 
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+_MAX_ID = (1 << 63) - 1  # ids are stored as int64
 
 
 class TraceError(ValueError):
@@ -133,7 +135,7 @@ def _parse_line(line: str, where: str) -> tuple[float, int, int, list[int]]:
     if missing:
         raise TraceError(f"{where}: missing field(s) {', '.join(missing)}")
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or ts != ts or ts < 0:
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
         raise TraceError(f"{where}: timestamp must be a non-negative number, got {ts!r}")
     lengths = []
     for name in ("input_length", "output_length"):
@@ -148,6 +150,8 @@ def _parse_line(line: str, where: str) -> tuple[float, int, int, list[int]]:
         raise TraceError(f"{where}: hash_ids must be a list of integers")
     if any(h < 0 for h in ids):
         raise TraceError(f"{where}: negative hash id in hash_ids")
+    if any(h > _MAX_ID for h in ids):
+        raise TraceError(f"{where}: hash id above 2**63 - 1 in hash_ids")
     return float(ts), lengths[0], lengths[1], ids
 
 

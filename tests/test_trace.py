@@ -46,6 +46,8 @@ def test_round_trip(tmp_path: Path) -> None:
         ('{"timestamp": -3, "input_length": 5, "output_length": 1, "hash_ids": [1]}', "timestamp must be"),
         ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [-1]}', "negative hash id"),
         ("[1, 2]", "expected a JSON object"),
+        ('{"timestamp": Infinity, "input_length": 5, "output_length": 1, "hash_ids": [1]}', "timestamp must be"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}', "above 2"),
     ],
 )
 def test_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
