@@ -78,6 +78,8 @@ class AgentConfig:
     """Silence before a fetch fails."""
     sock_buf_bytes: int = 32 << 20
     """UDP socket buffer size asked for."""
+    single_gets: bool = False
+    """One GET per fragment (so a switch can serve and coalesce them) instead of range GETs."""
     fetch_timeout_s: float = 30.0
     """Default deadline of one API fetch."""
     max_body_bytes: int = 1 << 30
@@ -102,6 +104,7 @@ class AgentConfig:
             rate_bytes_per_s=self.rate_bytes_per_s, window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
+            single_fragment_gets=self.single_gets,
         )
 
     def validate(self) -> None:
@@ -154,8 +157,8 @@ def load_config(path: Path | None) -> AgentConfig:
             raise ConfigError(f"config file {path}: unknown setting {key!r} (known: {', '.join(CONFIG_FIELDS)})")
         kind = str(fld.type)
         ok = {"int": isinstance(value, int), "float": isinstance(value, int | float),
-              "str": isinstance(value, str)}[kind]
-        if isinstance(value, bool) or not ok:
+              "str": isinstance(value, str), "bool": isinstance(value, bool)}[kind]
+        if (isinstance(value, bool) and kind != "bool") or not ok:
             raise ConfigError(f"config file {path}: {key} must be {kind}, got {value!r}")
         values[key] = float(value) if kind == "float" else value
     cfg = AgentConfig(**values)

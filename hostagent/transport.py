@@ -118,6 +118,8 @@ class TransportConfig:
     """DATA datagrams a send job sends before the next job's turn."""
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
+    single_fragment_gets: bool = False
+    """Ask with one GET per fragment (what a switch can serve or coalesce) instead of range GETs."""
     max_queued_fragments: int = 65536
     """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
 
@@ -496,7 +498,8 @@ class Transport:
             ask = min(cfg.window_fragments, self._room())
             if ask < min(cfg.window_fragments, 16) and self._active:
                 break
-            ask = max(ask, 1)
+            # Single GETs cannot be clamped: ask for fragment 0, whose DATA tells the length.
+            ask = 1 if cfg.single_fragment_gets else max(ask, 1)
             self._pending.popleft()
             self._active[r.rid] = r
             r.rto = cfg.retransmit_timeout_s
@@ -507,18 +510,28 @@ class Transport:
             self._inflight += ask
 
     def _send_get(self, r: _Request, first: int, count: int, flags: int) -> None:
+        """Ask for fragments ``first .. first+count-1``: one range GET, or one GET each in single mode."""
         assert self._rsock is not None
         count = min(count, wire.MAX_FRAGMENTS - first)
-        pkt = wire.get_packet(r.key, first, count, r.rid, r.generation, flags)
+        if self.config.single_fragment_gets:
+            # Only single-fragment GETs can be served from switch memory or coalesced by the
+            # switch (p4/README.md), at the price of one request packet per fragment.
+            pack = wire.HEADER_STRUCT.pack
+            pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0)
+                    for i in range(first, first + count)]
+        else:
+            pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
+        sent = 0
         try:
-            self._rsock.sendto(pkt, r.holder)
+            for pkt in pkts:
+                self._rsock.sendto(pkt, r.holder)
+                sent += 1
         except OSError as exc:
             self._c.send_errors += 1
             log.debug("GET to %s failed: %s", r.holder, exc)
-            return
-        self._c.gets_sent += 1
+        self._c.gets_sent += sent
         if flags & wire.Flag.RETRANSMIT:
-            self._c.retransmit_gets += 1
+            self._c.retransmit_gets += sent
 
     def _receive_data(self) -> None:
         """Drain the requester socket in batches: fast path for DATA, slow path for the rest."""

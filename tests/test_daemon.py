@@ -114,9 +114,13 @@ def test_tiers_demote_through_the_api() -> None:
 
 def test_config_file_then_flags(tmp_path: Path) -> None:
     conf = tmp_path / "agent.toml"
-    conf.write_text('[agent]\nudp_port = 9000\napi_port = 9001\ndram_bytes = 4096\nrate_bytes_per_s = 5\n')
+    conf.write_text('[agent]\nudp_port = 9000\napi_port = 9001\ndram_bytes = 4096\nrate_bytes_per_s = 5\n'
+                    'single_gets = true\n')
     cfg = load_config(conf)
     assert (cfg.udp_port, cfg.api_port, cfg.dram_bytes, cfg.rate_bytes_per_s) == (9000, 9001, 4096, 5.0)
+    assert cfg.single_gets and cfg.transport_config().single_fragment_gets
+    assert not config_from_args(build_parser().parse_args([])).single_gets
+    assert config_from_args(build_parser().parse_args(["--single-gets"])).single_gets
     args = build_parser().parse_args(["--config", str(conf), "--api-port", "9100", "--dram-bytes", "2MiB"])
     cfg = config_from_args(args)
     assert (cfg.udp_port, cfg.api_port, cfg.dram_bytes) == (9000, 9100, 2 << 20)
@@ -127,6 +131,8 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "match"), [
     ("[agent]\nbogus = 1\n", "unknown setting 'bogus'"),
+    ("[agent]\nsingle_gets = 1\n", "single_gets must be bool"),
+    ("[agent]\nudp_port = true\n", "udp_port must be int"),
     ("[agent]\nudp_port = \"x\"\n", "udp_port must be int"),
     ("[agent]\nbackend = \"floppy\"\n", "backend must be one of"),
     ("[agent]\nwindow_fragments = 1\n", "window_fragments"),

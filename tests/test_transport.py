@@ -281,3 +281,22 @@ def test_busy_holder_nacks_and_requester_retries() -> None:
     # which the requester treats as "later", not as a failure.
     assert 0 < st["busy_received"] <= hs["nacks_sent"] and st["requests_failed"] == 0
     assert hs["send_queue_fragments"] == 0
+
+
+def test_single_fragment_gets_mode_through_a_lossy_link() -> None:
+    payload = os.urandom(200_000)  # 143 fragments
+    cfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=0.05, single_fragment_gets=True)
+    with Transport(TransportConfig(port=0), Holder(_store({9: payload}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: i % 13 == 5)
+        try:
+            (res,) = r.fetch([9], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert res.ok and bytes(res.data or b"") == payload
+    # Every GET asks for exactly one fragment (what a switch can serve or coalesce); the
+    # first asks only for fragment 0, whose DATA tells the chunk's length.
+    assert proxy.gets and all(g.frag_count == 1 for g in proxy.gets)
+    assert proxy.gets[0].frag_index == 0 and proxy.gets[1].frag_index == 1
+    plain = [g for g in proxy.gets if not g.flags & wire.Flag.RETRANSMIT]
+    assert sorted(g.frag_index for g in plain) == list(range(143))
+    assert proxy.dropped > 0 and r.stats()["retransmit_gets"] >= proxy.dropped
