@@ -771,18 +771,19 @@ class Transport:
     # ------------------------------------------------------------------ holder internals
 
     def _receive_gets(self) -> None:
-        """Answer the GETs waiting on the holder socket (one range GET per window, so few)."""
+        """Answer the GETs waiting on the holder socket, merging runs of single-fragment GETs."""
         assert self._hsock is not None
         buf = self._slots[0]  # the DATA ring was fully processed before this runs
-        for _ in range(256):
+        gets: list[tuple[wire.Header, Address]] = []
+        for _ in range(1024):
             try:
                 n, addr = self._hsock.recvfrom_into(buf, _L, _MSG_TRUNC)
             except BlockingIOError:
-                return
+                break
             except OSError as exc:
                 self._drop("socket_error")
                 log.debug("recvfrom failed: %s", exc)
-                return
+                break
             self._c.datagrams_received += 1
             if n > _L:
                 self._drop("oversize")
@@ -795,21 +796,42 @@ class Transport:
             if hdr.opcode != wire.Opcode.GET:
                 self._drop("unexpected_opcode")
                 continue
-            if self.holder is None:
-                self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
-                continue
-            if self._queued >= self.config.max_queued_fragments:
-                self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
-                continue
-            out = self.holder.serve(hdr.chunk_key, hdr.frag_index,
-                                    min(hdr.frag_count, self.config.max_fragments_per_get),
-                                    request_id=hdr.request_id, generation=hdr.generation, alloc=self._alloc_records)
-            if isinstance(out, wire.Status):
-                self._send_nack(hdr, out, addr)
-                continue
-            base = out.base if isinstance(out.base, np.ndarray) else None
-            self._jobs.append(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), base))
-            self._queued += int(out.size)
+            gets.append((hdr, addr))
+        # Consecutive single-fragment GETs of one request (what a requester in single-GET
+        # mode sends) are served as one range: one fragment() call and one send job
+        # instead of one per fragment.  The requester sees exactly the same DATA.
+        i = 0
+        cap = self.config.max_fragments_per_get
+        while i < len(gets):
+            hdr, addr = gets[i]
+            first, count = hdr.frag_index, min(hdr.frag_count, cap)
+            j = i + 1
+            while j < len(gets) and count < cap:
+                nxt, naddr = gets[j]
+                if (naddr != addr or nxt.chunk_key != hdr.chunk_key or nxt.request_id != hdr.request_id
+                        or nxt.generation != hdr.generation or nxt.frag_index != first + count):
+                    break
+                count += min(nxt.frag_count, cap - count)
+                j += 1
+            self._serve_get(hdr, first, count, addr)
+            i = j
+
+    def _serve_get(self, hdr: wire.Header, first: int, count: int, addr: Address) -> None:
+        """Queue the DATA for fragments ``first .. first+count-1`` of ``hdr``'s chunk, or NACK."""
+        if self.holder is None:
+            self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
+            return
+        if self._queued >= self.config.max_queued_fragments:
+            self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
+            return
+        out = self.holder.serve(hdr.chunk_key, first, count, request_id=hdr.request_id,
+                                generation=hdr.generation, alloc=self._alloc_records)
+        if isinstance(out, wire.Status):
+            self._send_nack(hdr, out, addr)
+            return
+        base = out.base if isinstance(out.base, np.ndarray) else None
+        self._jobs.append(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), base))
+        self._queued += int(out.size)
 
     def _alloc_records(self, n: int) -> npt.NDArray[np.void]:
         """A record array of at least ``n`` records, reused when one of its size class is free."""
