@@ -227,6 +227,31 @@ def _set_buffers(sock: socket.socket, size: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, plain, size)
 
 
+def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tuple[wire.Header, int, int, Address]]:
+    """Runs of GETs to serve as ``(first GET, first fragment, count, address)``, each at most ``cap`` long.
+
+    Consecutive GETs of one request for adjacent fragments (what a requester in
+    single-GET mode sends) become one range, so the holder makes one ``fragment()``
+    call and one send job instead of one per fragment; the requester gets the same DATA.
+    """
+    out: list[tuple[wire.Header, int, int, Address]] = []
+    i = 0
+    while i < len(gets):
+        hdr, addr = gets[i]
+        first, count = hdr.frag_index, min(hdr.frag_count, cap)
+        j = i + 1
+        while j < len(gets) and count < cap:
+            nxt, naddr = gets[j]
+            if (naddr != addr or nxt.chunk_key != hdr.chunk_key or nxt.request_id != hdr.request_id
+                    or nxt.generation != hdr.generation or nxt.frag_index != first + count):
+                break
+            count += min(nxt.frag_count, cap - count)
+            j += 1
+        out.append((hdr, first, count, addr))
+        i = j
+    return out
+
+
 class Transport:
     """Both roles of a host agent on UDP: fetch chunks from holders, serve chunks to requesters."""
 
@@ -797,24 +822,8 @@ class Transport:
                 self._drop("unexpected_opcode")
                 continue
             gets.append((hdr, addr))
-        # Consecutive single-fragment GETs of one request (what a requester in single-GET
-        # mode sends) are served as one range: one fragment() call and one send job
-        # instead of one per fragment.  The requester sees exactly the same DATA.
-        i = 0
-        cap = self.config.max_fragments_per_get
-        while i < len(gets):
-            hdr, addr = gets[i]
-            first, count = hdr.frag_index, min(hdr.frag_count, cap)
-            j = i + 1
-            while j < len(gets) and count < cap:
-                nxt, naddr = gets[j]
-                if (naddr != addr or nxt.chunk_key != hdr.chunk_key or nxt.request_id != hdr.request_id
-                        or nxt.generation != hdr.generation or nxt.frag_index != first + count):
-                    break
-                count += min(nxt.frag_count, cap - count)
-                j += 1
+        for hdr, first, count, addr in merge_gets(gets, self.config.max_fragments_per_get):
             self._serve_get(hdr, first, count, addr)
-            i = j
 
     def _serve_get(self, hdr: wire.Header, first: int, count: int, addr: Address) -> None:
         """Queue the DATA for fragments ``first .. first+count-1`` of ``hdr``'s chunk, or NACK."""

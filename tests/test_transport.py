@@ -13,7 +13,7 @@ import pytest
 from hostagent.backend import BackendError, MemoryBackend
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
-from hostagent.transport import Address, Transport, TransportConfig
+from hostagent.transport import Address, Transport, TransportConfig, merge_gets
 from kvpool import wire
 
 
@@ -300,3 +300,17 @@ def test_single_fragment_gets_mode_through_a_lossy_link() -> None:
     plain = [g for g in proxy.gets if not g.flags & wire.Flag.RETRANSMIT]
     assert sorted(g.frag_index for g in plain) == list(range(143))
     assert proxy.dropped > 0 and r.stats()["retransmit_gets"] >= proxy.dropped
+
+
+def test_merge_gets_joins_adjacent_single_gets_of_one_request() -> None:
+    a, b = ("127.0.0.1", 1000), ("127.0.0.1", 2000)
+
+    def g(idx: int, count: int = 1, rid: int = 1, key: int = 5) -> wire.Header:
+        return wire.Header(wire.Opcode.GET, key, idx, count, rid)
+
+    gets = [(g(0), a), (g(1), a), (g(2, 3), a), (g(5), b), (g(6, rid=2), a), (g(7, rid=2), a), (g(9, rid=2), a),
+            (g(10, key=6, rid=2), a)]
+    merged = [(h.request_id, first, count, addr) for h, first, count, addr in merge_gets(gets, cap=100)]
+    assert merged == [(1, 0, 5, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a), (2, 10, 1, a)]
+    capped = [(first, count) for _, first, count, _ in merge_gets([(g(i), a) for i in range(10)], cap=4)]
+    assert capped == [(0, 4), (4, 4), (8, 2)]
