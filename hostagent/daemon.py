@@ -24,7 +24,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
@@ -33,6 +33,9 @@ from hostagent.registration import ControllerApiError, ControllerClient, Control
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
 from kvpool import wire
+
+if TYPE_CHECKING:
+    from hostagent.api import AgentHTTPServer  # the API module imports this one
 
 log = logging.getLogger("kvpool.agent")
 
@@ -184,7 +187,7 @@ class Agent:
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store)
         self.transport = Transport(config.transport_config(), self.holder)
-        self._api: Any = None
+        self._api: AgentHTTPServer | None = None
         self._api_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.started_at = 0.0
