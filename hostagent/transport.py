@@ -28,16 +28,21 @@ per holder because a holder serves its queue in order: while it still streams ot
 requests' fragments, ours are queued, not lost, and re-asking would only add duplicates.
 After ``give_up_s`` of such silence the request fails with a message that names the
 chunk, the holder and how far it got.  A NACK fails the request with the holder's
-``Status``.
+``Status``, except ``BUSY``, which is re-asked after the timeout.  With
+``single_fragment_gets`` the requester sends one GET per fragment (the only GETs a switch
+can serve or coalesce), asking for fragment 0 first to learn the chunk's length.
 
 Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA records
-built by ``fragment()`` in one numpy array, queued as a send job; jobs are served round
-robin in quanta, paced by a token bucket (bytes/s) when a rate is set.
+built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a send job;
+jobs are served round robin in quanta, paced by a token bucket (bytes/s) when a rate is
+set.  Adjacent single-fragment GETs of one request are merged into one range first
+(``merge_gets``); past ``max_queued_fragments`` queued, GETs are answered ``BUSY``.
 
 Hot path.  No Python object per packet beyond what a socket call needs: DATA is received
 with ``recv_into`` straight into slots of a preallocated ``DATA_PACKET_DTYPE`` ring
 (``MSG_TRUNC`` reveals oversize datagrams), a batch is classified with numpy (length,
-version, opcode) and handed to ``Reassembler.add_batch`` per request; DATA is sent as
+version, opcode), split into runs of one request (views) and handed to
+``Reassembler.add_batch``; DATA is sent as
 memoryview slices of the record array.  Only packets that fail the fast checks (garbage,
 NACKs) take the per-packet slow path, where ``kvpool.wire.parse`` names the reason and it
 is counted in ``stats()["drops"]``.  A bad packet is dropped on its own: it can never
