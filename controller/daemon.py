@@ -29,10 +29,8 @@ import http.client
 import json
 import logging
 import queue
-import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
@@ -50,7 +48,7 @@ from controller.policy.operator import admit as policy_admit
 from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
-from kvpool import wire
+from kvpool import localhttp, wire
 
 log = logging.getLogger("kvpool.controller")
 
@@ -178,31 +176,6 @@ class FillRequester(Protocol):
         """Send every fragment of each chunk in ``keys`` (best effort; errors are logged)."""
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket: reaches an agent inside a Mininet host from the root namespace."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        """Connect to the socket file instead of a TCP port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
-        self.sock = sock
-
-
-def agent_connection(api: str, timeout: float = 5.0) -> http.client.HTTPConnection:
-    """An HTTP connection to an agent API given as ``http://HOST:PORT`` or ``unix:/PATH``."""
-    if api.startswith("unix:"):
-        return _UnixHTTPConnection(api.removeprefix("unix:").removeprefix("//"), timeout)
-    url = urllib.parse.urlsplit(api)
-    if url.scheme != "http" or not url.hostname:
-        raise ControllerError(f"agent API {api!r}: expected http://HOST:PORT or unix:/PATH")
-    return http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
-
-
 class HolderPushClient:
     """Asks a holder agent (``POST /v1/push``) to send chunks to the fill sink through the switches."""
 
@@ -215,7 +188,7 @@ class HolderPushClient:
     def push(self, keys: list[int]) -> None:
         """Request the push; a failure is logged and counted (the next demand fetch fills instead)."""
         body = json.dumps({"keys": [f"{k:#x}" for k in keys], "to": self.to}).encode()
-        conn = agent_connection(self.api, self.timeout)
+        conn = localhttp.connection(self.api, self.timeout, "holder agent API")
         try:
             conn.request("POST", "/v1/push", body, {"Content-Type": "application/json"})
             resp = conn.getresponse()

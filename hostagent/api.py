@@ -26,6 +26,12 @@ Endpoints:
     Answers a chunk bundle with the longest prefix found locally or at the holder;
     ``X-Kvpool-Found`` / ``X-Kvpool-Requested`` count chunks and ``X-Kvpool-Stopped``
     says why it stopped early.
+    ``"local": false`` bypasses the local tiers: nothing is answered from them and
+    nothing fetched is kept (for experiments that measure every transfer).
+``POST /v1/push``
+    JSON ``{"keys": [hex, ...], "to": "ip:port"}``: send every fragment of each chunk held
+    here to ``to``, unasked.  A holder fills switch pools this way (the controller names
+    its fill sink as ``to``).  Answers ``{"pushed": n, "missing": [hex, ...]}``.
 ``POST /v1/prefetch``
     Same arguments; fetches into the local tiers and answers JSON ``{"found",
     "requested", "bytes", "seconds", "stopped"}`` (no chunk bytes cross the API).
@@ -40,9 +46,12 @@ large) with a one-line JSON body ``{"error": "..."}`` and are counted in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import socket
+import socketserver
 import struct
 import threading
 import time
@@ -50,7 +59,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from hostagent.chunking import chunk_keys
 from hostagent.daemon import parse_address
@@ -167,6 +176,25 @@ def make_server(agent: Agent, host: str, port: int) -> AgentHTTPServer:
     return AgentHTTPServer(agent, (host, port))
 
 
+class AgentUnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The same API on a Unix socket, for callers in other network namespaces."""
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, agent: Agent, path: str) -> None:
+        self.agent = agent
+        self.counters = ApiCounters()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a socket file left by a killed agent would make bind fail
+        super().__init__(path, _UnixHandler)
+
+
+def make_unix_server(agent: Agent, path: str) -> AgentHTTPServer:
+    """Bind the API on a Unix socket (not yet serving: call ``serve_forever``)."""
+    return cast(AgentHTTPServer, AgentUnixHTTPServer(agent, path))
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: AgentHTTPServer
     _body_read = False
@@ -275,6 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
             ("POST", "/v1/publish"): self._publish,
             ("POST", "/v1/fetch"): lambda: self._fetch(bundle=True),
             ("POST", "/v1/prefetch"): lambda: self._fetch(bundle=False),
+            ("POST", "/v1/push"): self._push,
         }
         handler = routes.get((method, path))
         if handler is None:
@@ -353,8 +382,11 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(generation, bool) or not isinstance(generation, int) or not 0 <= generation <= 0xFFFF_FFFF:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field",
                            f"generation must be a 32-bit integer, got {generation!r}")
+        local = doc.get("local", True)
+        if not isinstance(local, bool):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"local must be true or false, got {local!r}")
         t0 = time.perf_counter()
-        blobs, stopped = agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout))
+        blobs, stopped = agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout), local=local)
         seconds = time.perf_counter() - t0
         if bundle:
             headers = {"X-Kvpool-Found": str(len(blobs)), "X-Kvpool-Requested": str(len(keys)),
@@ -365,6 +397,31 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send_json({"found": len(blobs), "requested": len(keys), "bytes": sum(len(b) for b in blobs),
                              "seconds": seconds, "stopped": stopped})
+
+    def _push(self) -> None:
+        agent = self.server.agent
+        doc = self._json_body()
+        keys = _keys_from(doc)
+        to = doc.get("to")
+        if not isinstance(to, str):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", "to must be a \"host:port\" string")
+        try:
+            host, port = parse_address(to)
+            socket.inet_aton(host)
+        except (ValueError, OSError):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field",
+                           f"to must be an IPv4 host:port, got {to[:80]!r}") from None
+        held = [k for k in keys if agent.store.get(k) is not None]
+        agent.transport.push(held, (host, port))
+        self._send_json({"pushed": len(held), "missing": [format_key(k) for k in keys if k not in set(held)]})
+
+
+class _UnixHandler(_Handler):
+    """``_Handler`` for a Unix socket, whose peers have no address."""
+
+    def address_string(self) -> str:
+        """Unix socket peers have no address: name the transport in the access log."""
+        return "unix"
 
 
 def _key_arg(text: str) -> int:

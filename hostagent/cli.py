@@ -58,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retransmit-timeout", dest="retransmit_timeout_s", type=float,
                         help="seconds of silence before re-asking for missing fragments")
     parser.add_argument("--give-up", dest="give_up_s", type=float, help="seconds of silence before a fetch fails")
+    parser.add_argument("--api-socket", help="also serve the API on this Unix socket path (reachable from other "
+                        "network namespaces)")
     parser.add_argument("--single-gets", action="store_true", default=None,
                         help="one GET per fragment, so a switch can serve and coalesce them (default: range GETs)")
     parser.add_argument("--fetch-timeout", dest="fetch_timeout_s", type=float, help="default deadline of one fetch")
@@ -76,8 +78,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """Defaults, then the config file, then flags."""
     cfg = load_config(args.config)
     overrides = {name: getattr(args, name, None) for name in (
-        "host", "udp_port", "api_host", "api_port", "dram_bytes", "gpu_bytes", "backend", "mooncake_master",
-        "mooncake_metadata_url", "rate_bytes_per_s", "window_fragments", "max_inflight_fragments",
+        "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
+        "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "window_fragments", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets")}
     if overrides["rate_bytes_per_s"] is not None:

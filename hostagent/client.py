@@ -28,6 +28,7 @@ from hostagent.api import format_key, pack_bundle, unpack_bundle
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
+from kvpool import localhttp
 
 
 class AgentError(RuntimeError):
@@ -67,18 +68,20 @@ class AgentClient:
     """Talks to one agent's local HTTP API."""
 
     def __init__(self, url: str, timeout: float = 60.0) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"agent url must look like http://127.0.0.1:7471, got {url!r}")
         self.url = url.rstrip("/")
-        self._host, self._port = parts.hostname, parts.port
         self.timeout = timeout
+        if not url.startswith("unix:") and urllib.parse.urlsplit(url).port is None:
+            raise ValueError(f"agent url must look like http://127.0.0.1:7471 or unix:/path, got {url!r}")
+        self._connection()  # validates the address now, not at the first request
+
+    def _connection(self) -> http.client.HTTPConnection:
+        return localhttp.connection(self.url, self.timeout, "agent url")
 
     # ------------------------------------------------------------------ transport
 
     def _request(self, method: str, path: str, body: bytes | Sequence[bytes | memoryview] | None = None,
                  headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        conn = self._connection()
         try:
             hdrs = dict(headers or {})
             parts: Sequence[bytes | memoryview] = [] if body is None else [body] if isinstance(body, bytes) else body
@@ -145,9 +148,12 @@ class AgentClient:
         return out
 
     def fetch_chunks(self, keys: Sequence[int], holder: str | None = None, *, timeout: float | None = None,
-                     generation: int = 0) -> tuple[list[int], list[bytes], str | None]:
-        """The longest prefix of ``keys`` the agent has or gets from ``holder``: keys, blobs, stop reason."""
-        doc: dict[str, Any] = {"keys": [format_key(k) for k in keys], "generation": generation}
+                     generation: int = 0, local: bool = True) -> tuple[list[int], list[bytes], str | None]:
+        """The longest prefix of ``keys`` the agent has or gets from ``holder``: keys, blobs, stop reason.
+
+        ``local=False`` makes every chunk cross the network and keeps nothing locally.
+        """
+        doc: dict[str, Any] = {"keys": [format_key(k) for k in keys], "generation": generation, "local": local}
         if holder is not None:
             doc["holder"] = holder
         if timeout is not None:
@@ -157,6 +163,10 @@ class AgentClient:
         if got_keys != list(keys[: len(got_keys)]):
             raise AgentError(resp.status, "agent answered chunks for other keys than asked")
         return got_keys, [bytes(v) for v in views], resp.getheader("X-Kvpool-Stopped")
+
+    def push(self, keys: Sequence[int], to: str) -> dict[str, Any]:
+        """Have a holder send the chunks to ``to`` unasked (fills switch pools on the way)."""
+        return self._json("POST", "/v1/push", {"keys": [format_key(k) for k in keys], "to": to})
 
     def prefetch(self, keys: Sequence[int], holder: str | None = None, *,
                  timeout: float | None = None) -> dict[str, Any]:

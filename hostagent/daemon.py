@@ -11,6 +11,7 @@ fetched chunk is stored in the local tiers, so the agent can serve it onwards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -59,6 +60,9 @@ class AgentConfig:
     """Address of the local HTTP API (keep it on loopback: it has no authentication)."""
     api_port: int = 7471
     """HTTP API port; 0 picks a free one (the controller's API defaults to 7480)."""
+    api_socket: str = ""
+    """Also serve the API on this Unix socket path: reachable from other network namespaces
+    (Mininet hosts share the file system), e.g. by an experiment driver or the controller."""
     dram_bytes: int = 1 << 30
     """Host DRAM tier capacity."""
     gpu_bytes: int = 0
@@ -189,6 +193,8 @@ class Agent:
         self.transport = Transport(config.transport_config(), self.holder)
         self._api: AgentHTTPServer | None = None
         self._api_thread: threading.Thread | None = None
+        self._unix_api: AgentHTTPServer | None = None
+        self._unix_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.published_chunks = 0
@@ -222,6 +228,17 @@ class Agent:
         self._api_thread = threading.Thread(target=self._api.serve_forever, kwargs={"poll_interval": 0.1},
                                             name="kvpool-api", daemon=True)
         self._api_thread.start()
+        if self.config.api_socket:
+            from hostagent.api import make_unix_server
+
+            try:
+                self._unix_api = make_unix_server(self, self.config.api_socket)
+            except OSError:
+                self.stop()
+                raise
+            self._unix_thread = threading.Thread(target=self._unix_api.serve_forever, kwargs={"poll_interval": 0.1},
+                                                 name="kvpool-api-unix", daemon=True)
+            self._unix_thread.start()
         if self.config.controller:
             try:
                 self._join_directory()
@@ -264,6 +281,15 @@ class Agent:
         if self._api_thread is not None:
             self._api_thread.join()
             self._api_thread = None
+        if self._unix_api is not None:
+            self._unix_api.shutdown()
+            self._unix_api.server_close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.api_socket)
+            self._unix_api = None
+        if self._unix_thread is not None:
+            self._unix_thread.join()
+            self._unix_thread = None
         self.transport.stop()
         if self._backend is not None:
             self._backend.close()
@@ -283,8 +309,11 @@ class Agent:
 
     def ready_info(self) -> dict[str, Any]:
         """What a launcher needs to talk to this agent (written to --ready-file)."""
-        return {"pid": os.getpid(), "udp": [self.config.host, self.transport.port], "api_url": self.api_url,
+        info = {"pid": os.getpid(), "udp": [self.config.host, self.transport.port], "api_url": self.api_url,
                 "tiers": self.store.tier_names}
+        if self.config.api_socket:
+            info["api_socket"] = f"unix:{self.config.api_socket}"
+        return info
 
     # ------------------------------------------------------------------ operations
 
@@ -305,7 +334,7 @@ class Agent:
         return self.store.tier_of(key) or "?"
 
     def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
-                     timeout: float | None = None) -> tuple[list[Blob], str | None]:
+                     timeout: float | None = None, local: bool = True) -> tuple[list[Blob], str | None]:
         """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped.
 
         Chunks held locally are served from the tiers; the rest are fetched over UDP
@@ -313,8 +342,11 @@ class Agent:
         registered with a controller asks its directory who holds the first missing
         chunk.  A key implies its whole prefix, so the answer stops at the first chunk
         that could not be had.
+
+        With ``local=False`` the tiers are neither read nor written: every chunk crosses
+        the network (experiments that measure transfers use this).
         """
-        found: list[Blob | None] = [self.store.get(k) for k in keys]
+        found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
         missing = [i for i, blob in enumerate(found) if blob is None]
         if missing and holder is None and self.directory is not None:
             holder = self.holder_from_directory(keys[missing[0]])
@@ -327,6 +359,8 @@ class Agent:
                 results[i] = res
                 if res.data is not None:
                     found[i] = res.data
+                    if not local:
+                        continue
                     try:  # the reassembly buffer is handed to the tier: no copy of the chunk
                         self.store.put(keys[i], res.data, res.generation, copy=False)
                     except TierError:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import socket
 import threading
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from kvpool import localhttp
 
 log = logging.getLogger("kvpool.registration")
 
@@ -46,29 +47,9 @@ class ControllerApiError(RuntimeError):
         self.code = code
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        """Connect to the socket file instead of a TCP port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
-        self.sock = sock
-
-
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:
     """An HTTP connection for ``http://HOST:PORT`` or ``unix:/PATH``; ValueError for anything else."""
-    if url.startswith("unix:"):
-        return _UnixHTTPConnection(url.removeprefix("unix:").removeprefix("//"), timeout)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"controller API {url!r}: expected http://HOST:PORT or unix:/PATH")
-    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    return localhttp.connection(url, timeout, "controller API")
 
 
 class ControllerClient:

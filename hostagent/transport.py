@@ -266,6 +266,9 @@ class Transport:
         self._c = _Counters()
         self._stats_lock = threading.Lock()
         self._submit: collections.deque[_Request] = collections.deque()
+        # Chunks to push unasked (fill on pass), as (key, address); the loop turns them into send jobs.
+        self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
+        self.pushed_fragments = 0
         self._pending: collections.deque[_Request] = collections.deque()
         self._active: dict[int, _Request] = {}
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -405,6 +408,18 @@ class Transport:
                     break
         return [r.result for r in reqs]
 
+    def push(self, keys: Sequence[int], to: Address) -> None:
+        """Send every fragment of each held chunk in ``keys`` to ``to``, unasked (request id 0).
+
+        This is how a holder fills a switch pool: the DATA crosses the switches on its way
+        to ``to`` (the controller's fill sink) and each switch that admitted the chunk
+        writes it as it passes.  Chunks not held are skipped (logged).
+        """
+        if self._thread is None or self._stop.is_set():
+            raise TransferError("transport is not running")
+        self._pushes.extend((k, to) for k in keys)
+        self._wake()
+
     def fetch_one(self, key: int, holder: Address, *, generation: int = 0,
                   timeout: float | None = None) -> bytes:
         """Fetch one chunk's bytes or raise ``TransferError`` with the reason."""
@@ -422,6 +437,7 @@ class Transport:
             drops = dict(c.drops)
         out: dict[str, Any] = {
             "datagrams_received": c.datagrams_received,
+            "pushed_fragments": self.pushed_fragments,
             "recv_batches": c.recv_batches,
             "data_received": c.data_received,
             "fragments_stored": c.fragments_stored,
@@ -480,6 +496,7 @@ class Transport:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                 self._admit_submitted()
+                self._admit_pushes()
                 self._receive_data()
                 self._receive_gets()
                 blocked = self._send_jobs()
@@ -538,6 +555,30 @@ class Transport:
             self._send_get(r, 0, ask, 0)
             r.asked_hi = ask
             self._inflight += ask
+
+    def _admit_pushes(self) -> None:
+        """Turn pushes asked for by ``push`` into send jobs (loop thread only)."""
+        while self._pushes:
+            key, to = self._pushes.popleft()
+            self._queue_push(key, to)
+
+    def _queue_push(self, key: int, to: Address) -> None:
+        if self.holder is None:
+            return
+        first = 0
+        while True:
+            out = self.holder.serve(key, first, wire.MAX_FRAGMENTS, alloc=self._alloc_records)
+            if isinstance(out, wire.Status):
+                if first == 0:
+                    log.warning("push of chunk %#x to %s:%d skipped: %s", key, to[0], to[1], out.name)
+                return
+            base = out.base if isinstance(out.base, np.ndarray) else None
+            self._jobs.append(_SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), base))
+            self._queued += int(out.size)
+            self.pushed_fragments += int(out.size)
+            first += int(out.size)
+            if first >= int(out[0]["hdr"]["frag_count"]):
+                return
 
     def _send_get(self, r: _Request, first: int, count: int, flags: int) -> None:
         """Ask for fragments ``first .. first+count-1``: one range GET, or one GET each in single mode."""
