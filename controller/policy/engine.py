@@ -56,10 +56,13 @@ class Expert:
             raise ValueError(f"expert saving must be auto, fetch or compute, got {self.saving!r}")
 
 
-#: the default experts: recency to frequency, and one whose gate keeps first sightings out
+#: the default experts: half-lives from recency to frequency, one every factor of four from
+#: 1024 fetches up, and one whose gate keeps first sightings out
 DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(16.0),
+    Expert(1024.0),
     Expert(4096.0),
+    Expert(16384.0),
     Expert(65536.0),
     Expert(4096.0, probation_hits=2),
 )
