@@ -889,14 +889,26 @@ class P4RuntimeSwitch:
         return out
 
     def read_digest_configs(self) -> dict[str, DigestConfig]:
-        """Digests enabled on the switch and their configs."""
-        e = p4runtime_pb2.Entity()
-        e.digest_entry.digest_id = 0
+        """Digests enabled on the switch and their configs.
+
+        One read per digest of the P4Info: BMv2's server refuses a wildcard DigestEntry read
+        (UNIMPLEMENTED, "digest_id must be set") and answers NOT_FOUND for one not configured.
+        """
         out = {}
-        for x in self._read([e]):
-            d = x.digest_entry
-            out[self.p4info.digest(int(d.digest_id)).name] = DigestConfig(
-                int(d.config.max_timeout_ns), int(d.config.max_list_size), int(d.config.ack_timeout_ns))
+        for info in self.p4info.digests:
+            req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+            req.entities.add().digest_entry.digest_id = info.id
+            try:
+                entities = [x for resp in self._require().Read(req, timeout=max(self.timeout_s, 30.0))
+                            for x in resp.entities]
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    continue
+                raise self._rpc_error("Read", e) from None
+            for x in entities:
+                d = x.digest_entry
+                out[info.name] = DigestConfig(int(d.config.max_timeout_ns), int(d.config.max_list_size),
+                                              int(d.config.ack_timeout_ns))
         return out
 
     # --- packet-out ------------------------------------------------------------------------------

@@ -97,12 +97,21 @@ def _start(name: str, argv: list[str], grpc_addr: str, log_dir: Path, timeout: f
     return target
 
 
-def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0) -> Process:
-    """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N and no program loaded."""
+def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0,
+               trace: bool = False) -> Process:
+    """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N and no program loaded.
+
+    ``trace`` logs every table, action and register access to the log file (slow).
+    """
     grpc_port, thrift_port = free_port(), free_port()
-    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id), "--thrift-port", str(thrift_port), "--no-p4"]
+    # A notifications address of its own: the default is derived from the device id
+    # alone, so two instances with the same id (one per test run) would collide.
+    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id), "--thrift-port", str(thrift_port),
+            "--notifications-addr", f"ipc:///tmp/kvpool-bmv2-{grpc_port}-notifications.ipc", "--no-p4"]
     for i, ifname in enumerate(switch_ifs, start=1):
         argv += ["-i", f"{i}@{ifname}"]
+    if trace:
+        argv += ["--log-console", "-L", "trace"]
     argv += ["--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
     return _start("bmv2", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)
 

@@ -166,8 +166,12 @@ class VethTarget(Target):
         """Build a lab of N_PORTS pairs and start ``kind`` (``bmv2`` or ``model``) on it."""
         lab = VethLab(N_PORTS).open()
         try:
-            starter = start_bmv2 if kind == "bmv2" else start_model
-            process = starter(lab.switch_ifs, LOG_DIR, device_id=DEVICE_ID)
+            if kind == "bmv2":
+                # KVPOOL_BMV2_TRACE=1 writes BMv2's per-packet trace into logs/dataplane/.
+                process = start_bmv2(lab.switch_ifs, LOG_DIR, device_id=DEVICE_ID,
+                                     trace=os.environ.get("KVPOOL_BMV2_TRACE") == "1")
+            else:
+                process = start_model(lab.switch_ifs, LOG_DIR, device_id=DEVICE_ID)
         except BaseException:
             lab.close()
             raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controller import p4names as n
 from kvpool import wire
 from switchmodel.pipeline import Drop, PoolStat
@@ -40,6 +42,7 @@ def _setup(target: Target) -> None:
     program.admit(target.sw, KEY, BASE, len(OLD))
 
 
+@pytest.mark.serves
 def test_invalidate_then_refill_with_new_generation(target: Target) -> None:
     _setup(target)
     _fill(target, OLD, 0)
@@ -67,6 +70,7 @@ def test_invalidate_then_refill_with_new_generation(target: Target) -> None:
     assert target.counter(n.POOL_STATS, PoolStat.MISS_UNFILLED) == 3
 
 
+@pytest.mark.serves
 def test_newer_data_advances_the_generation_like_an_invalidate(target: Target) -> None:
     _setup(target)
     _fill(target, OLD, 0)
@@ -80,6 +84,7 @@ def test_newer_data_advances_the_generation_like_an_invalidate(target: Target) -
     target.expect_no_other_packets()
 
 
+@pytest.mark.serves
 def test_invalidate_from_non_writer_is_dropped_and_changes_nothing(target: Target) -> None:
     _setup(target)
     _fill(target, OLD, 0)
