@@ -78,6 +78,7 @@ def test_port_version_and_geometry() -> None:
     assert C["KV_UDP_LEN_NO_PAYLOAD"] == wire.UDP_HEADER_LEN + wire.HEADER_LEN
     assert C["KV_UDP_LEN_DATA"] == wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN
     assert C["KV_IPV4_LEN_DATA"] == wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN
+    assert C["KV_IPV4_LEN_NO_PAYLOAD"] == wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN + wire.HEADER_LEN
 
 
 def test_opcodes_flags_status() -> None:

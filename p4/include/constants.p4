@@ -50,8 +50,9 @@ const bit<16> MAX_FRAG_INDEX = 0xFFFF;  // frag_index must stay below this (wire
 
 // Lengths of the packets the switch checks or creates (IPv4 without options).
 const bit<16> KV_UDP_LEN_NO_PAYLOAD = 40;    // UDP 8 + kvpool 32: GET, INVALIDATE, NACK
-const bit<16> KV_UDP_LEN_DATA       = 1448;  // UDP 8 + kvpool 32 + payload 1408
+const bit<16> KV_UDP_LEN_DATA       = 1448;  // UDP 8 + kvpool 32 + payload 1408 (or reply room)
 const bit<16> KV_IPV4_LEN_DATA      = 1468;  // IPv4 20 + KV_UDP_LEN_DATA
+const bit<16> KV_IPV4_LEN_NO_PAYLOAD = 60;    // IPv4 20 + KV_UDP_LEN_NO_PAYLOAD
 const bit<8>  SWITCH_REPLY_TTL      = 64;
 
 /*************************************************************************
@@ -134,6 +135,7 @@ const bit<32> POOL_FILL_UNAUTH      = 7;   // DATA for an admitted chunk from a 
 const bit<32> POOL_INVALIDATE       = 8;   // generation advanced (INVALIDATE or newer DATA)
 const bit<32> POOL_INVALIDATE_STALE = 9;   // INVALIDATE not newer than the current generation
 const bit<32> POOL_SLOT_RANGE       = 10;  // base_slot + frag_index >= POOL_SLOTS (controller bug)
+const bit<32> POOL_NO_ROOM          = 11;  // servable GET without reply room: sent to the holder
 #define POOL_STATS 16
 
 // Index into MyIngress.coalesce.coalesce_stats.

@@ -3,8 +3,9 @@
  * Parser: Ethernet / (ARP | IPv4 / UDP / kvpool / payload slices).
  *
  * kvpool traffic is UDP with KVPOOL_UDP_PORT as destination (requests, INVALIDATE, DATA a
- * holder pushes) or as source (responses).  Only DATA carries a payload, always the full
- * FRAG_PAYLOAD bytes, so it is extracted as SLICES_PER_FRAGMENT fixed slices.  Everything
+ * holder pushes) or as source (responses).  DATA carries a payload, always the full
+ * FRAG_PAYLOAD bytes, so it is extracted as SLICES_PER_FRAGMENT fixed slices; so does a
+ * GET with reply room (same UDP length, payload_len 0).  Everything
  * else is accepted as-is and only forwarded.  A packet too short for what its headers
  * announce ends with standard_metadata.parser_error set (BMv2 still runs ingress), and
  * ingress drops it as DROP_PARSE_ERROR.
@@ -53,15 +54,19 @@ parser MyParser(packet_in packet,
         }
     }
 
+    // A GET whose UDP length is that of a DATA carries "reply room": FRAG_PAYLOAD bytes of
+    // padding the pool overwrites when it answers (see include/pool.p4 for why).
     state parse_kvpool {
         packet.extract(hdr.kv);
-        transition select(hdr.kv.opcode) {
-            OP_DATA: parse_payload;
-            default: accept;
+        transition select(hdr.kv.opcode, hdr.udp.length) {
+            (OP_DATA, _):               parse_payload;
+            (OP_GET, KV_UDP_LEN_DATA):  parse_payload;
+            default:                    accept;
         }
     }
 
-    // SLICES_PER_FRAGMENT == 11 extracts; a DATA shorter than 1408 payload bytes fails here.
+    // SLICES_PER_FRAGMENT == 11 extracts; a DATA (or a GET with reply room) shorter than
+    // 1408 payload bytes fails here.
     state parse_payload {
         packet.extract(hdr.payload.next);
         packet.extract(hdr.payload.next);

@@ -17,6 +17,17 @@
  * ever has to be cleared, which matters because BMv2's P4Runtime server cannot write
  * registers.  A chunk becomes servable fragment by fragment as DATA passes.
  *
+ * Reply room.  A served reply is the GET rewritten in place, and a DATA is 1408 bytes
+ * longer than a GET.  BMv2's simple_switch gives a packet only 512 bytes of room to grow
+ * (PacketBuffer(len + 512) in simple_switch.cpp; beyond that the deparser overruns the
+ * buffer and the switch crashes), and hardware cannot add 1408 bytes either.  So the
+ * switch answers only a GET that brings the room with it: a GET whose UDP datagram is
+ * DATA-sized (payload_len 0, FRAG_PAYLOAD bytes of padding, parsed as the 11 slices).
+ * The hit overwrites the slices; every GET with room that is not answered has the room
+ * stripped here (slices invalid, lengths back to a plain GET, UDP checksum 0), so the
+ * holder, the coalescing state and the links beyond the first hop see a plain GET.  A
+ * plain GET the switch could otherwise answer counts as POOL_NO_ROOM and goes on.
+ *
  * Generations.  The pool entry carries the generation the controller installed.  The
  * data plane may move it forward without the controller: chunk_gen / chunk_gen_key,
  * indexed by the base slot (unique per admitted chunk) and tagged with the key, hold a
@@ -104,20 +115,29 @@ control Pool(inout headers_t hdr,
         slot_valid.write(slot, 1);
     }
 
-    // Turn the GET into the DATA reply in place and send it back where it came from.
+    // A GET's reply room is only for this switch: what goes on is a plain GET.
+    @hidden
+    action strip_reply_room() {
+        hdr.payload[0].setInvalid();
+        hdr.payload[1].setInvalid();
+        hdr.payload[2].setInvalid();
+        hdr.payload[3].setInvalid();
+        hdr.payload[4].setInvalid();
+        hdr.payload[5].setInvalid();
+        hdr.payload[6].setInvalid();
+        hdr.payload[7].setInvalid();
+        hdr.payload[8].setInvalid();
+        hdr.payload[9].setInvalid();
+        hdr.payload[10].setInvalid();
+        hdr.ipv4.totalLen = KV_IPV4_LEN_NO_PAYLOAD;
+        hdr.udp.length = KV_UDP_LEN_NO_PAYLOAD;
+        hdr.udp.checksum = 0;
+    }
+
+    // Turn the GET (with reply room: the slices are valid) into the DATA reply in place
+    // and send it back where it came from.
     @hidden
     action serve(slotIdx_t slot, bit<16> payload_len) {
-        hdr.payload[0].setValid();
-        hdr.payload[1].setValid();
-        hdr.payload[2].setValid();
-        hdr.payload[3].setValid();
-        hdr.payload[4].setValid();
-        hdr.payload[5].setValid();
-        hdr.payload[6].setValid();
-        hdr.payload[7].setValid();
-        hdr.payload[8].setValid();
-        hdr.payload[9].setValid();
-        hdr.payload[10].setValid();
         slice_0.read(hdr.payload[0].v, slot);
         slice_1.read(hdr.payload[1].v, slot);
         slice_2.read(hdr.payload[2].v, slot);
@@ -187,6 +207,8 @@ control Pool(inout headers_t hdr,
                     pool_stats.count(POOL_BYPASS);
                 } else if (!slot_ok) {
                     pool_stats.count(POOL_SLOT_RANGE);
+                } else if (!hdr.payload[0].isValid()) {
+                    pool_stats.count(POOL_NO_ROOM);
                 } else {
                     slot_valid.read(tag_valid, slot);
                     slot_key.read(tag_key, slot);
@@ -257,6 +279,10 @@ control Pool(inout headers_t hdr,
             }
         } else {
             pool_stats.count(POOL_LOOKUP_MISS);
+        }
+
+        if (hdr.kv.opcode == OP_GET && meta.served == 0 && hdr.payload[0].isValid()) {
+            strip_reply_room();
         }
     }
 }

@@ -7,7 +7,8 @@
  *   version -> opcode -> flags -> range (frag_count 0 or frag_index 0xFFFF) ->
  *   DATA: range (frag_index >= frag_count) -> length (payload_len 1..1408, UDP length
  *         1448, chunk_len consistent with frag_count and payload_len);
- *   other: length (payload_len 0, UDP length 40) -> GET: range (index + count > 0xFFFF)
+ *   other: length (payload_len 0; UDP length 40, or 1448 for a GET with reply room)
+ *          -> GET: range (index + count > 0xFFFF)
  *   -> status (1..STATUS_MAX on NACK, 0 on every other opcode).
  * The writers ACL marks sources allowed to fill the pool, invalidate chunks and answer
  * coalesced GETs; the pool and coalescing controls act on meta.is_writer.
@@ -69,7 +70,11 @@ control Safety(inout headers_t hdr,
             } else if (rest < frag && (bit<32>)hdr.kv.payload_len != rest) {
                 meta.drop_reason = DROP_BAD_LENGTH;
             }
-        } else if (hdr.kv.payload_len != 0 || hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD) {
+        } else if (hdr.kv.payload_len != 0) {
+            meta.drop_reason = DROP_BAD_LENGTH;
+        } else if (hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD
+                   && !(hdr.kv.opcode == OP_GET && hdr.udp.length == KV_UDP_LEN_DATA)) {
+            // No payload, except the reply room a GET may carry.
             meta.drop_reason = DROP_BAD_LENGTH;
         } else if (hdr.kv.opcode == OP_GET && idx + cnt > (bit<32>)MAX_FRAG_INDEX) {
             meta.drop_reason = DROP_BAD_RANGE;
