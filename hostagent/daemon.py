@@ -75,6 +75,8 @@ class AgentConfig:
     """Mooncake HTTP metadata server (backend = mooncake)."""
     rate_bytes_per_s: float = 0.0
     """Holder pacing rate; 0 = unpaced."""
+    burst_bytes: int = 256 << 10
+    """Token bucket depth when pacing: how much may leave back to back before the rate applies."""
     window_fragments: int = 2048
     """Per-request window of fragments in flight."""
     max_inflight_fragments: int = 16384
@@ -108,7 +110,8 @@ class AgentConfig:
         """The transport part of this configuration."""
         return TransportConfig(
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
-            rate_bytes_per_s=self.rate_bytes_per_s, window_fragments=self.window_fragments,
+            rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes,
+            window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
             single_fragment_gets=self.single_gets,

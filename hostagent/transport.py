@@ -586,10 +586,13 @@ class Transport:
         count = min(count, wire.MAX_FRAGMENTS - first)
         if self.config.single_fragment_gets:
             # Only single-fragment GETs can be served from switch memory or coalesced by the
-            # switch (p4/README.md), at the price of one request packet per fragment.
+            # switch (p4/README.md), at the price of one request packet per fragment; each
+            # carries reply room, the bytes a switch overwrites with the fragment when it
+            # answers (a switch cannot grow a packet by a whole fragment).
             pack = wire.HEADER_STRUCT.pack
+            room = bytes(wire.FRAG_PAYLOAD)
             pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0)
-                    for i in range(first, first + count)]
+                    + room for i in range(first, first + count)]
         else:
             pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
         sent = 0

@@ -25,7 +25,12 @@ Field meanings by opcode:
 
 * ``GET``: ask for fragments ``frag_index .. frag_index + frag_count - 1`` of a chunk
   (``frag_count == 1`` is a single-fragment GET, the only kind a switch can coalesce or
-  serve).  No payload.
+  serve).  ``payload_len`` is 0.  A GET is either header-only or carries *reply room*:
+  ``FRAG_PAYLOAD`` zero bytes after the header, so the datagram is DATA-sized.  A switch
+  answers a GET from its memory by rewriting it in place, and neither BMv2 (512 bytes of
+  headroom) nor a switch ASIC can grow a packet by 1408 bytes: only a GET with room can be
+  served by the switch.  A switch that does not answer one strips the room before passing
+  it on.  A range GET (``frag_count > 1``) asks the holder for up to the chunk's end.
 * ``DATA``: one fragment.  ``frag_count`` is the number of fragments of the whole chunk,
   ``chunk_len`` the chunk's serialized length in bytes, ``payload_len`` how many of the
   ``FRAG_PAYLOAD`` payload bytes are valid.  The payload is always padded to exactly
@@ -77,6 +82,9 @@ MTU: Final = 1500
 
 DATA_DATAGRAM_LEN: Final = HEADER_LEN + FRAG_PAYLOAD
 """UDP payload length of every DATA packet."""
+
+GET_WITH_ROOM_LEN: Final = DATA_DATAGRAM_LEN
+"""UDP payload length of a GET that carries reply room (header + ``FRAG_PAYLOAD`` zero bytes)."""
 
 MAX_FRAGMENTS: Final = 0xFFFF
 """Most fragments a chunk may have (``frag_count`` is 16 bits)."""
@@ -291,6 +299,9 @@ def validate(hdr: Header, datagram_len: int) -> None:
                 f"chunk_len {hdr.chunk_len} does not fit fragment {hdr.frag_index}/"
                 f"{hdr.frag_count} with payload_len {hdr.payload_len}",
             )
+    elif op == Opcode.GET and datagram_len == GET_WITH_ROOM_LEN and hdr.payload_len == 0:
+        if hdr.frag_index + hdr.frag_count > MAX_FRAGMENTS:
+            raise WireError("bad_range", f"GET for fragments {hdr.frag_index}+{hdr.frag_count}")
     else:
         if datagram_len != HEADER_LEN or hdr.payload_len != 0:
             extra = datagram_len - HEADER_LEN
@@ -328,10 +339,13 @@ def expected_payload_len(chunk_len: int, frag_index: int) -> int:
 
 
 def get_packet(chunk_key: int, frag_index: int, frag_count: int = 1, request_id: int = 0,
-               generation: int = 0, flags: int = 0) -> bytes:
-    """Encode a GET for ``frag_count`` fragments starting at ``frag_index``."""
-    return Header(Opcode.GET, chunk_key, frag_index, frag_count, request_id, generation,
-                  flags=flags).pack()
+               generation: int = 0, flags: int = 0, room: bool = False) -> bytes:
+    """Encode a GET for ``frag_count`` fragments from ``frag_index``; ``room`` adds reply room."""
+    hdr = Header(Opcode.GET, chunk_key, frag_index, frag_count, request_id, generation, flags=flags).pack()
+    return hdr + _ROOM if room else hdr
+
+
+_ROOM: Final = bytes(FRAG_PAYLOAD)
 
 
 def nack_packet(chunk_key: int, status: Status, request_id: int = 0, frag_index: int = 0,

@@ -93,6 +93,22 @@ def test_validation_reasons(datagram: bytes, reason: str) -> None:
     assert err.value.reason == reason
 
 
+def test_get_with_reply_room() -> None:
+    pkt = wire.get_packet(5, 2, request_id=3, room=True)
+    assert len(pkt) == wire.GET_WITH_ROOM_LEN == wire.DATA_DATAGRAM_LEN
+    assert pkt[wire.HEADER_LEN:] == bytes(wire.FRAG_PAYLOAD)
+    hdr = wire.parse(pkt)
+    assert (hdr.opcode, hdr.payload_len, hdr.frag_index) == (Opcode.GET, 0, 2)
+    for bad in (pkt[:-1], pkt + b"\0"):
+        with pytest.raises(WireError) as err:
+            wire.parse(bad)
+        assert err.value.reason == "bad_length"
+    # Room is for GETs only.
+    inv = wire.invalidate_packet(5, 1) + bytes(wire.FRAG_PAYLOAD)
+    with pytest.raises(WireError, match="carries no payload"):
+        wire.parse(inv)
+
+
 def test_valid_control_packets_parse() -> None:
     assert wire.parse(wire.get_packet(5, 2, 4, request_id=3)).frag_count == 4
     assert wire.parse(wire.invalidate_packet(5, 8)).generation == 8
