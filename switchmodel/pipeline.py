@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -118,6 +118,7 @@ MAX_FRAG_INDEX: Final = 0xFFFF
 KV_UDP_LEN_NO_PAYLOAD: Final = wire.UDP_HEADER_LEN + wire.HEADER_LEN
 KV_UDP_LEN_DATA: Final = wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN
 KV_IPV4_LEN_DATA: Final = wire.IPV4_HEADER_LEN + KV_UDP_LEN_DATA
+KV_IPV4_LEN_NO_PAYLOAD: Final = wire.IPV4_HEADER_LEN + KV_UDP_LEN_NO_PAYLOAD
 SWITCH_REPLY_TTL: Final = 64
 SLICES: Final = wire.SLICES_PER_FRAGMENT
 SLICE_BYTES: Final = wire.SLICE_BYTES
@@ -175,6 +176,7 @@ class PoolStat:
     INVALIDATE = 8
     INVALIDATE_STALE = 9
     SLOT_RANGE = 10
+    NO_ROOM = 11
 
 
 class CoStat:
@@ -376,10 +378,10 @@ def parse(frame: bytes) -> Packet:
         return pkt
     pkt.kv = Kv(*_KV.unpack_from(frame, off))
     off += wire.HEADER_LEN
-    if pkt.kv.opcode == OP_DATA:
-        # Eleven fixed extracts; a DATA with less than 1408 payload bytes fails on the
-        # first slice that does not fit (the ones before it stay valid, but ingress
-        # drops the packet anyway).
+    # DATA always has its payload; a GET whose UDP length is a DATA's carries reply room.
+    if pkt.kv.opcode == OP_DATA or (pkt.kv.opcode == OP_GET and udp[2] == KV_UDP_LEN_DATA):
+        # Eleven fixed extracts; less than 1408 bytes fails on the first slice that does
+        # not fit (the ones before it stay valid, but ingress drops the packet anyway).
         if n < off + FRAG_PAYLOAD:
             pkt.parser_error = True
             full = (n - off) // SLICE_BYTES
@@ -681,7 +683,10 @@ class KvpoolPipeline:
                     rest < frag and kv.payload_len != rest)
                 if bad_plen or bad_clen or bad_rest:
                     meta.drop_reason = Drop.BAD_LENGTH
-        elif kv.payload_len != 0 or udp[2] != KV_UDP_LEN_NO_PAYLOAD:
+        elif kv.payload_len != 0:
+            meta.drop_reason = Drop.BAD_LENGTH
+        elif udp[2] != KV_UDP_LEN_NO_PAYLOAD and not (kv.opcode == OP_GET and udp[2] == KV_UDP_LEN_DATA):
+            # No payload, except the reply room a GET may carry.
             meta.drop_reason = Drop.BAD_LENGTH
         elif kv.opcode == OP_GET and idx + cnt > MAX_FRAG_INDEX:
             meta.drop_reason = Drop.BAD_RANGE
@@ -706,11 +711,27 @@ class KvpoolPipeline:
         kv = pkt.kv
         assert kv is not None
         res = self.state.lookup(T_POOL, (kv.chunk_key,), meta.packet_length)
-        if not res.hit:
+        if res.hit:
+            self._pool_hit(pkt, meta, res.action, res.params)
+        else:
             self._count(C_POOL_STATS, PoolStat.LOOKUP_MISS, meta)
-            return
-        if res.action == A_POOL_ENTRY:
-            p = res.params
+        if kv.opcode == OP_GET and meta.served == 0 and pkt.payload is not None:
+            self._strip_reply_room(pkt)
+
+    def _strip_reply_room(self, pkt: Packet) -> None:
+        """Action ``strip_reply_room``: what goes on past this switch is a plain GET."""
+        assert pkt.ipv4 is not None and pkt.udp is not None
+        pkt.payload = None
+        pkt.ipv4.total_len = KV_IPV4_LEN_NO_PAYLOAD
+        pkt.udp[2] = KV_UDP_LEN_NO_PAYLOAD
+        pkt.udp[3] = 0
+
+    def _pool_hit(self, pkt: Packet, meta: Meta, action: str, params: Mapping[str, int]) -> None:
+        """The ``pool_lookup`` hit branch of ``Pool.apply``."""
+        kv = pkt.kv
+        assert kv is not None
+        if action == A_POOL_ENTRY:
+            p = params
             meta.pool_found = 1
             meta.base_slot = p["base_slot"]
             meta.pool_frag_count = p["frag_count"]
@@ -735,6 +756,8 @@ class KvpoolPipeline:
                 self._count(C_POOL_STATS, PoolStat.BYPASS, meta)
             elif not slot_ok:
                 self._count(C_POOL_STATS, PoolStat.SLOT_RANGE, meta)
+            elif pkt.payload is None:
+                self._count(C_POOL_STATS, PoolStat.NO_ROOM, meta)
             elif self._slot_current(slot, kv.chunk_key, meta.cur_generation):
                 rest = (meta.pool_chunk_len - kv.frag_index * FRAG_PAYLOAD) & M32
                 payload_len = rest & 0xFFFF if rest < FRAG_PAYLOAD else FRAG_PAYLOAD
@@ -801,8 +824,7 @@ class KvpoolPipeline:
         """Action ``serve``: the GET becomes the DATA reply in place."""
         kv, ip, udp = pkt.kv, pkt.ipv4, pkt.udp
         assert kv is not None and ip is not None and udp is not None
-        # setValid() on a header that was invalid leaves its fields as they were (0 for
-        # a never-extracted slice); the reads below overwrite them all anyway.
+        # The reply room (valid slices) receives the fragment: the packet does not grow.
         pkt.payload = [self._read(reg, slot).to_bytes(SLICE_BYTES, "big") for reg in R_SLICES]
         pkt.eth_dst, pkt.eth_src = pkt.eth_src, pkt.eth_dst
         ip.src, ip.dst = ip.dst, ip.src

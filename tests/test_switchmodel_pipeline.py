@@ -27,6 +27,7 @@ def _kv(datagram: bytes, dport: int = wire.KVPOOL_UDP_PORT, sport: int = 1234) -
 
 FRAMES = {
     "get": _kv(wire.get_packet(7, 3, request_id=9)),
+    "get_with_room": _kv(wire.get_packet(7, 3) + bytes(wire.FRAG_PAYLOAD)),
     "data": _kv(wire.data_packet(7, 0, b"x" * 2000), dport=40000, sport=wire.KVPOOL_UDP_PORT),
     "data_padded": _kv(wire.data_packet(7, 1, b"x" * 2000)) + b"\x00" * 6,
     "udp": bytes(ETH / IPV4 / UDP(sport=1, dport=2) / Raw(b"hello")),
@@ -49,6 +50,8 @@ def test_parse_then_deparse_gives_the_frame_back(name: str) -> None:
 def test_parser_extracts_what_the_p4_parser_extracts() -> None:
     get = parse(FRAMES["get"])
     assert get.kv is not None and get.kv.opcode == wire.Opcode.GET and get.payload is None and not get.parser_error
+    room = parse(FRAMES["get_with_room"])
+    assert room.payload is not None and len(room.payload) == wire.SLICES_PER_FRAGMENT and room.rest == b""
     data = parse(FRAMES["data_padded"])
     assert data.payload is not None and len(data.payload) == wire.SLICES_PER_FRAGMENT
     assert data.rest == b"\x00" * 6  # Ethernet padding stays unparsed and is re-emitted

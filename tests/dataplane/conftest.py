@@ -20,17 +20,6 @@ from .harness import BMV2_JSON, P4INFO, ModelTarget, Target, VethTarget, target_
 
 _SESSION: dict[str, VethTarget] = {}
 
-BMV2_GROWTH_LIMIT = (
-    "BMv2's simple_switch gives a packet its ingress length + 512 bytes of buffer; a served reply "
-    "grows a 74-byte GET into a 1482-byte DATA and crashes the switch (heap corruption, seen with "
-    "BMv2 1.15.5), see switchmodel/DIFFERENCES.md"
-)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the data-plane markers."""
-    config.addinivalue_line("markers", "serves: the switch answers a GET from its memory (BMv2 cannot yet)")
-
 
 def _skip_reason(kind: str) -> str | None:
     if not P4INFO.exists():
@@ -46,12 +35,10 @@ def _skip_reason(kind: str) -> str | None:
 
 
 @pytest.fixture
-def target(request: pytest.FixtureRequest) -> Iterator[Target]:
+def target() -> Iterator[Target]:
     """The switch under test, programmed from scratch, with no frames pending."""
     kind = target_kind()
     reason = _skip_reason(kind)
-    if reason is None and kind == "bmv2" and request.node.get_closest_marker("serves") is not None:
-        reason = BMV2_GROWTH_LIMIT
     if reason:
         pytest.skip(f"target {kind}: {reason}")
     if kind == "model":

@@ -69,10 +69,24 @@ def data_frame(src: Host, dst: Host, key: int, frag: int, chunk: bytes, *, reque
 
 
 def get_frame(src: Host, dst: Host, key: int, frag: int = 0, *, count: int = 1, request_id: int = 0,
-              generation: int = 0, flags: int = 0, sport: int = 40000, ip_id: int = 1) -> bytes:
-    """A GET from ``src`` to the holder ``dst``."""
-    return kv_frame(src, dst, wire.get_packet(key, frag, count, request_id, generation, flags), sport=sport,
-                    ip_id=ip_id)
+              generation: int = 0, flags: int = 0, sport: int = 40000, ip_id: int = 1, room: bool = False,
+              ttl: int = 64, udp_checksum: int | None = None) -> bytes:
+    """A GET from ``src`` to the holder ``dst``.
+
+    ``room`` appends the 1408 bytes of reply room a GET needs to be answered by the
+    switch (p4/README.md, "Reply room").
+    """
+    datagram = wire.get_packet(key, frag, count, request_id, generation, flags)
+    return kv_frame(src, dst, datagram + (bytes(wire.FRAG_PAYLOAD) if room else b""), sport=sport, ip_id=ip_id,
+                    ttl=ttl, udp_checksum=udp_checksum)
+
+
+def stripped_get(src: Host, dst: Host, key: int, frag: int = 0, *, count: int = 1, request_id: int = 0,
+                 generation: int = 0, flags: int = 0, sport: int = 40000, ip_id: int = 1) -> bytes:
+    """What leaves the switch for a GET with room it did not answer: a plain GET, TTL
+    decremented, UDP checksum 0 (the switch does not recompute it)."""
+    return get_frame(src, dst, key, frag, count=count, request_id=request_id, generation=generation, flags=flags,
+                     sport=sport, ip_id=ip_id, ttl=63, udp_checksum=0)
 
 
 def served_frame(requester: Host, holder: Host, key: int, frag: int, chunk: bytes, *, request_id: int = 0,

@@ -12,7 +12,7 @@ from switchmodel.pipeline import Drop, PoolStat
 
 from . import program
 from .harness import Target
-from .packets import arp_request, host, kv_frame, udp_frame, with_ttl
+from .packets import arp_request, get_frame, host, kv_frame, stripped_get, udp_frame, with_ttl
 from .program import HOLDER
 
 
@@ -23,6 +23,14 @@ def test_kvpool_get_for_unknown_chunk_goes_to_holder(target: Target) -> None:
     target.expect(HOLDER.port, with_ttl(get, 63))
     target.expect_no_other_packets()
     assert target.counter(n.POOL_STATS, PoolStat.LOOKUP_MISS) == 1
+    assert target.counters(n.DROP_REASON) == {}
+
+
+def test_reply_room_is_stripped_from_a_get_the_switch_does_not_answer(target: Target) -> None:
+    program.routes(target.sw)
+    target.send(1, get_frame(host(1), HOLDER, 0xABC, 0, request_id=5, room=True))
+    target.expect(HOLDER.port, stripped_get(host(1), HOLDER, 0xABC, 0, request_id=5))
+    target.expect_no_other_packets()
     assert target.counters(n.DROP_REASON) == {}
 
 

@@ -11,7 +11,7 @@ from switchmodel.pipeline import Drop, PoolStat
 
 from . import program
 from .harness import ModelTarget, Target
-from .packets import data_frame, get_frame, host, served_frame, with_ttl
+from .packets import data_frame, get_frame, host, served_frame, stripped_get, with_ttl
 from .program import HOLDER
 
 KEY = 0x1122334455667788
@@ -27,7 +27,6 @@ def _fill(target: Target, chunk: bytes = CHUNK, to: int = 1, generation: int = 0
         target.expect(to, with_ttl(frame, 63))
 
 
-@pytest.mark.serves
 def test_fill_on_pass_then_hits_are_served_by_the_switch(target: Target) -> None:
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)
@@ -39,7 +38,7 @@ def test_fill_on_pass_then_hits_are_served_by_the_switch(target: Target) -> None
 
     # Host 2 asks for each fragment: the switch answers, the holder sees nothing.
     for i in (2, 0, 1, 2):
-        get = get_frame(host(2), HOLDER, KEY, i, request_id=100 + i, sport=41000 + i, ip_id=7 + i)
+        get = get_frame(host(2), HOLDER, KEY, i, request_id=100 + i, sport=41000 + i, ip_id=7 + i, room=True)
         target.send(2, get)
         target.expect(2, served_frame(host(2), HOLDER, KEY, i, CHUNK, request_id=100 + i, sport=41000 + i,
                                       ip_id=7 + i))
@@ -47,8 +46,8 @@ def test_fill_on_pass_then_hits_are_served_by_the_switch(target: Target) -> None
     assert target.counters(n.SLOT_HITS) == {BASE: 1, BASE + 1: 1, BASE + 2: 2}
     assert target.counter(n.POOL_STATS, PoolStat.HIT) == 4
     assert target.counters(n.DROP_REASON) == {}
-    if isinstance(target, ModelTarget):  # every reply outgrew what BMv2 can build
-        assert target.pipeline.stats.beyond_bmv2_headroom == 4
+    if isinstance(target, ModelTarget):  # each reply filled its GET's room: nothing grew
+        assert target.pipeline.stats.beyond_bmv2_headroom == 0
 
 
 def test_non_writer_data_is_forwarded_but_not_stored(target: Target) -> None:
@@ -57,9 +56,8 @@ def test_non_writer_data_is_forwarded_but_not_stored(target: Target) -> None:
     _fill(target)
     assert target.counter(n.POOL_STATS, PoolStat.FILL_UNAUTH) == 3
     assert target.counters(n.SLOT_FILLS) == {}
-    get = get_frame(host(2), HOLDER, KEY, 0)
-    target.send(2, get)
-    target.expect(HOLDER.port, with_ttl(get, 63))  # not in switch memory: the holder answers
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, room=True))
+    target.expect(HOLDER.port, stripped_get(host(2), HOLDER, KEY, 0))  # not in switch memory: the holder answers
     target.expect_no_other_packets()
     assert target.counter(n.POOL_STATS, PoolStat.MISS_UNFILLED) == 1
 
@@ -74,21 +72,19 @@ def test_gets_the_switch_must_not_answer_go_to_the_holder(target: Target, why: s
     kwargs = {"range": {"count": 2}, "no_cache": {"flags": int(wire.Flag.NO_CACHE)},
               "pinned_generation": {"generation": 2}, "disabled": {}, "beyond_chunk": {}}[why]
     frag = 5 if why == "beyond_chunk" else 0
-    get = get_frame(host(2), HOLDER, KEY, frag, **kwargs)
-    target.send(2, get)
-    target.expect(HOLDER.port, with_ttl(get, 63))
+    target.send(2, get_frame(host(2), HOLDER, KEY, frag, room=True, **kwargs))
+    target.expect(HOLDER.port, stripped_get(host(2), HOLDER, KEY, frag, **kwargs))  # room stripped
     target.expect_no_other_packets()
     assert target.counter(n.POOL_STATS, PoolStat.BYPASS) == 1
     assert target.counters(n.SLOT_HITS) == {}
 
 
-@pytest.mark.serves
 def test_get_pinned_to_the_current_generation_is_served(target: Target) -> None:
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)
     program.admit(target.sw, KEY, BASE, len(CHUNK), generation=3)
     _fill(target, generation=3)
-    target.send(4, get_frame(host(4), HOLDER, KEY, 1, generation=3, request_id=9))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 1, generation=3, request_id=9, room=True))
     target.expect(4, served_frame(host(4), HOLDER, KEY, 1, CHUNK, generation=3, request_id=9))
     target.expect_no_other_packets()
 
@@ -115,7 +111,6 @@ def test_writer_data_with_other_geometry_is_dropped(target: Target) -> None:
     assert target.counters(n.SLOT_FILLS) == {}
 
 
-@pytest.mark.serves
 def test_slot_beyond_pool_is_not_read_or_written(target: Target) -> None:
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)
@@ -123,9 +118,21 @@ def test_slot_beyond_pool_is_not_read_or_written(target: Target) -> None:
     _fill(target)
     assert target.counters(n.SLOT_FILLS) == {1023: 1}
     assert target.counter(n.POOL_STATS, PoolStat.SLOT_RANGE) == 2
-    get = get_frame(host(2), HOLDER, KEY, 2)
-    target.send(2, get)
-    target.expect(HOLDER.port, with_ttl(get, 63))
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0))
+    target.send(2, get_frame(host(2), HOLDER, KEY, 2, room=True))
+    target.expect(HOLDER.port, stripped_get(host(2), HOLDER, KEY, 2))
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, room=True))
     target.expect(2, served_frame(host(2), HOLDER, KEY, 0, CHUNK))
     target.expect_no_other_packets()
+
+
+def test_plain_get_without_reply_room_goes_to_the_holder_untouched(target: Target) -> None:
+    program.routes(target.sw)
+    program.writer(target.sw, HOLDER)
+    program.admit(target.sw, KEY, BASE, len(CHUNK))
+    _fill(target)
+    plain = get_frame(host(2), HOLDER, KEY, 0)
+    target.send(2, plain)
+    target.expect(HOLDER.port, with_ttl(plain, 63))  # UDP checksum kept: nothing above IPv4 changed
+    target.expect_no_other_packets()
+    assert target.counter(n.POOL_STATS, PoolStat.NO_ROOM) == 1
+    assert target.counters(n.SLOT_HITS) == {}
