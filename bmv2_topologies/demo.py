@@ -209,6 +209,9 @@ class ModeResult:
     admitted: int = 0
     peak_incast: int = 0
     seconds: float = 0.0
+    pcap: Path | None = None
+    """Capture of the holder link (kvpool headers); this mode's packets are those in ``window``."""
+    window: tuple[float, float] = (0.0, 0.0)
 
     def percentile(self, q: float) -> float:
         """The q-th percentile of delivery times (ms), nearest rank."""
@@ -244,6 +247,7 @@ class Demo:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.net: Any = None
         self.topo: Any = None
+        self.capture: LinkCapture | None = None
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -262,7 +266,10 @@ class Demo:
         try:
             self.net.start()
             self._start_agents()
-            yield self
+            # One capture of the holder link for the whole run; each mode reads its time window.
+            with LinkCapture(self.run_dir / "holder_link.pcap", "s1-eth1") as capture:
+                self.capture = capture
+                yield self
         finally:
             self._stop_agents()
             self.net.stop()
@@ -273,11 +280,23 @@ class Demo:
 
     def _start_agents(self) -> None:
         exe = [sys.executable, "-m", "hostagent.cli"]
+        # The holder paces to its link (as a real holder paces to its NIC), with a shallow
+        # bucket: an unpaced burst would overflow the shaped link's queue and turn into
+        # retransmissions, and answers sent before the other requesters' GETs arrive could
+        # not be coalesced. Requesters keep
+        # few fragments in flight so the holder's queue, and so the time a GET waits for its
+        # answer, stays well under the retransmit timeout and the switch's pending timeout.
+        from kvpool import wire
+
+        holder_rate = str(int(self.cfg.holder_mbps * 1e6 / 8 * 0.9))
         for h in self.topo.hosts.values():
             args = [*exe, "--host", h.address, "--api-socket", str((self.run_dir / f"{h.name}.sock").resolve()),
                     "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                     "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                    "--single-gets", "--window", "64", "--give-up", "10"]
+                    "--single-gets", "--window", "64", "--max-inflight", "64", "--retransmit-timeout", "1",
+                    "--give-up", "20"]
+            if h.role == "holder":
+                args += ["--rate", holder_rate, "--burst", str(2 * wire.DATA_DATAGRAM_LEN)]
             self.procs.append(self.net.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         for h in self.topo.hosts.values():
@@ -313,7 +332,9 @@ class Demo:
         keys = list(wl.blobs)
         hc.publish_chunks(keys, [wl.blobs[k] for k in keys])
         catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in keys)
-        fabric = FabricSettings(popularity_threshold=max(2, cfg.requesters // 2))
+        # Pending GETs must outlive the holder's queueing delay, or duplicates arriving after
+        # the timeout go upstream again; 2 s is far above it and still frees a lost answer's slot.
+        fabric = FabricSettings(popularity_threshold=max(2, cfg.requesters // 2), pending_timeout_us=2_000_000)
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1)
         endpoints = [Endpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         filler = HolderPushClient(self.api(holder.name), fabric.fill_sink)
@@ -327,18 +348,20 @@ class Demo:
                 sw.push_pipeline()
             loop = threading.Thread(target=ctl.run, args=(stop,), name="controller-epochs", daemon=True)
             loop.start()
-            capture = LinkCapture(self.run_dir / f"{mode}.pcap", "s1-eth1")
             before = _link_bytes("s1-eth1")
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             try:
-                with capture:
-                    self._replay(result, progress)
+                self._replay(result, progress)
+                time.sleep(0.3)  # stragglers (pushes, late replicas) belong to this mode
             finally:
                 stop.set()
                 loop.join(timeout=10)
             result.seconds = time.monotonic() - t0
             result.holder_bytes = _link_bytes("s1-eth1") - before
-            result.peak_incast = capture.peak_gets(holder.address)
+            result.window = (wall0, time.time())
+            if self.capture is not None and self.capture.path.exists():
+                result.pcap = self.capture.path
+                result.peak_incast = peak_gets(result.pcap, holder.address, result.window)
             result.admitted = sum(len(r.admitted) for r in ctl.reports)
             served, coalesced = _switch_counters(ctl)
             result.switch_served, result.coalesced = served, coalesced
@@ -410,7 +433,7 @@ def _switch_counters(ctl: Any) -> tuple[int, int]:
 
 
 class LinkCapture:
-    """tcpdump on the holder's link (headers only) while a mode runs; counts incast afterwards."""
+    """tcpdump on the holder's link (headers only, every packet flushed) while the demo runs."""
 
     def __init__(self, path: Path, intf: str) -> None:
         self.path = path
@@ -419,9 +442,16 @@ class LinkCapture:
 
     def __enter__(self) -> LinkCapture:
         if shutil.which("tcpdump"):
-            self.proc = subprocess.Popen(["tcpdump", "-i", self.intf, "-s", "96", "-U", "-w", str(self.path),
-                                          "udp port 7470"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(0.5)  # tcpdump needs a moment before it captures
+            # No BPF filter: on these veths "udp port 7470" matched nothing (seen here); the
+            # parser below picks the kvpool frames out of the headers-only capture.
+            self.proc = subprocess.Popen(["tcpdump", "-i", self.intf, "-s", "96", "-U", "-w", str(self.path)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # tcpdump says "listening on ..." once it captures; nothing before that is seen.
+            assert self.proc.stderr is not None
+            line = self.proc.stderr.readline()
+            if b"listening on" not in line:
+                raise RuntimeError(f"tcpdump on {self.intf} did not start: {line.decode(errors='replace').strip()}")
+            threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # never block tcpdump
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -430,30 +460,61 @@ class LinkCapture:
             self.proc.terminate()
             self.proc.wait(timeout=10)
 
-    def peak_gets(self, holder_ip: str) -> int:
-        """Incast degree: most GETs for one fragment that reached the holder within one pending window.
 
-        Without coalescing every requester's GET for a hot fragment reaches the holder (N of
-        them); with it, the switch lets one through per outstanding fragment.
-        """
-        if not self.path.exists():
-            return 0
-        holder = bytes(int(x) for x in holder_ip.split("."))
-        first_seen: dict[bytes, tuple[float, int]] = {}
-        peak = 0
-        for ts, frame in _pcap_frames(self.path):
-            if len(frame) < 14 + 20 + 8 + 16 or frame[12:14] != b"\x08\x00" or frame[30:34] != holder:
-                continue
-            kv = 14 + (frame[14] & 0x0F) * 4 + 8
-            if len(frame) < kv + 16 or frame[kv + 1] != 1:  # opcode GET
-                continue
-            fragment = frame[kv + 4:kv + 14]  # chunk key and fragment index
-            start, count = first_seen.get(fragment, (ts, 0))
-            if ts - start > INCAST_WINDOW_S:
-                start, count = ts, 0
-            first_seen[fragment] = (start, count + 1)
-            peak = max(peak, count + 1)
-        return peak
+def peak_gets(pcap: Path, holder_ip: str, window: tuple[float, float]) -> int:
+    """Incast degree: most GETs for one fragment that reached the holder within one pending window.
+
+    Without coalescing every requester's GET for a hot fragment reaches the holder (N of
+    them); with it, the switch lets one through per outstanding fragment.
+    """
+    holder = bytes(int(x) for x in holder_ip.split("."))
+    first_seen: dict[bytes, tuple[float, int]] = {}
+    peak = 0
+    for ts, frame in _pcap_frames(pcap):
+        if not window[0] <= ts <= window[1]:
+            continue
+        if len(frame) < 14 + 20 + 8 + 16 or frame[12:14] != b"\x08\x00" or frame[30:34] != holder:
+            continue
+        kv = 14 + (frame[14] & 0x0F) * 4 + 8
+        if len(frame) < kv + 16 or frame[kv + 1] != 1:  # opcode GET
+            continue
+        fragment = frame[kv + 4:kv + 14]  # chunk key and fragment index
+        start, count = first_seen.get(fragment, (ts, 0))
+        if ts - start > INCAST_WINDOW_S:
+            start, count = ts, 0
+        first_seen[fragment] = (start, count + 1)
+        peak = max(peak, count + 1)
+    return peak
+
+
+@dataclass
+class HolderTraffic:
+    """kvpool packets on the holder link: GETs it received, DATA it sent (per fragment and destination)."""
+
+    gets_in: int = 0
+    data_out: dict[tuple[int, int, str], int] = field(default_factory=dict)
+
+
+def holder_traffic(pcap: Path, holder_ip: str, window: tuple[float, float]) -> HolderTraffic:
+    """Count the GETs that reached the holder and the DATA it sent within ``window`` (wall clock)."""
+    from kvpool import wire
+
+    holder = bytes(int(x) for x in holder_ip.split("."))
+    out = HolderTraffic()
+    for ts, frame in _pcap_frames(pcap):
+        if not window[0] <= ts <= window[1]:
+            continue
+        if len(frame) < 14 + 20 + 8 + wire.HEADER_LEN or frame[12:14] != b"\x08\x00":
+            continue
+        kv = 14 + (frame[14] & 0x0F) * 4 + 8
+        hdr = wire.unpack_header(frame[kv:kv + wire.HEADER_LEN])
+        if hdr.opcode == wire.Opcode.GET and frame[30:34] == holder:
+            out.gets_in += 1
+        elif hdr.opcode == wire.Opcode.DATA and frame[26:30] == holder:
+            dst = ".".join(str(b) for b in frame[30:34])
+            k = (hdr.chunk_key, hdr.frag_index, dst)
+            out.data_out[k] = out.data_out.get(k, 0) + 1
+    return out
 
 
 def _pcap_frames(path: Path) -> Iterator[tuple[float, bytes]]:
