@@ -66,7 +66,7 @@ def _frame(src_mac: str, dst_mac: str, src_ip: str, dst_ip: str, sport: int, dpo
 def get_frame(key: int, frag: int, room: bool = False) -> bytes:
     """A GET from the client to the holder, with reply room when the switch should answer it."""
     return _frame(CLIENT_MAC, HOLDER_MAC, CLIENT_IP, HOLDER_IP, 40000, wire.KVPOOL_UDP_PORT,
-                  wire.get_packet(key, frag) + (bytes(wire.FRAG_PAYLOAD) if room else b""))
+                  wire.get_packet(key, frag, room=room))
 
 
 def data_frame(key: int, frag: int) -> bytes:

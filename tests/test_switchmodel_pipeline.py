@@ -42,7 +42,7 @@ def _kv(datagram: bytes, dport: int = wire.KVPOOL_UDP_PORT, sport: int = 1234) -
 
 FRAMES = {
     "get": _kv(wire.get_packet(7, 3, request_id=9)),
-    "get_with_room": _kv(wire.get_packet(7, 3) + bytes(wire.FRAG_PAYLOAD)),
+    "get_with_room": _kv(wire.get_packet(7, 3, room=True)),
     "data": _kv(wire.data_packet(7, 0, b"x" * 2000), dport=40000, sport=wire.KVPOOL_UDP_PORT),
     "data_padded": _kv(wire.data_packet(7, 1, b"x" * 2000)) + b"\x00" * 6,
     "udp": bytes(ETH / IPV4 / UDP(sport=1, dport=2) / Raw(b"hello")),

@@ -76,9 +76,8 @@ def get_frame(src: Host, dst: Host, key: int, frag: int = 0, *, count: int = 1, 
     ``room`` appends the 1408 bytes of reply room a GET needs to be answered by the
     switch (p4/README.md, "Reply room").
     """
-    datagram = wire.get_packet(key, frag, count, request_id, generation, flags)
-    return kv_frame(src, dst, datagram + (bytes(wire.FRAG_PAYLOAD) if room else b""), sport=sport, ip_id=ip_id,
-                    ttl=ttl, udp_checksum=udp_checksum)
+    datagram = wire.get_packet(key, frag, count, request_id, generation, flags, room=room)
+    return kv_frame(src, dst, datagram, sport=sport, ip_id=ip_id, ttl=ttl, udp_checksum=udp_checksum)
 
 
 def stripped_get(src: Host, dst: Host, key: int, frag: int = 0, *, count: int = 1, request_id: int = 0,

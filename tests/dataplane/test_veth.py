@@ -95,8 +95,7 @@ def test_kvpool_switch_process_fills_and_serves_kernel_sockets(lab: VethLab) -> 
             got, _ = agent1.recvfrom(4096)
             assert got == wire.data_packet(key, i, chunk, request_id=i)
         # Agent 2 asks with reply room: the switch answers from its memory, the holder never hears of it.
-        agent2.sendto(wire.get_packet(key, 1, request_id=77) + bytes(wire.FRAG_PAYLOAD),
-                      ("10.0.0.3", wire.KVPOOL_UDP_PORT))
+        agent2.sendto(wire.get_packet(key, 1, request_id=77, room=True), ("10.0.0.3", wire.KVPOOL_UDP_PORT))
         reply, addr = agent2.recvfrom(4096)
         assert addr == ("10.0.0.3", wire.KVPOOL_UDP_PORT)
         assert reply == wire.data_packet(key, 1, chunk, request_id=77, flags=int(wire.Flag.SWITCH_SERVED))
