@@ -442,9 +442,11 @@ class LinkCapture:
 
     def __enter__(self) -> LinkCapture:
         if shutil.which("tcpdump"):
-            # No BPF filter: on these veths "udp port 7470" matched nothing (seen here); the
-            # parser below picks the kvpool frames out of the headers-only capture.
-            self.proc = subprocess.Popen(["tcpdump", "-i", self.intf, "-s", "96", "-U", "-w", str(self.path)],
+            # --immediate-mode: otherwise libpcap hands packets over in blocks, up to a second
+            # late, and a mode read right after it ends would miss its last packets. The parser
+            # below picks the kvpool frames out of the headers-only capture.
+            self.proc = subprocess.Popen(["tcpdump", "--immediate-mode", "-i", self.intf, "-s", "96", "-U", "-w",
+                                          str(self.path)],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             # tcpdump says "listening on ..." once it captures; nothing before that is seen.
             assert self.proc.stderr is not None

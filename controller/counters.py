@@ -47,6 +47,7 @@ class PoolStat(enum.IntEnum):
     INVALIDATE = 8
     INVALIDATE_STALE = 9
     SLOT_RANGE = 10
+    NO_ROOM = 11
 
 
 class CoalesceStat(enum.IntEnum):

@@ -125,7 +125,7 @@ def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -
         for i in range(4):
             switch.send(HOLDER, H1, wire.data_packet(KEY, i, CHUNK), sport=wire.KVPOOL_UDP_PORT)
         # Now a GET from h3 is answered by the switch, out of h3's own port, with the bytes.
-        out = switch.send(H3, HOLDER, wire.get_packet(KEY, 2, request_id=99))
+        out = switch.send(H3, HOLDER, wire.get_packet(KEY, 2, request_id=99, room=True))
         assert [p for p, _ in out] == [4]
         reply = out[0][1]
         hdr = _kv(reply)
@@ -134,7 +134,7 @@ def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -
         assert reply[body:body + hdr.payload_len] == CHUNK[start:start + hdr.payload_len]
 
         # The hit on fragment 0 is a fetch the next epoch observes through the slot counters.
-        switch.send(H2, HOLDER, wire.get_packet(KEY, 0, request_id=5))
+        switch.send(H2, HOLDER, wire.get_packet(KEY, 0, request_id=5, room=True))
         report = ctl.run_epoch()
         assert report.slot_hits == 1
         assert ctl.status()["pool"] == {"slots": 1024, "used": 4, "chunks": 1}
