@@ -75,6 +75,11 @@ class DemoConfig:
     out: Path = Path("results/demo")
     seed: int = 0
     fetch_timeout_s: float = 60.0
+    window: int = 600
+    """Fragments each requester keeps in flight (single-fragment GETs): enough for the whole
+    hot prefix, so every requester asks for all of it at once, as an engine fetching a prefix does."""
+    hold_ms: float = 100.0
+    """How long the holder waits before answering a GET (``kvpool-agent --hold``)."""
 
     @property
     def chunk_shape(self) -> tuple[int, ...]:
@@ -94,6 +99,8 @@ class DemoConfig:
             "host_mbps": self.host_mbps > 0,
             "max_requests": self.max_requests >= 1,
             "time_scale": self.time_scale > 0,
+            "window": 1 <= self.window <= 4096,
+            "hold_ms": 0 <= self.hold_ms <= 1000,
         }
         for name, ok in checks.items():
             if not ok:
@@ -206,6 +213,7 @@ class ModeResult:
     fragments: int = 0
     switch_served: int = 0
     coalesced: int = 0
+    collisions: int = 0
     admitted: int = 0
     peak_incast: int = 0
     seconds: float = 0.0
@@ -231,6 +239,7 @@ class ModeResult:
             "requests": self.requests,
             "failed": self.failed,
             "coalesced_gets": self.coalesced,
+            "pending_collisions": self.collisions,
             "chunks_admitted": self.admitted,
             "seconds": round(self.seconds, 2),
         }
@@ -288,15 +297,22 @@ class Demo:
         # answer, stays well under the retransmit timeout and the switch's pending timeout.
         from kvpool import wire
 
-        holder_rate = str(int(self.cfg.holder_mbps * 1e6 / 8 * 0.9))
+        rate = self.cfg.holder_mbps * 1e6 / 8 * 0.9
+        holder_rate = str(int(rate))
+        # Everything every requester may have asked for can sit in the holder's queue at
+        # once (plain forwarding, all asking at the same moment): re-asking before that
+        # queue drains would only duplicate it, so the retransmit timeout covers it twice.
+        queue_s = self.cfg.requesters * self.cfg.window * wire.DATA_DATAGRAM_LEN / rate
+        rto = max(1.0, 2 * queue_s)
         for h in self.topo.hosts.values():
             args = [*exe, "--host", h.address, "--api-socket", str((self.run_dir / f"{h.name}.sock").resolve()),
                     "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                     "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                    "--single-gets", "--window", "64", "--max-inflight", "64", "--retransmit-timeout", "1",
-                    "--give-up", "20"]
+                    "--single-gets", "--window", str(self.cfg.window), "--max-inflight", str(self.cfg.window),
+                    "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}"]
             if h.role == "holder":
-                args += ["--rate", holder_rate, "--burst", str(2 * wire.DATA_DATAGRAM_LEN)]
+                args += ["--rate", holder_rate, "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
+                         "--hold", str(self.cfg.hold_ms / 1000)]
             self.procs.append(self.net.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         for h in self.topo.hosts.values():
@@ -363,8 +379,7 @@ class Demo:
                 result.pcap = self.capture.path
                 result.peak_incast = peak_gets(result.pcap, holder.address, result.window)
             result.admitted = sum(len(r.admitted) for r in ctl.reports)
-            served, coalesced = _switch_counters(ctl)
-            result.switch_served, result.coalesced = served, coalesced
+            result.switch_served, result.coalesced, result.collisions = _switch_counters(ctl)
         result.fragments = wl.fragments
         return result
 
@@ -421,15 +436,18 @@ def _link_bytes(intf: str) -> int:
     return int((base / "rx_bytes").read_text()) + int((base / "tx_bytes").read_text())
 
 
-def _switch_counters(ctl: Any) -> tuple[int, int]:
-    """Fragments the switches served from memory, and GETs they absorbed (coalesced)."""
+def _switch_counters(ctl: Any) -> tuple[int, int, int]:
+    """Fragments the switches served from memory, GETs they absorbed, and pending-slot collisions."""
     from controller import p4names as n
+    from controller.counters import CoalesceStat, PoolStat
 
-    served = coalesced = 0
+    served = coalesced = collisions = 0
     for sw in ctl.switches.values():
-        served += sw.read_counter(n.POOL_STATS, 1)[1].packets  # PoolStat.HIT
-        coalesced += sw.read_counter(n.COALESCE_STATS, 1)[1].packets  # CoalesceStat.ABSORBED
-    return served, coalesced
+        served += sw.read_counter(n.POOL_STATS, PoolStat.HIT)[PoolStat.HIT].packets
+        coal = sw.read_counter(n.COALESCE_STATS)
+        coalesced += coal[CoalesceStat.ABSORBED].packets
+        collisions += coal[CoalesceStat.COLLISION].packets
+    return served, coalesced, collisions
 
 
 class LinkCapture:
@@ -593,6 +611,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wave-gap-ms", type=float, default=d.wave_gap_ms, help="time between waves (default 6000)")
     p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="tokens per chunk (default 16)")
     p.add_argument("--holder-mbps", type=float, default=d.holder_mbps, help="holder link bandwidth (bottleneck)")
+    p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester (default 600)")
+    p.add_argument("--hold-ms", type=float, default=d.hold_ms,
+                   help="holder waits this long before answering a GET, so GETs of requesters that start a little late "
+                   "are coalesced too (default 100)")
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object last (per mode: holder_bytes, ...)")
@@ -608,7 +630,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = DemoConfig(requesters=args.requesters, target=args.target, modes=tuple(args.modes.split(",")),
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
-                     wave_gap_ms=args.wave_gap_ms,
+                     wave_gap_ms=args.wave_gap_ms, window=args.window, hold_ms=args.hold_ms,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed)
     try:
         cfg.validate()

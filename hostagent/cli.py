@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pace DATA sent to peers at this many bytes/s (default unpaced)")
     parser.add_argument("--burst", dest="burst_bytes", type=parse_size,
                         help="pacing token bucket depth in bytes (default 256KiB)")
+    parser.add_argument("--hold", dest="hold_s", type=float,
+                        help="seconds a holder waits before answering a GET, so a coalescing switch merges "
+                        "more duplicates (default 0)")
     parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
     parser.add_argument("--max-inflight", dest="max_inflight_fragments", type=int,
                         help="fragments in flight over all requests")
@@ -81,7 +84,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     cfg = load_config(args.config)
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
-        "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "burst_bytes", "window_fragments",
+        "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "burst_bytes", "hold_s", "window_fragments",
         "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets")}

@@ -77,6 +77,9 @@ class AgentConfig:
     """Holder pacing rate; 0 = unpaced."""
     burst_bytes: int = 256 << 10
     """Token bucket depth when pacing: how much may leave back to back before the rate applies."""
+    hold_s: float = 0.0
+    """Holder answers a GET this long after it arrived, so a coalescing switch can merge
+    the duplicates that arrive meanwhile (0: at once)."""
     window_fragments: int = 2048
     """Per-request window of fragments in flight."""
     max_inflight_fragments: int = 16384
@@ -110,7 +113,7 @@ class AgentConfig:
         """The transport part of this configuration."""
         return TransportConfig(
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
-            rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes,
+            rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes, hold_s=self.hold_s,
             window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,

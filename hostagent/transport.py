@@ -123,6 +123,10 @@ class TransportConfig:
     """DATA datagrams a send job sends before the next job's turn."""
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
+    hold_s: float = 0.0
+    """Holder answers a GET only this long after it arrived (0: at once).  Behind a switch that
+    coalesces, duplicate GETs arriving meanwhile share the one answer, so requesters that
+    drift apart by less than this still fetch each fragment from the holder once."""
     single_fragment_gets: bool = False
     """Ask with one GET per fragment (what a switch can serve or coalesce) instead of range GETs."""
     max_queued_fragments: int = 65536
@@ -143,6 +147,7 @@ class TransportConfig:
             "recv_batch": self.recv_batch >= 1,
             "send_quantum": self.send_quantum >= 1,
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
+            "hold_s": 0 <= self.hold_s <= 1.0,
             "max_queued_fragments": self.max_queued_fragments >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
@@ -268,6 +273,8 @@ class Transport:
         self._submit: collections.deque[_Request] = collections.deque()
         # Chunks to push unasked (fill on pass), as (key, address); the loop turns them into send jobs.
         self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
+        # GETs waiting out the holder's hold time: (answer at, header, requester).
+        self._held: collections.deque[tuple[float, wire.Header, Address]] = collections.deque()
         self.pushed_fragments = 0
         self._pending: collections.deque[_Request] = collections.deque()
         self._active: dict[int, _Request] = {}
@@ -499,6 +506,7 @@ class Transport:
                 self._admit_pushes()
                 self._receive_data()
                 self._receive_gets()
+                self._release_held()
                 blocked = self._send_jobs()
                 if blocked != want_out:
                     poller.modify(hfd, select.POLLIN | (select.POLLOUT if blocked else 0))
@@ -513,6 +521,11 @@ class Transport:
     def _poll_timeout_ms(self) -> int:
         if self._submit:
             return 0
+        if self._held and not self._jobs:
+            wait_ms = max(1, int((self._held[0][0] - time.monotonic()) * 1000) + 1)
+            if self._active:
+                return min(wait_ms, 100)
+            return wait_ms
         if self._jobs:
             if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
                 return 0
@@ -871,7 +884,23 @@ class Transport:
                 self._drop("unexpected_opcode")
                 continue
             gets.append((hdr, addr))
+        if self.config.hold_s > 0:
+            ready = time.monotonic() + self.config.hold_s
+            self._held.extend((ready, hdr, addr) for hdr, addr in gets)
+            return
         for hdr, first, count, addr in merge_gets(gets, self.config.max_fragments_per_get):
+            self._serve_get(hdr, first, count, addr)
+
+    def _release_held(self) -> None:
+        """Answer the held GETs whose hold time is over (arrival order is answer order)."""
+        if not self._held:
+            return
+        now = time.monotonic()
+        due: list[tuple[wire.Header, Address]] = []
+        while self._held and self._held[0][0] <= now:
+            _, hdr, addr = self._held.popleft()
+            due.append((hdr, addr))
+        for hdr, first, count, addr in merge_gets(due, self.config.max_fragments_per_get):
             self._serve_get(hdr, first, count, addr)
 
     def _serve_get(self, hdr: wire.Header, first: int, count: int, addr: Address) -> None:

@@ -105,3 +105,28 @@ def test_network_only_fetch_neither_reads_nor_keeps_local_copies(pair: tuple[Age
         client._json("POST", "/v1/fetch", {"keys": [f"{KEY:#x}"], "local": "no"})
     assert err.value.status == 400 and "local must be" in err.value.message
     time.sleep(0)
+
+
+def test_holder_hold_delays_answers_and_merges_them(tmp_path: Path) -> None:
+    """``hold_s``: a GET is answered no earlier than the hold after it arrived."""
+    holder = Agent(AgentConfig(udp_port=0, api_port=0, hold_s=0.3, log_level="WARNING"))
+    holder.start()
+    try:
+        holder.publish(KEY, CHUNK)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as req:
+            req.bind(("127.0.0.1", 0))
+            req.settimeout(3)
+            t0 = time.monotonic()
+            for i in range(6):
+                req.sendto(wire.get_packet(KEY, i, request_id=7, room=True), ("127.0.0.1", holder.transport.port))
+            reasm = Reassembler(KEY, len(CHUNK))
+            first_at = None
+            while not reasm.complete:
+                reasm.add(req.recvfrom(4096)[0])
+                first_at = first_at or time.monotonic() - t0
+            assert first_at is not None and first_at >= 0.3
+            assert bytes(reasm.data) == CHUNK
+    finally:
+        holder.stop()
+    with pytest.raises(ValueError, match="hold_s"):
+        AgentConfig(hold_s=5.0).transport_config()

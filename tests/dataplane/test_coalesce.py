@@ -7,7 +7,7 @@ import zlib
 
 from controller import p4names as n
 from kvpool import wire
-from switchmodel.pipeline import CoStat, EgStat
+from switchmodel.pipeline import PENDING_SLOTS, CoStat, EgStat
 
 from . import program
 from .harness import Target
@@ -141,7 +141,7 @@ def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(ta
 
 def _pending_index(key: int, frag: int) -> int:
     """crc32({chunk_key, frag_index}) mod PENDING_SLOTS, as BMv2 computes it."""
-    return zlib.crc32(key.to_bytes(8, "big") + frag.to_bytes(2, "big")) % 1024
+    return zlib.crc32(key.to_bytes(8, "big") + frag.to_bytes(2, "big")) % PENDING_SLOTS
 
 
 def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:
