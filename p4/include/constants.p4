@@ -65,11 +65,11 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 // Chunks the pool table can hold (at most one per slot).
 #define POOL_ENTRIES    1024
 // Pending-request slots for coalescing, indexed by crc32(chunk_key, frag_index).
-#define PENDING_SLOTS   4096
+#define PENDING_SLOTS   16384
 // Hosts that can wait on a coalesced fragment; the waiter bitmap is bit<MAX_WAITERS>.
 #define MAX_WAITERS     32
 // Per (pending slot, waiter) reply records: PENDING_SLOTS * MAX_WAITERS.
-#define PENDING_REPLIES 131072
+#define PENDING_REPLIES 524288
 // Count-min sketch: SKETCH_ROWS (fixed at 3) rows of SKETCH_COLS counters.
 #define SKETCH_COLS     4096
 // Bloom filter against duplicate hot-chunk reports: 2 rows of BLOOM_BITS cells.
