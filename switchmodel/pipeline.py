@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from controller import p4names as names
+from controller.counters import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
 from kvpool import wire
 from switchmodel import hashes
 from switchmodel.state import StateError, SwitchState
@@ -143,69 +144,12 @@ M32: Final = 0xFFFFFFFF
 M48: Final = (1 << 48) - 1
 
 
-class Drop:
-    """Indices of ``MyIngress.drop_reason`` (``DROP_*`` in constants.p4)."""
-
-    NONE = 0
-    PARSE_ERROR = 1
-    BAD_CHECKSUM = 2
-    TTL_EXPIRED = 3
-    NO_ROUTE = 4
-    UNHANDLED = 5
-    BAD_VERSION = 6
-    BAD_OPCODE = 7
-    BAD_FLAGS = 8
-    BAD_RANGE = 9
-    BAD_LENGTH = 10
-    BAD_STATUS = 11
-    NOT_WRITER = 12
-    FILL_MISMATCH = 13
-
-
-class PoolStat:
-    """Indices of ``MyIngress.pool.pool_stats`` (``POOL_*``)."""
-
-    LOOKUP_MISS = 0
-    HIT = 1
-    MISS_UNFILLED = 2
-    BYPASS = 3
-    FILL = 4
-    FILL_STALE = 5
-    FILL_SKIPPED = 6
-    FILL_UNAUTH = 7
-    INVALIDATE = 8
-    INVALIDATE_STALE = 9
-    SLOT_RANGE = 10
-    NO_ROOM = 11
-
-
-class CoStat:
-    """Indices of ``MyIngress.coalesce.coalesce_stats`` (``CO_*``)."""
-
-    FIRST = 0
-    ABSORBED = 1
-    RETRANSMIT = 2
-    COLLISION = 3
-    NO_WAITER_ID = 4
-    RELEASE = 5
-    EXPIRED_REUSED = 6
-
-
-class PopStat:
-    """Indices of ``MyIngress.popularity.popularity_stats`` (``POP_*``)."""
-
-    COUNTED = 0
-    REPORTED = 1
-    SUPPRESSED = 2
-
-
-class EgStat:
-    """Indices of ``MyEgress.coalesce.egress_stats`` (``EG_*``)."""
-
-    REPLICA_SENT = 0
-    REPLICA_PRUNED = 1
-    NO_WAITER_ENTRY = 2
-    REPLY_RECORDED = 3
+# Counter indices: one definition, the operator's (checked against p4/README.md and
+# constants.p4); the short names are the pipeline's.
+Drop = DropReason
+CoStat = CoalesceStat
+PopStat = PopularityStat
+EgStat = EgressStat
 
 
 # --------------------------------------------------------------------------------------------
