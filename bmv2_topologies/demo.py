@@ -14,8 +14,9 @@ network:
   are answered by the switch itself.
 
 The stream is the project's synthetic generator by default: waves in which every
-requester asks at the same moment for a shared hot prefix (a system prompt) followed by
-its own blocks; ``--trace`` replays a Mooncake-format file instead. Each requester
+requester asks at the same moment for a shared hot prefix (a system prompt), followed by
+``--tail-blocks`` blocks of its own (none by default); ``--trace`` replays a
+Mooncake-format file instead. Each requester
 checks every chunk it receives against the holder's bytes (bit-identical or the run
 fails). Between modes the switch gets a fresh pipeline (empty tables and registers).
 
@@ -141,7 +142,7 @@ def wave_trace(cfg: DemoConfig) -> Any:
     """The default stream (Mooncake format): waves where every requester wants the hot prefix at once.
 
     Hot prefix blocks are ids 0..hot_blocks-1; each request then has ``tail_blocks`` ids
-    of its own, so only the prefix is shared, as with a common system prompt.
+    of its own (0 by default), so only the prefix is shared, as with a common system prompt.
     """
     from kvpool.trace import Trace, TraceRequest
 
