@@ -48,6 +48,10 @@ from switchmodel.p4info import (
     to_int,
 )
 
+# The value types the switch side already defines: one definition for both ends.
+from switchmodel.state import CounterValue as CounterValue
+from switchmodel.state import DigestConfig as DigestConfig
+
 log = logging.getLogger(__name__)
 
 #: A match value: a plain value (exact, optional; ternary with a full mask), or a pair:
@@ -131,23 +135,6 @@ class PacketIn:
 
     payload: bytes
     metadata: dict[str, int]
-
-
-@dataclass(frozen=True)
-class CounterValue:
-    """Packets and bytes of one counter cell."""
-
-    packets: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class DigestConfig:
-    """P4Runtime DigestEntry.Config."""
-
-    max_timeout_ns: int = 0
-    max_list_size: int = 1
-    ack_timeout_ns: int = 1_000_000_000
 
 
 # Normalized, hashable identity of a table entry: (table, ((field, kind, value, arg), ...), priority).
