@@ -37,12 +37,10 @@ SLOTS = {SMALL: 1, TWO: 2, BIG: 8, OTHER: 1, HUGE: 33, CHILD: 1}
 UNKNOWN = 0xDEAD
 
 
-class Daemon:
-    """Model switch + Controller (looping) + ControllerAPI, torn down by ``close``."""
+class ModelSwitch:
+    """The model switch in this process: state, pipeline, in-memory ports and its gRPC server."""
 
-    def __init__(self, tmp: Path, heartbeat_timeout_s: float = 3.0, switch: bool = True) -> None:
-        from controller.api import ControllerAPI
-        from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, SwitchEndpoint
+    def __init__(self) -> None:
         from switchmodel.p4rt_server import P4RuntimeServer
         from switchmodel.pipeline import KvpoolPipeline
         from switchmodel.ports import MemoryPorts
@@ -51,6 +49,30 @@ class Daemon:
         self.state = SwitchState(device_id=1)
         self.ports = MemoryPorts(KvpoolPipeline(self.state))
         self.server = P4RuntimeServer(self.state, "127.0.0.1:0").start()
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def send(self, src: Host, dst: Host, payload: bytes, sport: int = 40000) -> list[tuple[int, bytes]]:
+        """Inject one UDP frame on ``src``'s port (star(3) ports); the frames the switch sent out."""
+        frame = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.address, dst=dst.address)
+                      / UDP(sport=sport, dport=wire.KVPOOL_UDP_PORT) / payload)
+        out = self.ports.inject(PORT[src.name], frame)
+        self.ports.drain()
+        return out
+
+    def stop(self) -> None:
+        """Stop the gRPC server."""
+        self.server.stop(0)
+
+
+class Daemon:
+    """Model switch + Controller (looping) + ControllerAPI, torn down by ``close``."""
+
+    def __init__(self, tmp: Path, heartbeat_timeout_s: float = 3.0, switch: bool = True) -> None:
+        from controller.api import ControllerAPI
+        from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, SwitchEndpoint
+
+        self.switch = ModelSwitch()
+        self.state, self.ports, self.server = self.switch.state, self.switch.ports, self.switch.server
         # Without a switch (directory-only tests, no P4Info needed) the controller is never
         # started: its epoch loop runs over no switch connections.
         self.switch_address = f"127.0.0.1:{self.server.port}" if switch else "127.0.0.1:1"
@@ -81,11 +103,7 @@ class Daemon:
 
     def send(self, src: Host, dst: Host, payload: bytes, sport: int = 40000) -> list[tuple[int, bytes]]:
         """Inject one UDP frame on ``src``'s port; the frames the switch sent out."""
-        frame = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.address, dst=dst.address)
-                      / UDP(sport=sport, dport=wire.KVPOOL_UDP_PORT) / payload)
-        out = self.ports.inject(PORT[src.name], frame)
-        self.ports.drain()
-        return out
+        return self.switch.send(src, dst, payload, sport)
 
     def close(self) -> None:
         """Stop the API, the loop, the controller's connections and the switch."""

@@ -13,22 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
+from ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
 
-from bmv2_topologies.topology import Host, star
 from controller import p4names as n
 from controller.daemon import Catalog, ChunkInfo, Controller, ControllerError, ControllerSettings, Mode, SwitchEndpoint
 from controller.fabric import FabricSettings
 from kvpool import wire
 
-ROOT = Path(__file__).resolve().parents[1]
-P4INFO = ROOT / "p4" / "build" / "kvpool.p4info.txtpb"
-pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} is missing (compile p4/ with make -C p4)")
+pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
 
-TOPO = star(3)
 HOLDER, H1, H2, H3 = (TOPO.hosts[h] for h in ("h0", "h1", "h2", "h3"))
-PORT = {"h0": 1, "h1": 2, "h2": 3, "h3": 4}
 KEY = 0x1234_5678_9ABC_DEF0
 CHUNK = bytes((i * 31 + 7) % 256 for i in range(3 * wire.FRAG_PAYLOAD + 100))  # 4 fragments
 
@@ -43,36 +37,14 @@ class FakeSink:
         self.pushed.extend(keys)
 
 
-class Switch:
-    """The model switch in this process: state, pipeline, in-memory ports and its gRPC server."""
-
-    def __init__(self) -> None:
-        from switchmodel.p4rt_server import P4RuntimeServer
-        from switchmodel.pipeline import KvpoolPipeline
-        from switchmodel.ports import MemoryPorts
-        from switchmodel.state import SwitchState
-
-        self.state = SwitchState(device_id=1)
-        self.ports = MemoryPorts(KvpoolPipeline(self.state))
-        self.server = P4RuntimeServer(self.state, "127.0.0.1:0").start()
-        self.address = f"127.0.0.1:{self.server.port}"
-
-    def send(self, src: Host, dst: Host, payload: bytes, sport: int = 40000) -> list[tuple[int, bytes]]:
-        frame = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.address, dst=dst.address)
-                      / UDP(sport=sport, dport=wire.KVPOOL_UDP_PORT) / payload)
-        out = self.ports.inject(PORT[src.name], frame)
-        self.ports.drain()
-        return out
-
-
 @pytest.fixture
-def switch() -> Iterator[Switch]:
-    sw = Switch()
+def switch() -> Iterator[ModelSwitch]:
+    sw = ModelSwitch()
     yield sw
-    sw.server.stop(0)
+    sw.stop()
 
 
-def controller(switch: Switch, mode: Mode, sink: FakeSink | None = None) -> Controller:
+def controller(switch: ModelSwitch, mode: Mode, sink: FakeSink | None = None) -> Controller:
     settings = ControllerSettings(mode=mode, p4info=P4INFO, fabric=FabricSettings(popularity_threshold=2),
                                   epoch_s=0.05)
     catalog = Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))])
@@ -83,7 +55,7 @@ def _kv(frame: bytes) -> wire.Header:
     return wire.unpack_header(frame[42:])
 
 
-def test_plain_mode_installs_routes_but_no_coalescing(switch: Switch) -> None:
+def test_plain_mode_installs_routes_but_no_coalescing(switch: ModelSwitch) -> None:
     with controller(switch, Mode.PLAIN) as ctl:
         assert switch.state.entry_count(n.IPV4_ROUTE) == 5  # 4 hosts + the fill sink
         assert switch.state.entry_count(n.WAITER_LOOKUP) == 0
@@ -95,7 +67,7 @@ def test_plain_mode_installs_routes_but_no_coalescing(switch: Switch) -> None:
         assert ctl.status()["mode"] == "plain"
 
 
-def test_multicast_mode_coalesces(switch: Switch) -> None:
+def test_multicast_mode_coalesces(switch: ModelSwitch) -> None:
     with controller(switch, Mode.MULTICAST):
         assert switch.state.entry_count(n.WAITER_LOOKUP) == 3
         first = switch.send(H1, HOLDER, wire.get_packet(KEY, 0, request_id=1))
@@ -107,7 +79,7 @@ def test_multicast_mode_coalesces(switch: Switch) -> None:
         assert {_kv(f).request_id for _, f in out} == {1, 2}
 
 
-def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -> None:
+def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: ModelSwitch) -> None:
     sink = FakeSink()
     with controller(switch, Mode.POOL, sink) as ctl:
         for i, h in enumerate((H1, H2, H3)):
@@ -140,7 +112,7 @@ def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: Switch) -
         assert ctl.status()["pool"] == {"slots": 1024, "used": 4, "chunks": 1}
 
 
-def test_unknown_digest_keys_are_counted_not_admitted(switch: Switch) -> None:
+def test_unknown_digest_keys_are_counted_not_admitted(switch: ModelSwitch) -> None:
     with controller(switch, Mode.POOL) as ctl:
         other = 0xDEAD
         for h in (H1, H2, H3):
