@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--udp-port", type=int, help="kvpool UDP port peers send GETs to (default 7470; 0 = any)")
     parser.add_argument("--api-host", help="address of the HTTP API (default 127.0.0.1; keep it on loopback)")
     parser.add_argument("--api-port", type=int, help="HTTP API port (default 7471; 0 = any)")
-    parser.add_argument("--dram-bytes", type=parse_size, help="host DRAM tier capacity (default 1GiB)")
+    parser.add_argument("--dram-bytes", type=parse_size,
+                        help="host DRAM tier capacity (default 1GiB; 0 with --backend: serve from the backend)")
     parser.add_argument("--gpu-bytes", type=parse_size, help="GPU tier capacity, used only with CUDA (default 0)")
     parser.add_argument("--backend", choices=BACKENDS, help="lowest tier below DRAM (default none)")
     parser.add_argument("--mooncake-master", help="Mooncake master RPC address host:port (backend mooncake)")

@@ -133,8 +133,11 @@ class AgentConfig:
         for name in ("udp_port", "api_port"):
             if not 0 <= getattr(self, name) <= 0xFFFF:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
-        if self.dram_bytes <= 0 or self.gpu_bytes < 0 or self.max_body_bytes <= 0 or self.fetch_timeout_s <= 0:
-            raise ConfigError("dram_bytes, max_body_bytes and fetch_timeout_s must be positive, gpu_bytes >= 0")
+        if self.dram_bytes < 0 or self.gpu_bytes < 0 or self.max_body_bytes <= 0 or self.fetch_timeout_s <= 0:
+            raise ConfigError("max_body_bytes and fetch_timeout_s must be positive, dram_bytes and gpu_bytes >= 0")
+        if self.dram_bytes == 0 and self.backend == "none":
+            # Without DRAM the backend is the only place a chunk can live.
+            raise ConfigError("dram_bytes 0 needs a backend (--backend memory or mooncake)")
         if logging.getLevelName(self.log_level.upper()) not in (10, 20, 30, 40, 50):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
         try:
@@ -258,7 +261,7 @@ class Agent:
     def _join_directory(self) -> None:
         """Register with the controller and mirror every tier change into its directory."""
         cfg = self.config
-        caps = {"dram": cfg.dram_bytes}
+        caps = {"dram": cfg.dram_bytes} if "dram" in self.store.tier_names else {}
         if "gpu" in self.store.tier_names:
             caps["hbm"] = cfg.gpu_bytes
         if self._backend is not None:

@@ -210,7 +210,8 @@ class TieredStore:
                 self.misses += 1
                 return None
             state.hits += 1
-            if level == 0:
+            if level == 0 or not any(self._fits(up, entry.size) for up in range(level)):
+                # No faster tier can hold it: moving it would rewrite it where it already is.
                 state.lru.move_to_end(key)
             else:
                 self._remove(key)
@@ -327,14 +328,19 @@ class TieredStore:
 
 
 def default_store(dram_bytes: int, gpu_bytes: int = 0, backend: ChunkBackend | None = None) -> TieredStore:
-    """GPU tier (when ``gpu_bytes`` > 0 and CUDA is available), DRAM tier, optional backend tier."""
+    """GPU tier (when ``gpu_bytes`` > 0 and CUDA is available), DRAM tier, optional backend tier.
+
+    ``dram_bytes`` 0 leaves the DRAM tier out, so a holder fronting a remote store reads
+    every chunk from it (the store, not a copy in this process, says what is held).
+    """
     tiers: list[Tier] = []
     if gpu_bytes > 0:
         import torch
 
         if torch.cuda.is_available():
             tiers.append(GpuTier(gpu_bytes))
-    tiers.append(HostTier(dram_bytes))
+    if dram_bytes > 0:
+        tiers.append(HostTier(dram_bytes))
     if backend is not None:
         tiers.append(BackendTier(backend))
     return TieredStore(tiers)

@@ -112,6 +112,19 @@ def test_tiers_demote_through_the_api() -> None:
         a.stop()
 
 
+def test_holder_without_dram_serves_from_its_backend() -> None:
+    a = _agent(dram_bytes=0, backend="memory")
+    a.start()
+    try:
+        c = AgentClient(a.api_url)
+        c.put_chunk(3, b"x" * 500)
+        tiers = c.stats()["tiers"]
+        assert [t["name"] for t in tiers["tiers"]] == ["memory"] and tiers["tiers"][0]["chunks"] == 1
+        assert c.get_chunk(3) == b"x" * 500
+    finally:
+        a.stop()
+
+
 def test_config_file_then_flags(tmp_path: Path) -> None:
     conf = tmp_path / "agent.toml"
     conf.write_text('[agent]\nudp_port = 9000\napi_port = 9001\ndram_bytes = 4096\nrate_bytes_per_s = 5\n'
@@ -136,6 +149,8 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("[agent]\nudp_port = \"x\"\n", "udp_port must be int"),
     ("[agent]\nbackend = \"floppy\"\n", "backend must be one of"),
     ("[agent]\nwindow_fragments = 1\n", "window_fragments"),
+    ("[agent]\ndram_bytes = 0\n", "dram_bytes 0 needs a backend"),
+    ("[agent]\ndram_bytes = -1\n", "dram_bytes and gpu_bytes >= 0"),
     ("udp_port = 1\n", "put settings in an \\[agent\\] table"),
     ("[agent\n", "not valid TOML"),
 ])

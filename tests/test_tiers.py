@@ -99,6 +99,43 @@ def test_backend_that_evicts_on_its_own_is_a_miss() -> None:
     assert s.get(1) is None and 1 not in s
 
 
+class _CountingBackend(MemoryBackend):
+    """A MemoryBackend that counts writes and deletes (each is a store round trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts = self.deletes = 0
+
+    def put(self, key: int, data: bytes | memoryview) -> None:
+        self.puts += 1
+        super().put(key, data)
+
+    def delete(self, key: int) -> None:
+        self.deletes += 1
+        super().delete(key)
+
+
+def test_chunk_too_big_for_dram_is_read_in_place_not_rewritten() -> None:
+    backend = _CountingBackend()
+    s = TieredStore([HostTier(10), BackendTier(backend)])
+    s.put(1, bytes(50))
+    for _ in range(3):
+        assert s.get(1) == bytes(50)
+    # Promotion could only put it back where it was: one write, no delete, still in the store.
+    assert (backend.puts, backend.deletes) == (1, 0)
+    assert s.tier_of(1) == "memory" and _tier(s.stats(), "memory")["hits"] == 3
+
+
+def test_default_store_without_dram_serves_from_the_backend() -> None:
+    backend = _CountingBackend()
+    s = default_store(dram_bytes=0, backend=backend)
+    assert s.tier_names == ["memory"]
+    s.put(7, b"kv" * 100)
+    assert s.get(7) == b"kv" * 100 and backend.puts == 1 and backend.deletes == 0
+    backend.delete(7)  # the store evicts on its own: the holder must see a miss
+    assert s.get(7) is None
+
+
 def test_default_store_has_gpu_tier_only_with_cuda() -> None:
     s = default_store(dram_bytes=1000, gpu_bytes=1000)
     if torch.cuda.is_available():
