@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,14 @@ def build_workload(cfg: DemoConfig) -> Workload:
 
 
 # ---------------------------------------------------------------------------------- results
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile of ``values``, nearest rank (NaN when empty)."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
+
+
 @dataclass
 class ModeResult:
     """What one mode measured."""
@@ -222,12 +230,12 @@ class ModeResult:
     """Capture of the holder link (kvpool headers); this mode's packets are those in ``window``."""
     window: tuple[float, float] = (0.0, 0.0)
 
+    all_done_ms: list[float] = field(default_factory=list)
+    """Per wave (wave replays only): time from the wave's start until every requester had its prefix."""
+
     def percentile(self, q: float) -> float:
         """The q-th percentile of delivery times (ms), nearest rank."""
-        if not self.deliver_ms:
-            return float("nan")
-        xs = sorted(self.deliver_ms)
-        return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
+        return percentile(self.deliver_ms, q)
 
     def summary(self) -> dict[str, Any]:
         """The per-mode JSON object (``kvpool demo --json``)."""
@@ -258,6 +266,8 @@ class Demo:
         self.net: Any = None
         self.topo: Any = None
         self.capture: LinkCapture | None = None
+        self.holder_args: list[str] = []
+        """Extra ``kvpool-agent`` flags for the holder (a backend, say)."""
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -313,7 +323,7 @@ class Demo:
                     "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}"]
             if h.role == "holder":
                 args += ["--rate", holder_rate, "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
-                         "--hold", str(self.cfg.hold_ms / 1000)]
+                         "--hold", str(self.cfg.hold_ms / 1000), *self.holder_args]
             self.procs.append(self.net.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         for h in self.topo.hosts.values():
@@ -336,8 +346,9 @@ class Demo:
         self.procs.clear()
 
     # -------------------------------------------------------------- one mode
-    def run_mode(self, mode: str, progress: Any = None) -> ModeResult:
-        """Program the switch for ``mode``, replay the stream, measure."""
+    def run_mode(self, mode: str, progress: Any = None,
+                 replay: Callable[[ModeResult, Any], None] | None = None) -> ModeResult:
+        """Program the switch for ``mode``, replay the stream (or run ``replay``), measure."""
         from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, HolderPushClient, Mode
         from controller.daemon import SwitchEndpoint as Endpoint
         from controller.fabric import FabricSettings
@@ -368,7 +379,7 @@ class Demo:
             before = _link_bytes("s1-eth1")
             t0, wall0 = time.monotonic(), time.time()
             try:
-                self._replay(result, progress)
+                (replay or self._replay)(result, progress)
                 time.sleep(0.3)  # stragglers (pushes, late replicas) belong to this mode
             finally:
                 stop.set()
