@@ -630,6 +630,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object last (per mode: holder_bytes, ...)")
+    p.add_argument("--vs-mooncake", action="store_true",
+                   help="instead: Mooncake Store alone vs kvpool plain/multicast/pool fronting it, in waves "
+                   "(scripts/bench_vs_mooncake.py runs it for several N); results in OUT/vs_mooncake/")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -638,6 +641,10 @@ def run(args: argparse.Namespace) -> int:
 
     from bmv2_topologies.network import NetworkError, default_target, mininet_available
 
+    if getattr(args, "vs_mooncake", False):
+        from bmv2_topologies.vs_mooncake import run_from_demo
+
+        return run_from_demo(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = DemoConfig(requesters=args.requesters, target=args.target, modes=tuple(args.modes.split(",")),
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,

@@ -108,6 +108,7 @@ class SystemResult:
             "storage_link_bytes": self.storage_link_bytes,
             "deliver_p50_ms": round(percentile(self.deliver_ms, 50), 1),
             "waves": len(self.all_done_ms),
+            "all_done_ms": [round(x, 1) for x in self.all_done_ms],
             "failed": self.failed,
             "switch_served_fraction": round(self.switch_served_fraction, 4),
         }
@@ -354,7 +355,9 @@ def plot(by_n: dict[int, dict[str, SystemResult]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    plain_numbers = FuncFormatter(lambda v, _: f"{v:g}")
     ns = sorted(by_n)
     systems = [s for s in SYSTEMS if any(s in by_n[n] for n in ns)]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -373,6 +376,9 @@ def plot(by_n: dict[int, dict[str, SystemResult]], path: Path) -> None:
         ax.set_xlabel("simultaneous requesters N")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(plain_numbers)
+        ax.yaxis.set_minor_formatter(NullFormatter())
     a.legend(fontsize=8)
     fig.suptitle("hot prefix to N requesters: Mooncake Store alone vs kvpool in front of it")
     fig.tight_layout()
@@ -416,7 +422,7 @@ def add_arguments(p: argparse.ArgumentParser, *, many: bool = True) -> None:
     p.add_argument("--segment-mib", type=int, default=d.segment_mib, help="DRAM the store node lends (default 256)")
 
 
-def run(args: argparse.Namespace, counts: list[int]) -> int:
+def run(args: argparse.Namespace, counts: list[int], prog: str = "bench_vs_mooncake") -> int:
     """Run every N, print the table (and JSON), write results; 0 when every read was bit-identical."""
     from rich.progress import Progress
 
@@ -433,23 +439,23 @@ def run(args: argparse.Namespace, counts: list[int]) -> int:
             cfg.validate()
             configs.append(cfg)
     except ValueError as exc:
-        print(f"bench_vs_mooncake: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     reason = mininet_available()
     if reason:
-        print(f"bench_vs_mooncake: {reason}", file=sys.stderr)
+        print(f"{prog}: {reason}", file=sys.stderr)
         return 1
     from hostagent.mooncake_master import MooncakeProcessError, find_binary
 
     try:
         find_binary("mooncake_master")
     except MooncakeProcessError as exc:
-        print(f"bench_vs_mooncake: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     target = args.target or default_target()
     base.out.mkdir(parents=True, exist_ok=True)
     by_n: dict[int, dict[str, SystemResult]] = {}
-    print(f"bench_vs_mooncake: target {target}, storage link {base.holder_mbps:g} Mbit/s, N = "
+    print(f"{prog}: target {target}, storage link {base.holder_mbps:g} Mbit/s, N = "
           f"{' '.join(map(str, counts))}, {base.waves} waves of a {base.hot_blocks}-chunk prefix per system",
           file=sys.stderr)
     try:
@@ -459,7 +465,7 @@ def run(args: argparse.Namespace, counts: list[int]) -> int:
                 by_n[cfg.requesters] = run_one(cfg, bar)
                 bar.console.print(table({cfg.requesters: by_n[cfg.requesters]}), soft_wrap=True, highlight=False)
     except (NetworkError, RuntimeError, OSError, ValueError) as exc:
-        print(f"bench_vs_mooncake: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     text = table(by_n)
     print(text)
@@ -469,7 +475,7 @@ def run(args: argparse.Namespace, counts: list[int]) -> int:
     (base.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (base.out / "results.txt").write_text(text + "\n")
     plot(by_n, base.out / "vs_mooncake.png")
-    print(f"bench_vs_mooncake: results and plot in {base.out}/ (results.json, results.txt, vs_mooncake.png)",
+    print(f"{prog}: results and plot in {base.out}/ (results.json, results.txt, vs_mooncake.png)",
           file=sys.stderr)
     if args.json:
         print(json.dumps(doc))
@@ -489,3 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 1 <= n <= 16 for n in args.requesters):
         ap.error("--requesters: each N must be 1..16 (one star port per requester)")
     return run(args, args.requesters)
+
+
+def run_from_demo(args: argparse.Namespace) -> int:
+    """``kvpool demo --vs-mooncake``: the side-by-side at the demo's ``--requesters`` and stream flags."""
+    d = VsConfig()
+    ns = argparse.Namespace(target=args.target, waves=args.waves, hot_blocks=args.hot_blocks,
+                            holder_mbps=args.holder_mbps, window=args.window, out=args.out / "vs_mooncake",
+                            json=args.json, systems=",".join(d.systems), settle_s=d.settle_s,
+                            segment_mib=d.segment_mib)
+    return run(ns, [args.requesters], prog="kvpool demo")
