@@ -52,14 +52,15 @@ STORAGE_PORT = "s1-eth1"
 class VsConfig:
     """One side-by-side run at one requester count (the flags of the script)."""
 
-    requesters: int = 8
+    # The network and the prefix are the demo's (its defaults, so the two stay alike).
+    requesters: int = DemoConfig.requesters
     waves: int = 5
-    hot_blocks: int = 4
-    holder_mbps: float = 10.0
+    hot_blocks: int = DemoConfig.hot_blocks
+    holder_mbps: float = DemoConfig.holder_mbps
     target: str | None = None
     systems: tuple[str, ...] = SYSTEMS
-    window: int = 600
-    hold_ms: float = 100.0
+    window: int = DemoConfig.window
+    hold_ms: float = DemoConfig.hold_ms
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     segment_mib: int = 256

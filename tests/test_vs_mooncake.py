@@ -79,6 +79,9 @@ def test_cli_rejects_bad_arguments_in_one_line() -> None:
     r = subprocess.run([sys.executable, str(REPO / "scripts/bench_vs_mooncake.py"), "--systems", "nfs"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown system 'nfs'" in r.stderr.strip().splitlines()[-1]
+    r = subprocess.run([sys.executable, "-m", "kvpool.cli", "demo", "--vs-mooncake", "--requesters", "40"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2 and r.stderr.strip() == "kvpool demo: --requesters: invalid value 40"
 
 
 # ---------------------------------------------------------------------------------- a real pool
@@ -143,6 +146,14 @@ def test_side_by_side_on_a_star(tmp_path: Path) -> None:
     reason = mininet_available()
     if reason:
         pytest.skip(reason)
+    from hostagent.mooncake_master import MooncakeProcessError, find_binary
+
+    try:
+        find_binary("mooncake_master")
+        find_binary("mooncake_client")
+        import mooncake.store  # noqa: F401  (the client library must load too)
+    except (ImportError, MooncakeProcessError) as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"Mooncake Store cannot run here: {exc}")
     from bmv2_topologies.vs_mooncake import SideBySide, run_one
 
     cfg = VsConfig(requesters=3, waves=1, hot_blocks=2, holder_mbps=20, settle_s=0.5, out=tmp_path,
