@@ -56,3 +56,43 @@ def test_holder_serves_chunks_demoted_to_mooncake(tmp_path: Path) -> None:
                 assert proc.stop() == 0
         node.stop()
         master.stop()
+
+
+@pytest.mark.slow
+def test_holder_without_dram_serves_what_the_store_holds_now(tmp_path: Path) -> None:
+    from hostagent.mooncake_backend import MooncakeBackend
+
+    master = MooncakeMaster(MasterConfig(), log_path=tmp_path / "master.log")
+    try:
+        master.start()
+    except MooncakeProcessError as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"mooncake_master cannot start here: {exc}")
+    node = MooncakeStoreNode(master, 32 << 20, log_path=tmp_path / "store.log")
+    holder = requester = None
+    try:
+        node.start()
+        holder = spawn_agent(tmp_path / "holder", "--dram-bytes", "0", "--backend", "mooncake",
+                             "--mooncake-master", master.rpc_address, "--mooncake-metadata-url", master.metadata_url)
+        requester = spawn_agent(tmp_path / "requester")
+        keys = [0x5E00, 0x5E01, 0x5E02]
+        blobs = [os.urandom(100_000) for _ in keys]
+        hc = AgentClient(holder.api_url)
+        hc.publish_chunks(keys, blobs)
+        assert [t["name"] for t in hc.stats()["tiers"]["tiers"]] == ["mooncake"]
+        with MooncakeBackend.for_master(master) as other:
+            # Published means in the store, under the chunk key, byte for byte.
+            assert [other.get(k) for k in keys] == blobs
+            rc = AgentClient(requester.api_url)
+            assert rc.fetch_chunks(keys, holder.udp_address, local=False)[:2] == (keys, blobs)
+            # The store drops the middle chunk (as its eviction would): served up to it, never stale.
+            other.delete(keys[1])
+            got_keys, got, stopped = rc.fetch_chunks(keys, holder.udp_address, local=False)
+            assert got_keys == keys[:1] and got == blobs[:1]
+            assert stopped is not None and "unknown" in stopped.lower()
+        assert hc.stats()["transport"]["holder"]["nacks"].get("UNKNOWN_CHUNK", 0) >= 1
+    finally:
+        for proc in (requester, holder):
+            if proc is not None:
+                assert proc.stop() == 0
+        node.stop()
+        master.stop()
