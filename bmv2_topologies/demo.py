@@ -230,9 +230,6 @@ class ModeResult:
     """Capture of the holder link (kvpool headers); this mode's packets are those in ``window``."""
     window: tuple[float, float] = (0.0, 0.0)
 
-    all_done_ms: list[float] = field(default_factory=list)
-    """Per wave (wave replays only): time from the wave's start until every requester had its prefix."""
-
     def percentile(self, q: float) -> float:
         """The q-th percentile of delivery times (ms), nearest rank."""
         return percentile(self.deliver_ms, q)

@@ -135,6 +135,11 @@ class SideBySide(Demo):
         self.prefix: tuple[int, ...] = prefixes.pop()
         self.digests = [digest(self.workload.blobs[k]) for k in self.prefix]
 
+    @property
+    def prefix_bytes(self) -> int:
+        """Serialized bytes of the hot prefix (one copy)."""
+        return sum(len(self.workload.blobs[k]) for k in self.prefix)
+
     # -------------------------------------------------------------- lifecycle
     def _start_agents(self) -> None:
         """Start the Mooncake pool on the holder first: the holder agent connects to it."""
@@ -168,15 +173,6 @@ class SideBySide(Demo):
                 self.pool.wait(timeout=5)
         self.pool = None
 
-    def publish(self) -> None:
-        """Put the prefix into the store through the holder agent (chunk key -> ``kvpool/<hex>``)."""
-        from hostagent.client import AgentClient
-
-        hc = AgentClient(self.api(self.topo.holders()[0].name), timeout=120)
-        keys = list(self.workload.blobs)
-        tiers = hc.publish_chunks(keys, [self.workload.blobs[k] for k in keys])
-        log.info("published %d chunks: %s", len(keys), tiers)
-
     # -------------------------------------------------------------- the systems
     def requesters(self) -> list[Any]:
         """Inference hosts in requester order (h1, h2, ...)."""
@@ -189,6 +185,20 @@ class SideBySide(Demo):
             by_time.setdefault(r.at_s, []).append(r)
         return [by_time[t] for t in sorted(by_time)]
 
+    def _each_wave(self, result: SystemResult, run_wave: Callable[[list[Request]], tuple[float, dict[int, float]]],
+                   progress: Callable[[], None] | None) -> None:
+        """Run the waves one after the other; ``run_wave`` returns its start and each good requester's end."""
+        for i, wave in enumerate(self.waves()):
+            if i:
+                time.sleep(self.vs.settle_s)
+            start, ends = run_wave(wave)
+            result.failed += len(wave) - len(ends)
+            result.deliver_ms.extend((end - start) * 1e3 for end in ends.values())
+            if ends and len(ends) == len(wave):
+                result.all_done_ms.append((max(ends.values()) - start) * 1e3)
+            if progress is not None:
+                progress()
+
     def run_mooncake(self, progress: Callable[[], None] | None = None) -> SystemResult:
         """Every requester's Mooncake client reads the prefix from the store, wave by wave.
 
@@ -196,40 +206,38 @@ class SideBySide(Demo):
         crosses it as ordinary IPv4 traffic.
         """
         result = SystemResult("mooncake", self.vs.requesters)
-        self.run_mode("plain", None, lambda _res, _: self._mooncake_waves(result, progress))
+        keys = ",".join(f"{k:x}" for k in self.prefix)
+
+        def waves(_mode: ModeResult, _progress: object) -> None:
+            with contextlib.ExitStack() as stack:
+                readers = [stack.enter_context(self._reader(h, keys)) for h in self.requesters()]
+                before = _link_bytes(STORAGE_PORT)  # after the clients connected, as for kvpool's agents
+                self._each_wave(result, lambda wave: self._mooncake_wave(readers, wave), progress)
+                result.storage_link_bytes = _link_bytes(STORAGE_PORT) - before
+
+        self.run_mode("plain", None, waves)
         return result
 
-    def _mooncake_waves(self, result: SystemResult, progress: Callable[[], None] | None) -> None:
-        keys = ",".join(f"{k:x}" for k in self.prefix)
-        with contextlib.ExitStack() as stack:
-            readers = [stack.enter_context(self._reader(h, keys)) for h in self.requesters()]
-            before = _link_bytes(STORAGE_PORT)
-            for i, wave in enumerate(self.waves()):
-                if i:
-                    time.sleep(self.vs.settle_s)
-                go = time.time() + 0.3
-                for r in wave:
-                    pipe = readers[r.requester].stdin
-                    assert pipe is not None
-                    pipe.write((json.dumps({"go": go}) + "\n").encode())
-                    pipe.flush()
-                ends: list[float] = []
-                for r in wave:
-                    out = readers[r.requester].stdout
-                    assert out is not None
-                    answer = json.loads(out.readline() or b'{"error": "the reader exited"}')
-                    if "error" in answer or answer["digests"] != self.digests:
-                        result.failed += 1
-                        log.error("h%d: mooncake read failed: %s", r.requester + 1,
-                                  answer.get("error", "bytes differ from the published prefix"))
-                        continue
-                    ends.append(answer["end"])
-                    result.deliver_ms.append((answer["end"] - go) * 1e3)
-                if len(ends) == len(wave):
-                    result.all_done_ms.append((max(ends) - go) * 1e3)
-                if progress is not None:
-                    progress()
-            result.storage_link_bytes = _link_bytes(STORAGE_PORT) - before
+    def _mooncake_wave(self, readers: list[subprocess.Popen[bytes]],
+                       wave: list[Request]) -> tuple[float, dict[int, float]]:
+        """Tell each reader when to start, then collect their end times (wall clock)."""
+        go = time.time() + 0.3
+        for r in wave:
+            pipe = readers[r.requester].stdin
+            assert pipe is not None
+            pipe.write((json.dumps({"go": go}) + "\n").encode())
+            pipe.flush()
+        ends: dict[int, float] = {}
+        for r in wave:
+            out = readers[r.requester].stdout
+            assert out is not None
+            answer = json.loads(out.readline() or b'{"error": "the reader exited"}')
+            if "error" in answer or answer["digests"] != self.digests:
+                log.error("h%d: mooncake read failed: %s", r.requester + 1,
+                          answer.get("error", "bytes differ from the published prefix"))
+            else:
+                ends[r.requester] = answer["end"]
+        return go, ends
 
     @contextlib.contextmanager
     def _reader(self, host: Any, keys: str) -> Iterator[subprocess.Popen[bytes]]:
@@ -260,66 +268,53 @@ class SideBySide(Demo):
 
     def run_kvpool(self, system: str, progress: Callable[[], None] | None = None) -> SystemResult:
         """kvpool agents fetch the prefix through the holder, the switch programmed for ``system``."""
-        mode = system.removeprefix("kvpool_")
-        res = self.run_mode(mode, None, lambda result, _: self._kvpool_waves(result, progress))
-        served = res.switch_served / res.fragments if res.fragments else 0.0
-        return SystemResult(system, self.vs.requesters, res.all_done_ms, res.deliver_ms, res.holder_bytes,
-                            res.failed, served)
+        result = SystemResult(system, self.vs.requesters)
+        res = self.run_mode(system.removeprefix("kvpool_"), None,
+                            lambda _mode, _p: self._each_wave(result, self._kvpool_wave, progress))
+        result.storage_link_bytes = res.holder_bytes
+        result.switch_served_fraction = res.switch_served / res.fragments if res.fragments else 0.0
+        return result
 
-    def _kvpool_waves(self, result: ModeResult, progress: Callable[[], None] | None) -> None:
-        """Each wave: all requesters fetch the prefix at once; record when the last one has it."""
+    def _kvpool_wave(self, wave: list[Request]) -> tuple[float, dict[int, float]]:
+        """All requesters' agents fetch the prefix at the same instant; their end times (monotonic)."""
         from hostagent.client import AgentClient, AgentError
 
         hosts = self.requesters()
         holder = f"{self.topo.holders()[0].address}:7470"
         timeout = self.cfg.fetch_timeout_s
-        for i, wave in enumerate(self.waves()):
-            if i:
-                time.sleep(self.vs.settle_s)
-            start = time.monotonic() + 0.3
-            ends: dict[int, float] = {}
-            lock = threading.Lock()
+        start = time.monotonic() + 0.3
+        ends: dict[int, float] = {}
 
-            def one(req: Request, start: float = start, ends: dict[int, float] = ends,
-                    lock: threading.Lock = lock) -> None:
-                client = AgentClient(self.api(hosts[req.requester].name), timeout=timeout + 5)
-                time.sleep(max(0.0, start - time.monotonic()))
-                error = None
-                try:
-                    keys, blobs, stopped = client.fetch_chunks(list(req.keys), holder, timeout=timeout, local=False)
-                    end = time.monotonic()
-                    if len(keys) != len(req.keys):
-                        error = f"got {len(keys)} of {len(req.keys)} chunks ({stopped})"
-                    elif [digest(b) for b in blobs] != self.digests:
-                        error = "bytes differ from the published prefix"
-                except AgentError as exc:
-                    error = str(exc)
-                with lock:
-                    result.requests += 1
-                    if error is None:
-                        ends[req.requester] = end
-                        result.deliver_ms.append((end - start) * 1e3)
-                    else:
-                        result.failed += 1
-                        log.error("%s: fetch failed: %s", hosts[req.requester].name, error)
+        def one(req: Request) -> None:
+            client = AgentClient(self.api(hosts[req.requester].name), timeout=timeout + 5)
+            time.sleep(max(0.0, start - time.monotonic()))
+            try:
+                keys, blobs, stopped = client.fetch_chunks(list(req.keys), holder, timeout=timeout, local=False)
+                end = time.monotonic()
+                if len(keys) != len(req.keys):
+                    error = f"got {len(keys)} of {len(req.keys)} chunks ({stopped})"
+                elif [digest(b) for b in blobs] != self.digests:
+                    error = "bytes differ from the published prefix"
+                else:
+                    ends[req.requester] = end  # one writer per key: no lock needed
+                    return
+            except AgentError as exc:
+                error = str(exc)
+            log.error("%s: fetch failed: %s", hosts[req.requester].name, error)
 
-            threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in wave]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            if len(ends) == len(wave):
-                result.all_done_ms.append((max(ends.values()) - start) * 1e3)
-            if progress is not None:
-                progress()
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in wave]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return start, ends
 
 
-def run_one(cfg: VsConfig, bar: Any = None) -> dict[str, SystemResult]:
-    """Build the star for ``cfg.requesters``, run every system on it, tear it down (by PID)."""
+def run_one(demo: SideBySide, bar: Any = None) -> dict[str, SystemResult]:
+    """Build the star for ``demo``'s N, run every system on it, tear it down (by PID)."""
     out: dict[str, SystemResult] = {}
-    demo = SideBySide(cfg)
+    cfg = demo.vs
     with demo.running():
-        demo.publish()
         for system in cfg.systems:
             task = None if bar is None else bar.add_task(f"N={cfg.requesters:<3d}{system:17s}", total=cfg.waves)
             advance = None if bar is None else (lambda t=task: bar.advance(t))
@@ -387,12 +382,12 @@ def plot(by_n: dict[int, dict[str, SystemResult]], path: Path) -> None:
     plt.close(fig)
 
 
-def document(cfg: VsConfig, by_n: dict[int, dict[str, SystemResult]]) -> dict[str, Any]:
+def document(cfg: VsConfig, by_n: dict[int, dict[str, SystemResult]], prefix_bytes: int) -> dict[str, Any]:
     """The JSON document: per N, per system; with one N the systems are also top-level keys."""
     doc: dict[str, Any] = {
         "target": cfg.target,
         "holder_mbps": cfg.holder_mbps,
-        "prefix_bytes": None,
+        "prefix_bytes": prefix_bytes,
         "waves": cfg.waves,
         "requesters": sorted(by_n),
         "by_requesters": {str(n): summaries(r) for n, r in by_n.items()},
@@ -430,7 +425,8 @@ def run(args: argparse.Namespace, counts: list[int], prog: str = "bench_vs_moonc
     from bmv2_topologies.network import NetworkError, default_target, mininet_available
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    base = VsConfig(target=args.target, waves=args.waves, hot_blocks=args.hot_blocks, holder_mbps=args.holder_mbps,
+    target = args.target or default_target()
+    base = VsConfig(target=target, waves=args.waves, hot_blocks=args.hot_blocks, holder_mbps=args.holder_mbps,
                     window=args.window, systems=tuple(args.systems.split(",")), settle_s=args.settle_s,
                     segment_mib=args.segment_mib, out=args.out)
     configs = []
@@ -453,26 +449,25 @@ def run(args: argparse.Namespace, counts: list[int], prog: str = "bench_vs_moonc
     except MooncakeProcessError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    target = args.target or default_target()
     base.out.mkdir(parents=True, exist_ok=True)
     by_n: dict[int, dict[str, SystemResult]] = {}
+    prefix_bytes = 0
     print(f"{prog}: target {target}, storage link {base.holder_mbps:g} Mbit/s, N = "
           f"{' '.join(map(str, counts))}, {base.waves} waves of a {base.hot_blocks}-chunk prefix per system",
           file=sys.stderr)
     try:
         with Progress(transient=True) as bar:
             for cfg in configs:
-                cfg.target = target
-                by_n[cfg.requesters] = run_one(cfg, bar)
+                demo = SideBySide(cfg)
+                prefix_bytes = demo.prefix_bytes
+                by_n[cfg.requesters] = run_one(demo, bar)
                 bar.console.print(table({cfg.requesters: by_n[cfg.requesters]}), soft_wrap=True, highlight=False)
     except (NetworkError, RuntimeError, OSError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     text = table(by_n)
     print(text)
-    base.target = target
-    doc = document(base, by_n)
-    doc["prefix_bytes"] = sum(len(b) for b in _prefix_blobs(configs[0]))
+    doc = document(base, by_n, prefix_bytes)
     (base.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (base.out / "results.txt").write_text(text + "\n")
     plot(by_n, base.out / "vs_mooncake.png")
@@ -481,11 +476,6 @@ def run(args: argparse.Namespace, counts: list[int], prog: str = "bench_vs_moonc
     if args.json:
         print(json.dumps(doc))
     return 0 if all(r.failed == 0 for rs in by_n.values() for r in rs.values()) else 1
-
-
-def _prefix_blobs(cfg: VsConfig) -> list[bytes]:
-    wl = build_workload(cfg.demo_config())
-    return [wl.blobs[k] for k in wl.requests[0].keys]
 
 
 def main(argv: list[str] | None = None) -> int:

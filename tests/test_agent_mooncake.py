@@ -6,7 +6,9 @@ Skips (with the reason) where the Mooncake wheel or its binaries cannot run here
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,17 +24,31 @@ except (ImportError, MooncakeProcessError) as exc:  # pragma: no cover - depends
     pytest.skip(f"Mooncake Store cannot run here: {exc}", allow_module_level=True)
 
 
-@pytest.mark.slow
-def test_holder_serves_chunks_demoted_to_mooncake(tmp_path: Path) -> None:
-    master = MooncakeMaster(MasterConfig(), log_path=tmp_path / "master.log")
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MooncakeMaster]:
+    """A master and one 64 MiB store node on loopback, stopped by PID afterwards."""
+    m = MooncakeMaster(MasterConfig(), log_path=tmp_path / "master.log")
     try:
-        master.start()
+        m.start()
     except MooncakeProcessError as exc:  # pragma: no cover - depends on the machine
         pytest.skip(f"mooncake_master cannot start here: {exc}")
-    node = MooncakeStoreNode(master, 64 << 20, log_path=tmp_path / "store.log")
+    try:
+        with MooncakeStoreNode(m, 64 << 20, log_path=tmp_path / "store.log"):
+            yield m
+    finally:
+        m.stop()
+
+
+def _stop(*agents: Any) -> None:
+    for proc in agents:
+        if proc is not None:
+            assert proc.stop() == 0
+
+
+@pytest.mark.slow
+def test_holder_serves_chunks_demoted_to_mooncake(tmp_path: Path, master: MooncakeMaster) -> None:
     holder = requester = None
     try:
-        node.start()
         # 64 KiB of DRAM for 8 chunks of 32 KiB: six of them live only in the Mooncake Store.
         holder = spawn_agent(tmp_path / "holder", "--dram-bytes", "64KiB", "--backend", "mooncake",
                              "--mooncake-master", master.rpc_address, "--mooncake-metadata-url", master.metadata_url)
@@ -51,26 +67,15 @@ def test_holder_serves_chunks_demoted_to_mooncake(tmp_path: Path) -> None:
         assert hs["tiers"]["tiers"][1]["hits"] >= 6
         assert hs["transport"]["holder"]["nacks"] == {}
     finally:
-        for proc in (requester, holder):
-            if proc is not None:
-                assert proc.stop() == 0
-        node.stop()
-        master.stop()
+        _stop(requester, holder)
 
 
 @pytest.mark.slow
-def test_holder_without_dram_serves_what_the_store_holds_now(tmp_path: Path) -> None:
+def test_holder_without_dram_serves_what_the_store_holds_now(tmp_path: Path, master: MooncakeMaster) -> None:
     from hostagent.mooncake_backend import MooncakeBackend
 
-    master = MooncakeMaster(MasterConfig(), log_path=tmp_path / "master.log")
-    try:
-        master.start()
-    except MooncakeProcessError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"mooncake_master cannot start here: {exc}")
-    node = MooncakeStoreNode(master, 32 << 20, log_path=tmp_path / "store.log")
     holder = requester = None
     try:
-        node.start()
         holder = spawn_agent(tmp_path / "holder", "--dram-bytes", "0", "--backend", "mooncake",
                              "--mooncake-master", master.rpc_address, "--mooncake-metadata-url", master.metadata_url)
         requester = spawn_agent(tmp_path / "requester")
@@ -91,8 +96,4 @@ def test_holder_without_dram_serves_what_the_store_holds_now(tmp_path: Path) -> 
             assert stopped is not None and "unknown" in stopped.lower()
         assert hc.stats()["transport"]["holder"]["nacks"].get("UNKNOWN_CHUNK", 0) >= 1
     finally:
-        for proc in (requester, holder):
-            if proc is not None:
-                assert proc.stop() == 0
-        node.stop()
-        master.stop()
+        _stop(requester, holder)

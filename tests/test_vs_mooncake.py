@@ -44,10 +44,11 @@ def test_without_the_baseline_there_are_no_ratios() -> None:
 
 def test_json_document_has_the_systems_on_top_for_one_n(tmp_path: Path) -> None:
     cfg = VsConfig(target="model")
-    one = document(cfg, {8: _results()})
+    one = document(cfg, {8: _results()}, 786_688)
+    assert one["prefix_bytes"] == 786_688
     assert one["mooncake"]["storage_link_bytes"] == 6_400_000
     assert one["by_requesters"]["8"]["kvpool_multicast"]["all_done_p50_ms"] == 1020.0
-    two = document(cfg, {4: _results(), 8: _results()})
+    two = document(cfg, {4: _results(), 8: _results()}, 786_688)
     assert "mooncake" not in two and two["requesters"] == [4, 8]
     json.dumps(two)  # serialisable as printed
     text = table({8: _results()})
@@ -158,8 +159,9 @@ def test_side_by_side_on_a_star(tmp_path: Path) -> None:
 
     cfg = VsConfig(requesters=3, waves=1, hot_blocks=2, holder_mbps=20, settle_s=0.5, out=tmp_path,
                    systems=("mooncake", "kvpool_multicast"))
-    prefix = sum(len(b) for b in SideBySide(cfg).workload.blobs.values())
-    results = run_one(cfg)
+    demo = SideBySide(cfg)
+    prefix = demo.prefix_bytes
+    results = run_one(demo)
     moon, multi = results["mooncake"], results["kvpool_multicast"]
     assert moon.failed == multi.failed == 0
     assert len(moon.all_done_ms) == len(multi.all_done_ms) == 1
