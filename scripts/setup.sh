@@ -36,6 +36,7 @@ fi
 stamp="$VENV/.kvpool-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  # dev = every extra (agent, controller, switch, mooncake, sim, experiment) + test tools.
   say "pip install -e .[dev] (torch==2.13.0 CPU build from local disk where present)"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -e '.[dev]'

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run every check: ruff, mypy, then the test suite.
+# Set up (scripts/setup.sh) and run every check: ruff, mypy, the agent's own environment
+# (scripts/check_agent_env.sh), then the test suite.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k wire`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,4 +8,5 @@ bash scripts/setup.sh
 VENV=${KVPOOL_VENV:-.venv}
 echo "[test] ruff"; "$VENV/bin/ruff" check .
 echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller switchmodel bmv2_topologies
+echo "[test] agent beside protobuf 6"; bash scripts/check_agent_env.sh
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"
