@@ -447,8 +447,8 @@ def _link_bytes(intf: str) -> int:
 
 def _switch_counters(ctl: Any) -> tuple[int, int, int]:
     """Fragments the switches served from memory, GETs they absorbed, and pending-slot collisions."""
-    from controller import p4names as n
-    from controller.counters import CoalesceStat, PoolStat
+    from kvpool import contract as n
+    from kvpool.contract import CoalesceStat, PoolStat
 
     served = coalesced = collisions = 0
     for sw in ctl.switches.values():

@@ -1,8 +1,9 @@
-"""Data-plane counters of one switch, read over P4Runtime and labelled with p4/README.md's enums.
+"""Data-plane counters of one switch, read over P4Runtime and labelled with the contract's enums.
 
-The enums mirror the ``class ...(enum.IntEnum)`` blocks of p4/README.md (the data plane's
-documented indices); ``tests/test_controller_api.py`` checks them against it, so a renumbered
-P4 constant cannot silently relabel the operator's view.
+The index enums live in :mod:`kvpool.contract` (the P4 program's contract);
+``tests/test_contract.py`` checks them against ``p4/include/constants.p4`` and the blocks
+p4/README.md documents, so a renumbered P4 constant cannot silently relabel the
+operator's view.
 """
 
 from __future__ import annotations
@@ -10,74 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Any, Protocol
 
-from controller import p4names as n
 from controller.p4runtime import CounterValue
-
-
-class DropReason(enum.IntEnum):
-    """Indices of ``MyIngress.drop_reason``."""
-
-    NONE = 0
-    PARSE_ERROR = 1
-    BAD_CHECKSUM = 2
-    TTL_EXPIRED = 3
-    NO_ROUTE = 4
-    UNHANDLED = 5
-    BAD_VERSION = 6
-    BAD_OPCODE = 7
-    BAD_FLAGS = 8
-    BAD_RANGE = 9
-    BAD_LENGTH = 10
-    BAD_STATUS = 11
-    NOT_WRITER = 12
-    FILL_MISMATCH = 13
-
-
-class PoolStat(enum.IntEnum):
-    """Indices of ``MyIngress.pool.pool_stats``."""
-
-    LOOKUP_MISS = 0
-    HIT = 1
-    MISS_UNFILLED = 2
-    BYPASS = 3
-    FILL = 4
-    FILL_STALE = 5
-    FILL_SKIPPED = 6
-    FILL_UNAUTH = 7
-    INVALIDATE = 8
-    INVALIDATE_STALE = 9
-    SLOT_RANGE = 10
-    NO_ROOM = 11
-
-
-class CoalesceStat(enum.IntEnum):
-    """Indices of ``MyIngress.coalesce.coalesce_stats``."""
-
-    FIRST = 0
-    ABSORBED = 1
-    RETRANSMIT = 2
-    COLLISION = 3
-    NO_WAITER_ID = 4
-    RELEASE = 5
-    EXPIRED_REUSED = 6
-
-
-class PopularityStat(enum.IntEnum):
-    """Indices of ``MyIngress.popularity.popularity_stats``."""
-
-    COUNTED = 0
-    REPORTED = 1
-    SUPPRESSED = 2
-
-
-class EgressStat(enum.IntEnum):
-    """Indices of ``MyEgress.coalesce.egress_stats``."""
-
-    REPLICA_SENT = 0
-    REPLICA_PRUNED = 1
-    NO_WAITER_ENTRY = 2
-    REPLY_RECORDED = 3
-
+from kvpool import contract as n
+from kvpool.contract import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
 
 #: Labelled counter -> (section name in the stats document, its enum).
 LABELLED: dict[str, tuple[str, type[enum.IntEnum]]] = {

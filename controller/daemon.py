@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bmv2_topologies.topology import Topology
-from controller import p4names as n
 from controller.directory import Directory, Role
-from controller.fabric import HOT_CHUNK_DIGEST, FabricSettings, SwitchConfig, switch_configs
+from controller.fabric import FabricSettings, SwitchConfig, switch_configs
 from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
 from controller.policy.changes import Admit, Change, Evict, EvictAction
 from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
@@ -48,19 +47,12 @@ from controller.policy.operator import admit as policy_admit
 from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
+from kvpool import contract as n
 from kvpool import localhttp, wire
+from kvpool.contract import POOL_SLOTS, PoolState
 
 log = logging.getLogger("kvpool.controller")
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_P4INFO = REPO / "p4" / "build" / "kvpool.p4info.txtpb"
-DEFAULT_BMV2_JSON = REPO / "p4" / "build" / "kvpool.json"
-
-#: Slots of the switch pool (``POOL_SLOTS`` in p4/include/constants.p4).
-POOL_SLOTS = 1024
-#: ``state`` parameter of ``pool_entry`` (p4/README.md, PoolState).
-STATE_FILLING = 1
-STATE_VALID = 2
 
 
 class Mode(enum.StrEnum):
@@ -216,8 +208,8 @@ class ControllerSettings:
     """Everything the controller needs besides the topology and the switches."""
 
     mode: Mode = Mode.POOL
-    p4info: Path = DEFAULT_P4INFO
-    bmv2_json: Path | None = DEFAULT_BMV2_JSON
+    p4info: Path = n.P4INFO_PATH
+    bmv2_json: Path | None = n.BMV2_JSON_PATH
     epoch_s: float = 0.5
     pool_slots: int = POOL_SLOTS
     fabric: FabricSettings = field(default_factory=FabricSettings)
@@ -372,7 +364,7 @@ class Controller:
                 digest = self._digests.get_nowait()
             except queue.Empty:
                 break
-            if digest.name != HOT_CHUNK_DIGEST:
+            if digest.name != n.HOT_CHUNK:
                 continue
             report.digests += 1
             for item in digest.items:
@@ -438,7 +430,7 @@ class Controller:
     def _place(self, info: ChunkInfo, base_slot: int) -> None:
         if base_slot + info.frag_count > self.settings.pool_slots:
             raise ControllerError(f"chunk {info.key:#x} at slot {base_slot} overruns the pool")
-        entry = self._pool_entry(info, base_slot, STATE_FILLING)
+        entry = self._pool_entry(info, base_slot, PoolState.FILLING)
         for sw in self.switches.values():
             sw.insert_entries([entry])
         hits = self._slot_hits().get(base_slot, 0) if self.switches else 0
@@ -461,7 +453,7 @@ class Controller:
         """Switch a filled chunk to VALID: passing DATA no longer rewrites its current slots."""
         with self._lock:
             res = self.residents[key]
-            entry = self._pool_entry(res.info, res.base_slot, STATE_VALID)
+            entry = self._pool_entry(res.info, res.base_slot, PoolState.VALID)
             for sw in self.switches.values():
                 sw.modify_entries([entry])
 

@@ -13,15 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bmv2_topologies.topology import Topology
-from controller import p4names as n
 from controller.p4runtime import DigestConfig, Entry
-
-#: Multicast group the coalescing release uses (``COALESCE_MCAST_GRP`` in constants.p4).
-COALESCE_MCAST_GRP = 1
-#: Waiter ids per switch (``MAX_WAITERS`` in constants.p4).
-MAX_WAITERS = 32
-#: Digest the popularity stage sends for a hot chunk.
-HOT_CHUNK_DIGEST = "hot_chunk_t"
+from kvpool import contract as n
+from kvpool.contract import COALESCE_MCAST_GRP, MAX_WAITERS
 
 
 @dataclass(frozen=True)
@@ -30,9 +24,9 @@ class FabricSettings:
 
     popularity_threshold: int = 4
     """Missed GETs (of fragment 0) in one epoch before a chunk is reported hot."""
-    popularity_epoch: int = 1
+    popularity_epoch: int = n.DEFAULT_SKETCH_EPOCH
     """Sketch epoch tag (1..127); bumping it resets counting without register writes."""
-    pending_timeout_us: int = 100_000
+    pending_timeout_us: int = n.DEFAULT_PENDING_TIMEOUT_US
     """How long an outstanding GET absorbs duplicates before a new one may go upstream."""
     digest_max_timeout_ns: int = 10_000_000
     digest_max_list_size: int = 64
@@ -62,8 +56,8 @@ def waiter_ids(topo: Topology) -> dict[str, int]:
 def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> dict[str, SwitchConfig]:
     """The intended state of every switch of ``topo``."""
     s = settings or FabricSettings()
-    if not 1 <= s.popularity_epoch <= 127:
-        raise ValueError(f"popularity_epoch must be 1..127, got {s.popularity_epoch}")
+    if not 1 <= s.popularity_epoch <= n.EPOCH_MAX:
+        raise ValueError(f"popularity_epoch must be 1..{n.EPOCH_MAX}, got {s.popularity_epoch}")
     waiters = waiter_ids(topo)
     routes = topo.host_routes()
     configs: dict[str, SwitchConfig] = {}
@@ -97,7 +91,7 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
         cfg.defaults[n.POPULARITY_CONFIG] = (n.SET_POPULARITY, {"threshold": s.popularity_threshold,
                                                                 "epoch": s.popularity_epoch})
         cfg.defaults[n.COALESCE_CONFIG] = (n.SET_PENDING_TIMEOUT, {"timeout_us": s.pending_timeout_us})
-        cfg.digests[HOT_CHUNK_DIGEST] = DigestConfig(max_timeout_ns=s.digest_max_timeout_ns,
+        cfg.digests[n.HOT_CHUNK] = DigestConfig(max_timeout_ns=s.digest_max_timeout_ns,
                                                      max_list_size=s.digest_max_list_size)
         configs[sw] = cfg
     return configs

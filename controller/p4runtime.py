@@ -36,7 +36,7 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controller import p4names
+from kvpool import contract
 from switchmodel.p4info import (
     P4Info,
     P4InfoError,
@@ -228,10 +228,10 @@ class P4RuntimeSwitch:
     @classmethod
     def for_kvpool(cls, address: str, **kwargs: Any) -> P4RuntimeSwitch:
         """A driver for the kvpool program, with P4Info and BMv2 JSON from p4/build/."""
-        if not p4names.P4INFO_PATH.exists():
-            raise FileNotFoundError(f"{p4names.P4INFO_PATH} is missing: compile p4/ with `make -C p4`")
-        json_path = p4names.BMV2_JSON_PATH
-        return cls(address, p4names.P4INFO_PATH, json_path if json_path.exists() else None, **kwargs)
+        if not contract.P4INFO_PATH.exists():
+            raise FileNotFoundError(f"{contract.P4INFO_PATH} is missing: compile p4/ with `make -C p4`")
+        json_path = contract.BMV2_JSON_PATH
+        return cls(address, contract.P4INFO_PATH, json_path if json_path.exists() else None, **kwargs)
 
     # --- connection ------------------------------------------------------------------------------
 

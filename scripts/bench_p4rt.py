@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 
 from controller.p4runtime import Entry, P4RuntimeSwitch
+from kvpool import contract
 from switchmodel.p4info import P4Info, TableInfo
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_P4INFO = ROOT / "p4" / "build" / "kvpool.p4info.txtpb"
+DEFAULT_P4INFO = contract.P4INFO_PATH
 FALLBACK_P4INFO = ROOT / "tests" / "data" / "p4rt_mini.p4info.txtpb"
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import signal
 import sys
 import time
@@ -32,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller import p4names as n
 from controller.p4runtime import P4RuntimeSwitch
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel.p4info import P4Info
 from switchmodel.pipeline import KvpoolPipeline
@@ -43,9 +42,9 @@ from switchmodel.targets import Process, bmv2_missing, start_bmv2, start_model
 from switchmodel.vethlab import VethLab, can_build
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD = Path(os.environ.get("KVPOOL_P4_BUILD", ROOT / "p4" / "build"))
-P4INFO = BUILD / "kvpool.p4info.txtpb"
-BMV2_JSON = BUILD / "kvpool.json"
+BUILD = n.build_dir()
+P4INFO = BUILD / n.P4INFO_FILE
+BMV2_JSON = BUILD / n.BMV2_JSON_FILE
 LOG_DIR = ROOT / "logs" / "bench"
 
 CLIENT_MAC, HOLDER_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"

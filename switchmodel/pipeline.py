@@ -36,16 +36,55 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from controller import p4names as names
-from controller.counters import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
+from kvpool import contract as names
 from kvpool import wire
+from kvpool.contract import (
+    BLOOM_BITS,
+    BLOOM_SALT,
+    COALESCE_MCAST_GRP,
+    ETHERTYPE_ARP,
+    ETHERTYPE_IPV4,
+    FLAG_COALESCED,
+    FLAG_NO_CACHE,
+    FLAG_RETRANSMIT,
+    FLAG_SWITCH_SERVED,
+    FRAG_PAYLOAD,
+    IPPROTO_UDP,
+    KNOWN_FLAGS,
+    KV_IPV4_LEN_DATA,
+    KV_IPV4_LEN_NO_PAYLOAD,
+    KV_UDP_LEN_DATA,
+    KV_UDP_LEN_NO_PAYLOAD,
+    MAX_FRAG_INDEX,
+    MAX_WAITERS,
+    OP_DATA,
+    OP_GET,
+    OP_INVALIDATE,
+    OP_MAX,
+    OP_NACK,
+    PENDING_SLOTS,
+    POOL_SLOTS,
+    SKETCH_COLS,
+    SKETCH_COUNT_MAX,
+    SKETCH_SALT,
+    SLICE_BYTES,
+    STATUS_MAX,
+    STATUS_OK,
+    SWITCH_REPLY_TTL,
+    CoalesceStat,
+    DropReason,
+    EgressStat,
+    PoolStat,
+    PoolState,
+    PopularityStat,
+)
 from switchmodel import hashes
 from switchmodel.state import StateError, SwitchState
 
 log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
-# P4Info names (controller/p4names.py holds them for the whole project; short aliases here)
+# P4Info names (kvpool/contract.py holds them for the whole project; short aliases here)
 # --------------------------------------------------------------------------------------------
 
 T_WRITERS: Final = names.WRITERS
@@ -95,46 +134,9 @@ D_HOT_CHUNK: Final = names.HOT_CHUNK
 REQUIRED_NAMES: Final = tuple(n for n in names.all_names() if n != ("action", names.NO_ACTION))
 """Every P4Info object the pipeline touches; a pipeline config lacking one is not kvpool."""
 
-# --------------------------------------------------------------------------------------------
-# Constants of p4/include/constants.p4 (wire values come from kvpool.wire)
-# --------------------------------------------------------------------------------------------
-
-ETHERTYPE_IPV4: Final = 0x0800
-ETHERTYPE_ARP: Final = 0x0806
-IPPROTO_UDP: Final = 17
-OP_GET: Final = int(wire.Opcode.GET)
-OP_DATA: Final = int(wire.Opcode.DATA)
-OP_INVALIDATE: Final = int(wire.Opcode.INVALIDATE)
-OP_NACK: Final = int(wire.Opcode.NACK)
-OP_MAX: Final = max(int(o) for o in wire.Opcode)
-FLAG_SWITCH_SERVED: Final = int(wire.Flag.SWITCH_SERVED)
-FLAG_RETRANSMIT: Final = int(wire.Flag.RETRANSMIT)
-FLAG_COALESCED: Final = int(wire.Flag.COALESCED)
-FLAG_NO_CACHE: Final = int(wire.Flag.NO_CACHE)
-KNOWN_FLAGS: Final = wire.KNOWN_FLAGS
-STATUS_OK: Final = int(wire.Status.OK)
-STATUS_MAX: Final = max(int(s) for s in wire.Status)
-FRAG_PAYLOAD: Final = wire.FRAG_PAYLOAD
-MAX_FRAG_INDEX: Final = 0xFFFF
-KV_UDP_LEN_NO_PAYLOAD: Final = wire.UDP_HEADER_LEN + wire.HEADER_LEN
-KV_UDP_LEN_DATA: Final = wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN
-KV_IPV4_LEN_DATA: Final = wire.IPV4_HEADER_LEN + KV_UDP_LEN_DATA
-KV_IPV4_LEN_NO_PAYLOAD: Final = wire.IPV4_HEADER_LEN + KV_UDP_LEN_NO_PAYLOAD
-SWITCH_REPLY_TTL: Final = 64
 SLICES: Final = wire.SLICES_PER_FRAGMENT
-SLICE_BYTES: Final = wire.SLICE_BYTES
-
-POOL_SLOTS: Final = 1024
-PENDING_SLOTS: Final = 16384
-MAX_WAITERS: Final = 32
-SKETCH_COLS: Final = 4096
-BLOOM_BITS: Final = 4096
-COALESCE_MCAST_GRP: Final = 1
-POOL_STATE_FILLING: Final = 1
-POOL_STATE_VALID: Final = 2
-SKETCH_COUNT_MAX: Final = 0xFFFFFF
-SKETCH_SALT: Final = 0x9E3779B9
-BLOOM_SALT: Final = 0x85EBCA6B
+POOL_STATE_FILLING: Final = int(PoolState.FILLING)
+POOL_STATE_VALID: Final = int(PoolState.VALID)
 DROP_PORT: Final = 511
 """v1model's drop port on BMv2 (``egress_spec == 511`` drops)."""
 BMV2_HEADROOM: Final = 512

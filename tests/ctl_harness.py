@@ -10,7 +10,6 @@ is limited to 32 slots so "no space" and the pin bound (25 %: 8 slots) are easy 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,11 +20,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from bmv2_topologies.topology import Host, star
-from kvpool import wire
+from kvpool import contract, wire
 
-ROOT = Path(__file__).resolve().parents[1]
-BUILD = Path(os.environ.get("KVPOOL_P4_BUILD", ROOT / "p4" / "build"))
-P4INFO = BUILD / "kvpool.p4info.txtpb"
+BUILD = contract.build_dir()
+P4INFO = BUILD / contract.P4INFO_FILE
 SKIP_REASON = f"{P4INFO} is missing (compile p4/ with make -C p4, or set KVPOOL_P4_BUILD)"
 
 TOPO = star(3)
@@ -96,7 +94,7 @@ class Daemon:
 
     def pool_entry(self, key: int) -> dict[str, int] | None:
         """The switch's pool_lookup entry parameters for ``key`` (read from the switch's own state)."""
-        from controller import p4names as n
+        from kvpool import contract as n
 
         found = self.state.lookup_exact(n.POOL_LOOKUP, key)
         return dict(found.params) if found.hit else None

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
 
-from controller import p4names as n
 from controller.daemon import Catalog, ChunkInfo, Controller, ControllerError, ControllerSettings, Mode, SwitchEndpoint
 from controller.fabric import FabricSettings
+from kvpool import contract as n
 from kvpool import wire
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)

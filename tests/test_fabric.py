@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
 from bmv2_topologies.topology import leaf_spine, star
-from controller import p4names as n
 from controller.fabric import COALESCE_MCAST_GRP, FabricSettings, switch_configs, waiter_ids
+from kvpool import contract as n
 
-KVPOOL_P4INFO = Path(__file__).parents[1] / "p4" / "build" / "kvpool.p4info.txtpb"
+KVPOOL_P4INFO = n.P4INFO_PATH
 
 
 def test_star_config() -> None:

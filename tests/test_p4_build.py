@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-P4_DIR = Path(__file__).resolve().parents[1] / "p4"
-COMMITTED = P4_DIR / "build"
+from kvpool import contract
+
+P4_DIR = contract.P4_DIR
+COMMITTED = contract.BUILD_DIR
 P4C = os.environ.get("KVPOOL_P4C") or shutil.which("p4c-bm2-ss")
 
 pytestmark = [
@@ -40,8 +42,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
     """Compile once per module, from p4/ so that source paths match the Makefile's."""
     assert P4C is not None
     out = tmp_path_factory.mktemp("p4build")
-    cmd = [P4C, "--std", "p4-16", "--arch", "v1model", "-o", str(out / "kvpool.json"),
-           "--p4runtime-files", str(out / "kvpool.p4info.txtpb"), "kvpool.p4"]
+    cmd = [P4C, "--std", "p4-16", "--arch", "v1model", "-o", str(out / contract.BMV2_JSON_FILE),
+           "--p4runtime-files", str(out / contract.P4INFO_FILE), "kvpool.p4"]
     proc = subprocess.run(cmd, cwd=P4_DIR, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"p4c failed:\n{proc.stderr}"
     # p4c prints its version on stderr; the Makefile records both streams.
@@ -68,15 +70,15 @@ def test_compiles_without_warnings(compiled: Compiled) -> None:
 
 
 def test_p4info_matches_committed(compiled: Compiled) -> None:
-    fresh = (compiled.out / "kvpool.p4info.txtpb").read_text()
-    assert fresh == (COMMITTED / "kvpool.p4info.txtpb").read_text(), "run `make -C p4` and commit p4/build/"
+    fresh = (compiled.out / contract.P4INFO_FILE).read_text()
+    assert fresh == (COMMITTED / contract.P4INFO_FILE).read_text(), "run `make -C p4` and commit p4/build/"
 
 
 def test_bmv2_json_matches_committed(compiled: Compiled) -> None:
-    committed_version = _version_line((COMMITTED / "p4c-version.txt").read_text())
+    committed_version = _version_line((COMMITTED / contract.P4C_VERSION_FILE).read_text())
     if _version_line(compiled.version) != committed_version:
         pytest.skip(f"p4c {_version_line(compiled.version)!r} differs from the committed build's "
                     f"{committed_version!r}; only the P4Info is compared")
-    fresh = json.loads((compiled.out / "kvpool.json").read_text())
-    committed = json.loads((COMMITTED / "kvpool.json").read_text())
+    fresh = json.loads((compiled.out / contract.BMV2_JSON_FILE).read_text())
+    committed = json.loads((COMMITTED / contract.BMV2_JSON_FILE).read_text())
     assert _without_source_info(fresh) == _without_source_info(committed), "run `make -C p4` and commit p4/build/"

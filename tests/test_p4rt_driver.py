@@ -22,12 +22,13 @@ from controller.p4runtime import (
     SwitchUnreachableError,
     WriteError,
 )
+from kvpool import contract
 from switchmodel.p4info import P4InfoError
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.state import ActionCall, FieldMatch, SwitchState, TableEntry
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
-KVPOOL_P4INFO = Path(__file__).parents[1] / "p4" / "build" / "kvpool.p4info.txtpb"
+KVPOOL_P4INFO = contract.P4INFO_PATH
 
 
 def free_port() -> int:

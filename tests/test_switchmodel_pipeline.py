@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
-from pathlib import Path
 
 import pytest
 from p4.config.v1 import p4info_pb2
@@ -15,17 +13,11 @@ from scapy.packet import Raw
 
 from kvpool import wire
 from switchmodel import checksum
-from switchmodel import pipeline as pl
 from switchmodel.p4info import P4Info
 from switchmodel.pipeline import (
     DROP_PORT,
-    CoStat,
-    Drop,
-    EgStat,
     KvpoolPipeline,
     Meta,
-    PoolStat,
-    PopStat,
     ipv4_csum16,
     mark_to_drop,
     parse,
@@ -119,37 +111,3 @@ def test_a_foreign_program_is_not_run() -> None:
     pipe = KvpoolPipeline(state)
     assert not pipe.ready()
     assert pipe.process(1, FRAMES["get"]) == []
-
-
-# --- the model's constants are p4/include/constants.p4's ---------------------------------------
-
-CONSTANTS_P4 = Path(__file__).resolve().parents[1] / "p4" / "include" / "constants.p4"
-
-
-def _p4_constants() -> dict[str, int]:
-    """Every ``const ... NAME = value;`` and ``#define NAME value`` of constants.p4."""
-    text = CONSTANTS_P4.read_text()
-    out = {m[1]: int(m[2], 0) for m in re.finditer(r"const\s+\S+\s+(\w+)\s*=\s*(0x[0-9A-Fa-f]+|\d+)\s*;", text)}
-    out.update({m[1]: int(m[2], 0) for m in re.finditer(r"#define\s+(\w+)\s+(0x[0-9A-Fa-f]+|\d+)\b", text)})
-    return out
-
-
-@pytest.mark.parametrize("cls,prefix", [(Drop, "DROP_"), (PoolStat, "POOL_"), (CoStat, "CO_"), (PopStat, "POP_"),
-                                        (EgStat, "EG_")])
-def test_statistic_indices_match_constants_p4(cls: type, prefix: str) -> None:
-    p4 = {k[len(prefix):]: v for k, v in _p4_constants().items() if k.startswith(prefix)}
-    p4 = {k: v for k, v in p4.items() if not (k.startswith("STATE_") or k in ("SLOTS", "ENTRIES", "STATS"))}
-    p4.pop("REASONS", None)
-    ours = {k: v for k, v in vars(cls).items() if k.isupper()}
-    assert ours == p4
-
-
-def test_geometry_and_values_match_constants_p4() -> None:
-    c = _p4_constants()
-    names = ["POOL_SLOTS", "PENDING_SLOTS", "MAX_WAITERS", "SKETCH_COLS", "BLOOM_BITS", "COALESCE_MCAST_GRP",
-             "POOL_STATE_FILLING", "POOL_STATE_VALID", "SKETCH_COUNT_MAX", "KV_UDP_LEN_NO_PAYLOAD",
-             "KV_UDP_LEN_DATA", "KV_IPV4_LEN_DATA", "KV_IPV4_LEN_NO_PAYLOAD", "SWITCH_REPLY_TTL", "MAX_FRAG_INDEX"]
-    assert {name: getattr(pl, name) for name in names} == {name: c[name] for name in names}
-    popularity = (Path(__file__).resolve().parents[1] / "p4" / "include" / "popularity.p4").read_text()
-    assert f"SKETCH_SALT = {pl.SKETCH_SALT:#X}".replace("0X", "0x") in popularity
-    assert f"BLOOM_SALT  = {pl.BLOOM_SALT:#X}".replace("0X", "0x") in popularity

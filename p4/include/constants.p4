@@ -2,8 +2,8 @@
 /*
  * kvpool constants: wire format, pool geometry, reason and statistic indices.
  *
- * The wire-format values mirror kvpool/wire.py; tests/test_p4_constants.py parses this
- * file and checks every one of them against the Python module, so edit both together.
+ * Wire values mirror kvpool/wire.py; every constant has a same-named twin (or enum member)
+ * in kvpool/contract.py, which tests/test_contract.py checks: edit them together.
  * The geometry constants are #defines because P4_16 needs compile-time integers for
  * register, counter and table sizes and for header-stack lengths.
  */

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from controller.p4runtime import P4RuntimeSwitch
+from kvpool import contract
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.pipeline import KvpoolPipeline
 from switchmodel.ports import MemoryPorts
@@ -35,10 +36,10 @@ from switchmodel.vethlab import VethLab
 from .packets import Mask, describe
 
 ROOT: Final = Path(__file__).resolve().parents[2]
-BUILD: Final = Path(os.environ.get("KVPOOL_P4_BUILD", ROOT / "p4" / "build"))
+BUILD: Final = contract.build_dir()
 """Compiled program (``KVPOOL_P4_BUILD`` points elsewhere, e.g. at a fresh p4c output)."""
-P4INFO: Final = BUILD / "kvpool.p4info.txtpb"
-BMV2_JSON: Final = BUILD / "kvpool.json"
+P4INFO: Final = BUILD / contract.P4INFO_FILE
+BMV2_JSON: Final = BUILD / contract.BMV2_JSON_FILE
 N_PORTS: Final = 4
 DEVICE_ID: Final = 1
 LOG_DIR: Final = ROOT / "logs" / "dataplane"

@@ -7,9 +7,10 @@ the controller would program either target.  The topology: host i on port i
 
 from __future__ import annotations
 
-from controller import p4names as n
 from controller.p4runtime import Entry, P4RuntimeSwitch
+from kvpool import contract as n
 from kvpool import wire
+from kvpool.contract import PoolState
 
 from .packets import Host, host
 
@@ -18,9 +19,9 @@ HOSTS = [host(i) for i in range(1, N_HOSTS + 1)]
 HOLDER = host(3)
 """The host that holds chunks and answers GETs (a writer in most tests)."""
 
-FILLING = 1
-VALID = 2
-DISABLED = 0
+FILLING = PoolState.FILLING
+VALID = PoolState.VALID
+DISABLED = PoolState.DISABLED
 
 
 def routes(sw: P4RuntimeSwitch) -> None:
@@ -37,7 +38,7 @@ def writer(sw: P4RuntimeSwitch, h: Host) -> None:
 
 
 def admit(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
-          state: int = FILLING) -> None:
+          state: PoolState = FILLING) -> None:
     """A pool entry for chunk ``key`` at ``base_slot``."""
     sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
                     {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
@@ -45,13 +46,13 @@ def admit(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generat
 
 
 def waiters(sw: P4RuntimeSwitch, hosts: list[Host]) -> dict[int, int]:
-    """Waiter ids for ``hosts`` (id = index), their egress rewrite and multicast group 1."""
+    """Waiter ids for ``hosts`` (id = index), their egress rewrite and the coalescing multicast group."""
     ids = {h.port: w for w, h in enumerate(hosts)}
     sw.insert_entries([Entry(n.WAITER_LOOKUP, {n.KEY_WAITER_ADDR: h.ip}, n.SET_WAITER_ID, {"waiter_id": w})
                        for w, h in enumerate(hosts)])
     sw.insert_entries([Entry(n.WAITER_EGRESS, {n.KEY_EGRESS_RID: w}, n.REWRITE_WAITER,
                              {"addr": h.ip, "mac": h.mac}) for w, h in enumerate(hosts)])
-    sw.set_multicast_group(1, [(h.port, w) for w, h in enumerate(hosts)])
+    sw.set_multicast_group(n.COALESCE_MCAST_GRP, [(h.port, w) for w, h in enumerate(hosts)])
     return ids
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import zlib
 
-from controller import p4names as n
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel.pipeline import PENDING_SLOTS, CoStat, EgStat
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller import p4names as n
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel.pipeline import Drop, PoolStat
 

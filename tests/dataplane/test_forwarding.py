@@ -6,7 +6,7 @@ from scapy.layers.inet import IP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from controller import p4names as n
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel.pipeline import Drop, PoolStat
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller import p4names as n
+from kvpool import contract as n
 from kvpool import wire
 from kvpool.wire import FRAG_PAYLOAD
 from switchmodel.pipeline import Drop, PoolStat

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from controller import p4names as n
 from controller.p4runtime import Digest
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel import hashes
 from switchmodel.pipeline import PopStat

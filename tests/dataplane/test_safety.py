@@ -15,7 +15,7 @@ import pytest
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controller import p4names as n
+from kvpool import contract as n
 from kvpool import wire
 from kvpool.wire import FRAG_PAYLOAD, Header, Opcode, WireError
 from switchmodel.pipeline import Drop, PoolStat

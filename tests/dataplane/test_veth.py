@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller import p4names as n
 from controller.p4runtime import P4RuntimeSwitch
+from kvpool import contract as n
 from kvpool import wire
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.pipeline import KvpoolPipeline
