@@ -37,27 +37,15 @@ from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from kvpool import contract
-from switchmodel.p4info import (
-    P4Info,
-    P4InfoError,
-    TableInfo,
-    Value,
-    decode_bytes,
-    encode_int,
-    prefix_mask,
-    to_int,
-)
+from kvpool.p4rt import codec
 
-# The value types the switch side already defines: one definition for both ends.
-from switchmodel.state import CounterValue as CounterValue
-from switchmodel.state import DigestConfig as DigestConfig
+# The value types both ends exchange live in the codec: one definition for the driver and the switch.
+from kvpool.p4rt.codec import CodecError, EntryKey, MatchValue, TableEntry, Value
+from kvpool.p4rt.codec import CounterValue as CounterValue
+from kvpool.p4rt.codec import DigestConfig as DigestConfig
+from kvpool.p4rt.p4info import P4Info, P4InfoError, TableInfo
 
 log = logging.getLogger(__name__)
-
-#: A match value: a plain value (exact, optional; ternary with a full mask), or a pair:
-#: (value, prefix_len) for lpm, (value, mask) for ternary, (low, high) for range.
-#: lpm also takes "10.0.0.0/8".
-MatchValue = Value | tuple[Value, Value]
 
 _UPDATE_NAMES = {v: k for k, v in p4runtime_pb2.Update.Type.items()}
 
@@ -109,14 +97,8 @@ class Entry:
 
     def describe(self) -> str:
         """One-line text form for error messages."""
-        match = ", ".join(f"{k}={_fmt(v)}" for k, v in self.match.items())
+        match = codec.describe_match(self.match)
         return f"{self.table} {{{match}}}" + (f" prio {self.priority}" if self.priority else "")
-
-
-def _fmt(v: MatchValue) -> str:
-    if isinstance(v, tuple):
-        return "/".join(_fmt(x) for x in v)
-    return hex(v) if isinstance(v, int) else str(v)
 
 
 @dataclass(frozen=True)
@@ -137,8 +119,8 @@ class PacketIn:
     metadata: dict[str, int]
 
 
-# Normalized, hashable identity of a table entry: (table, ((field, kind, value, arg), ...), priority).
-_Key = tuple[str, tuple[tuple[str, str, int, int], ...], int]
+# Normalized, hashable identity of a table entry: (table, the codec's entry key).
+_Key = tuple[str, EntryKey]
 
 
 @dataclass(frozen=True)
@@ -351,15 +333,10 @@ class P4RuntimeSwitch:
 
     def _handle_digest(self, msg: Any, requests: queue.Queue[Any]) -> None:
         try:
-            info = self.p4info.digest(int(msg.digest_id))
+            info, items = codec.decode_digest_list(self.p4info, msg)
         except P4InfoError:
             log.warning("switch %s sent a digest with unknown id %d", self.address, msg.digest_id)
             return
-        items = []
-        for data in msg.data:
-            members = data.struct.members
-            items.append({name: decode_bytes(m.bitstring, width) for (name, width), m in
-                          zip(info.members, members, strict=True)})
         digest = Digest(info.name, int(msg.list_id), items, int(msg.timestamp))
         if self.on_digest is not None:
             try:
@@ -374,10 +351,11 @@ class P4RuntimeSwitch:
         requests.put(ack)
 
     def _handle_packet_in(self, msg: Any) -> None:
-        headers = [h for h in self.p4info.packet_metadata_headers if h.name == "packet_in"]
-        fields = {fid: (name, width) for fid, name, width in headers[0].metadata} if headers else {}
-        meta = {fields[m.metadata_id][0]: decode_bytes(m.value, fields[m.metadata_id][1])
-                for m in msg.metadata if m.metadata_id in fields}
+        try:
+            meta = codec.decode_packet_metadata(self.p4info, "packet_in", msg.metadata)
+        except CodecError as e:  # the switch runs another program than our P4Info says
+            log.warning("switch %s sent a packet-in this P4Info cannot read (%s); dropped", self.address, e)
+            return
         self.packet_ins.put(PacketIn(bytes(msg.payload), meta))
 
     def _watch(self) -> None:
@@ -527,99 +505,26 @@ class P4RuntimeSwitch:
     def _normalize(self, entry: Entry) -> tuple[_Key, Entry]:
         """Validate an entry against the P4Info; its identity key and a canonical copy (ints)."""
         t = self._table(entry.table)
-        items: list[tuple[str, str, int, int]] = []
-        match: dict[str, MatchValue] = {}
-        for name, raw in entry.match.items():
-            f = t.match_field(name)
-            kind, bw = f.match_type, f.bitwidth
-            if kind in ("exact", "optional"):
-                if isinstance(raw, tuple):
-                    raise ValueError(f"{t.name}.{f.name} is {kind}: give one value, not {raw!r}")
-                value, arg = to_int(raw, bw), 0
-            elif kind == "lpm":
-                if isinstance(raw, str) and "/" in raw:
-                    addr, plen = raw.split("/", 1)
-                    value, arg = to_int(addr, bw), int(plen)
-                elif isinstance(raw, tuple):
-                    value, arg = to_int(raw[0], bw), to_int(raw[1], 16)
-                else:
-                    value, arg = to_int(raw, bw), bw
-                if not 0 <= arg <= bw:
-                    raise ValueError(f"{t.name}.{f.name}: prefix length {arg} not in 0..{bw}")
-                if value & ~prefix_mask(arg, bw):
-                    raise ValueError(f"{t.name}.{f.name}: {_fmt(raw)} has host bits set beyond /{arg}")
-                if arg == 0:
-                    continue  # /0 is a wildcard: P4Runtime wants the field omitted
-            elif kind == "ternary":
-                if isinstance(raw, tuple):
-                    value, arg = to_int(raw[0], bw), to_int(raw[1], bw)
-                else:
-                    value, arg = to_int(raw, bw), (1 << bw) - 1
-                if value & ~arg:
-                    raise ValueError(f"{t.name}.{f.name}: value {value:#x} has bits outside mask {arg:#x}")
-                if arg == 0:
-                    continue
-            elif kind == "range":
-                if not isinstance(raw, tuple):
-                    raise ValueError(f"{t.name}.{f.name} is a range: give (low, high)")
-                value, arg = to_int(raw[0], bw), to_int(raw[1], bw)
-                if value > arg:
-                    raise ValueError(f"{t.name}.{f.name}: range low {value} > high {arg}")
-                if value == 0 and arg == (1 << bw) - 1:
-                    continue
-            else:
-                raise ValueError(f"{t.name}.{f.name}: match kind {kind} is not supported")
-            items.append((f.name, kind, value, arg))
-            match[f.name] = value if kind in ("exact", "optional") else (value, arg)
-        missing = [f.name for f in t.match_fields if f.match_type == "exact" and f.name not in entry.match]
-        if missing:
-            raise ValueError(f"table {t.name}: exact field(s) {', '.join(missing)} missing")
-        order = {f.name: i for i, f in enumerate(t.match_fields)}
-        items.sort(key=lambda it: order[it[0]])
-        params: dict[str, Value] = {}
+        match = codec.user_match(t, entry.match)
+        action_name, params = "", {}
         if entry.action:
-            action = self.p4info.action(entry.action)
-            params = {action.param(k).name: to_int(v, action.param(k).bitwidth) for k, v in entry.params.items()}
-            missing = [p.name for p in action.params if p.name not in params]
-            if missing:
-                raise ValueError(f"action {action.name}: parameter(s) {', '.join(missing)} missing")
-            action_name = action.name
-        else:
-            action_name = ""
-        canon = Entry(t.name, {k: match[k] for k in sorted(match, key=order.__getitem__)}, action_name, params,
+            call = codec.action_call(self.p4info, entry.action, entry.params)
+            action_name, params = call.action, dict(call.params)
+        canon = Entry(t.name, {k: codec.match_value(m) for k, m in match.items()}, action_name, params,
                       entry.priority)
-        return (t.name, tuple(items), entry.priority), canon
+        return (t.name, codec.entry_key(t, match, entry.priority)), canon
 
     def _table_entry_pb(self, key: _Key, entry: Entry, out: Any) -> None:
         t = self._table(entry.table)
-        out.table_id = t.id
-        out.priority = entry.priority
-        for name, kind, value, arg in key[1]:
-            f = t.match_field(name)
-            m = out.match.add()
-            m.field_id = f.id
-            bw = f.bitwidth
-            if kind == "exact":
-                m.exact.value = encode_int(value, bw)
-            elif kind == "optional":
-                m.optional.value = encode_int(value, bw)
-            elif kind == "lpm":
-                m.lpm.value = encode_int(value, bw)
-                m.lpm.prefix_len = arg
-            elif kind == "ternary":
-                m.ternary.value = encode_int(value, bw)
-                m.ternary.mask = encode_int(arg, bw)
-            else:
-                m.range.low = encode_int(value, bw)
-                m.range.high = encode_int(arg, bw)
+        match = dict(key[1][0])
         if entry.action:
-            self._action_pb(entry.action, entry.params, out.action.action)
+            call = codec.action_call(self.p4info, entry.action, entry.params)
+            codec.encode_table_entry(self.p4info, t, TableEntry(match, call, entry.priority), out)
+        else:  # a DELETE: match and priority identify the entry
+            codec.encode_entry_key(t, match, entry.priority, out)
 
     def _action_pb(self, action_name: str, params: Mapping[str, Value], out: Any) -> None:
-        action = self.p4info.action(action_name)
-        out.action_id = action.id
-        for pid, value in self.p4info.encode_params(action.name, params):
-            out.params.add(param_id=pid, value=value)
+        codec.encode_action(self.p4info, codec.action_call(self.p4info, action_name, params), out)
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -669,7 +574,7 @@ class P4RuntimeSwitch:
         self._wait_ready()
         with self._lock:
             normalized = [self._normalize(e) for e in entries]
-            for (_, _, _), e in normalized:
+            for _, e in normalized:
                 if utype != p4runtime_pb2.Update.DELETE and not e.action:
                     raise ValueError(f"{e.describe()}: an action is required")
             updates = [self._entry_update(utype, k, e) for k, e in normalized]
@@ -716,25 +621,19 @@ class P4RuntimeSwitch:
         self._wait_ready()
         with self._lock:
             t = self._table(table)
-            act = self.p4info.action(action)
-            encoded = {act.param(k).name: to_int(v, act.param(k).bitwidth) for k, v in (params or {}).items()}
+            call = codec.action_call(self.p4info, action, params)
             u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
-            u.entity.table_entry.table_id = t.id
-            u.entity.table_entry.is_default_action = True
-            self._action_pb(act.name, encoded, u.entity.table_entry.action.action)
-            errors = self._write([_prebuilt(u, f"MODIFY default of {t.name} -> {act.name}")])
+            codec.encode_default_entry(self.p4info, t, call, u.entity.table_entry)
+            errors = self._write([_prebuilt(u, f"MODIFY default of {t.name} -> {call.action}")])
             if errors:
                 raise WriteError(self.address, 1, errors)
-            self._intended.defaults[t.name] = (act.name, dict(encoded))
+            self._intended.defaults[t.name] = (call.action, dict(call.params))
 
     # --- multicast -------------------------------------------------------------------------------
 
     def _group_update(self, utype: int, gid: int, replicas: Sequence[tuple[int, int]]) -> _Update:
         u = p4runtime_pb2.Update(type=utype)
-        g = u.entity.packet_replication_engine_entry.multicast_group_entry
-        g.multicast_group_id = gid
-        for port, rid in replicas:
-            g.replicas.add(egress_port=port, instance=rid)
+        codec.encode_multicast_group(gid, replicas, u.entity.packet_replication_engine_entry)
         return _prebuilt(u, f"{_UPDATE_NAMES[utype]} multicast group {gid} {list(replicas)}")
 
     def set_multicast_group(self, group_id: int, replicas: Iterable[tuple[int, int]]) -> None:
@@ -766,11 +665,7 @@ class P4RuntimeSwitch:
 
     def _digest_update(self, utype: int, name: str, config: DigestConfig) -> _Update:
         u = p4runtime_pb2.Update(type=utype)
-        d = u.entity.digest_entry
-        d.digest_id = self.p4info.digest(name).id
-        d.config.max_timeout_ns = config.max_timeout_ns
-        d.config.max_list_size = config.max_list_size
-        d.config.ack_timeout_ns = config.ack_timeout_ns
+        codec.encode_digest_entry(self.p4info.digest(name), config, u.entity.digest_entry)
         return _prebuilt(u, f"{_UPDATE_NAMES[utype]} digest {name}")
 
     def configure_digest(self, name: str, max_timeout_ns: int = 0, max_list_size: int = 1,
@@ -800,29 +695,10 @@ class P4RuntimeSwitch:
             raise self._rpc_error("Read", e) from None
 
     def _decode_entry(self, te: Any) -> Entry:
-        t = self._table(int(te.table_id))
-        match: dict[str, MatchValue] = {}
-        for m in te.match:
-            f = t.match_field(int(m.field_id))
-            kind = m.WhichOneof("field_match_type")
-            bw = f.bitwidth
-            if kind == "exact":
-                match[f.name] = decode_bytes(m.exact.value, bw)
-            elif kind == "optional":
-                match[f.name] = decode_bytes(m.optional.value, bw)
-            elif kind == "lpm":
-                match[f.name] = (decode_bytes(m.lpm.value, bw), int(m.lpm.prefix_len))
-            elif kind == "ternary":
-                match[f.name] = (decode_bytes(m.ternary.value, bw), decode_bytes(m.ternary.mask, bw))
-            elif kind == "range":
-                match[f.name] = (decode_bytes(m.range.low, bw), decode_bytes(m.range.high, bw))
-        action, params = "", {}
-        if te.action.WhichOneof("type") == "action":
-            act = self.p4info.action(int(te.action.action.action_id))
-            action = act.name
-            params = {act.param(int(p.param_id)).name: decode_bytes(p.value, act.param(int(p.param_id)).bitwidth)
-                      for p in te.action.action.params}
-        return Entry(t.name, match, action, params, int(te.priority))
+        # A default entry has no match; any other entry the switch returns has its exact fields.
+        t, e = codec.decode_table_entry(self.p4info, te, require_exact=not te.is_default_action)
+        return Entry(t.name, {k: codec.match_value(m) for k, m in e.match.items()}, e.action.action,
+                     dict(e.action.params), e.priority)
 
     def read_entries(self, table: str | None = None) -> list[Entry]:
         """Every entry of ``table`` (or of all tables) as the switch holds it."""
@@ -848,22 +724,24 @@ class P4RuntimeSwitch:
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, CounterValue]:
         """Cells of an indexed counter: one ``index`` or all of them, index -> value."""
-        info = self.p4info.counter(name)
         e = p4runtime_pb2.Entity()
-        e.counter_entry.counter_id = info.id
-        if index is not None:
-            e.counter_entry.index.index = index
-        return {int(x.counter_entry.index.index): CounterValue(int(x.counter_entry.data.packet_count),
-                                                               int(x.counter_entry.data.byte_count))
-                for x in self._read([e])}
+        codec.encode_counter_entry(self.p4info.counter(name), index, None, e.counter_entry)
+        out = {}
+        for x in self._read([e]):
+            _, cell, value = codec.decode_counter_entry(self.p4info, x.counter_entry)
+            out[cell or 0] = value
+        return out
 
     def read_direct_counters(self, table: str) -> list[tuple[Entry, CounterValue]]:
         """Direct-counter value of every entry of ``table``."""
         e = p4runtime_pb2.Entity()
         e.direct_counter_entry.table_entry.table_id = self._table(table).id
-        return [(self._decode_entry(x.direct_counter_entry.table_entry),
-                 CounterValue(int(x.direct_counter_entry.data.packet_count),
-                              int(x.direct_counter_entry.data.byte_count))) for x in self._read([e])]
+        out = []
+        for x in self._read([e]):
+            t, match, priority = codec.decode_entry_key(self.p4info, x.direct_counter_entry.table_entry)
+            entry = Entry(t.name, {k: codec.match_value(m) for k, m in match.items()}, priority=priority)
+            out.append((entry, codec.decode_counter_data(x.direct_counter_entry.data)))
+        return out
 
     def read_multicast_groups(self) -> dict[int, list[tuple[int, int]]]:
         """Every multicast group on the switch: id -> [(egress port, replica id)]."""
@@ -871,8 +749,8 @@ class P4RuntimeSwitch:
         e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
         out: dict[int, list[tuple[int, int]]] = {}
         for x in self._read([e]):
-            g = x.packet_replication_engine_entry.multicast_group_entry
-            out[int(g.multicast_group_id)] = [(int(r.egress_port), int(r.instance)) for r in g.replicas]
+            gid, replicas = codec.decode_multicast_group(x.packet_replication_engine_entry)
+            out[gid] = [(r.port, r.rid) for r in replicas]
         return out
 
     def read_digest_configs(self) -> dict[str, DigestConfig]:
@@ -893,27 +771,16 @@ class P4RuntimeSwitch:
                     continue
                 raise self._rpc_error("Read", e) from None
             for x in entities:
-                d = x.digest_entry
-                out[info.name] = DigestConfig(int(d.config.max_timeout_ns), int(d.config.max_list_size),
-                                              int(d.config.ack_timeout_ns))
+                out[info.name] = codec.decode_digest_entry(self.p4info, x.digest_entry)[1]
         return out
 
     # --- packet-out ------------------------------------------------------------------------------
 
     def send_packet_out(self, payload: bytes, **metadata: int) -> None:
         """Send a packet through the switch's CPU port with ``packet_out`` header fields by name."""
-        headers = [h for h in self.p4info.packet_metadata_headers if h.name == "packet_out"]
         req = p4runtime_pb2.StreamMessageRequest()
         req.packet.payload = payload
-        if metadata:
-            if not headers:
-                raise P4InfoError("P4Info has no packet_out controller header")
-            fields = {name: (fid, width) for fid, name, width in headers[0].metadata}
-            for name, value in metadata.items():
-                if name not in fields:
-                    raise P4InfoError(f"packet_out has no field {name!r} (fields: {', '.join(fields)})")
-                fid, width = fields[name]
-                req.packet.metadata.add(metadata_id=fid, value=encode_int(value, width))
+        codec.encode_packet_metadata(self.p4info, "packet_out", metadata, req.packet.metadata)
         self._require()
         requests = self._requests
         if requests is None:
@@ -961,9 +828,8 @@ class P4RuntimeSwitch:
             for table, (action, params) in self._intended.defaults.items():
                 if self.read_default_action(table) != (action, params):
                     u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
-                    u.entity.table_entry.table_id = self._table(table).id
-                    u.entity.table_entry.is_default_action = True
-                    self._action_pb(action, params, u.entity.table_entry.action.action)
+                    codec.encode_default_entry(self.p4info, self._table(table),
+                                               codec.action_call(self.p4info, action, params), u.entity.table_entry)
                     updates.append(_prebuilt(u, f"MODIFY default of {table} -> {action}"))
                     counts["modify"] += 1
             groups = self.read_multicast_groups()
@@ -989,7 +855,7 @@ class P4RuntimeSwitch:
             for name in digests:
                 if name not in self._intended.digests:
                     u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.DELETE)
-                    u.entity.digest_entry.digest_id = self.p4info.digest(name).id
+                    codec.encode_digest_entry(self.p4info.digest(name), None, u.entity.digest_entry)
                     updates.append(_prebuilt(u, f"DELETE digest {name}"))
                     counts["delete"] += 1
             # Deletes first so a full table has room for the inserts.

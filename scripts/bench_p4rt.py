@@ -21,7 +21,7 @@ from pathlib import Path
 
 from controller.p4runtime import Entry, P4RuntimeSwitch
 from kvpool import contract
-from switchmodel.p4info import P4Info, TableInfo
+from kvpool.p4rt.p4info import P4Info, TableInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_P4INFO = contract.P4INFO_PATH

@@ -34,7 +34,7 @@ from pathlib import Path
 from controller.p4runtime import P4RuntimeSwitch
 from kvpool import contract as n
 from kvpool import wire
-from switchmodel.p4info import P4Info
+from kvpool.p4rt.p4info import P4Info
 from switchmodel.pipeline import KvpoolPipeline
 from switchmodel.ports import PortIO, PortSpec
 from switchmodel.state import SwitchState
@@ -217,7 +217,7 @@ def bench_pipeline(seconds: float) -> list[Row]:
     """The model pipeline in-process, no I/O: forwarded and served frames per second."""
     state = SwitchState(device_id=1)
     state.set_pipeline(P4Info.load(P4INFO))
-    from switchmodel.state import ActionCall, FieldMatch, TableEntry
+    from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
     for port, mac, ip in ((1, CLIENT_MAC, CLIENT_IP), (2, HOLDER_MAC, HOLDER_IP)):
         state.insert_entry(n.IPV4_ROUTE, TableEntry({n.KEY_IPV4_DST: FieldMatch("lpm", _ip(ip), 32)},
                                                     ActionCall(n.IPV4_FORWARD, {"port": port, "dst_mac": _mac(mac)})))

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvpool.p4rt.p4info import P4Info
 from switchmodel import dataplane
-from switchmodel.p4info import P4Info
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.ports import PortError
 from switchmodel.state import SwitchState

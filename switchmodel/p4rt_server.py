@@ -6,7 +6,8 @@ multicast groups, indexed counters (read, MODIFY to set), digest config and deli
 acks, PacketIn/PacketOut, and master arbitration on the stream. Errors use P4Runtime's
 codes; a batched Write that fails answers UNKNOWN with one ``p4.v1.Error`` per update in
 the status details (``grpc-status-details-bin``), as PI does, so p4runtime-shell and our
-driver read them the same way from either target.
+driver read them the same way from either target.  Every message is encoded and decoded by
+:mod:`kvpool.p4rt.codec`, the codec the controller's driver uses too.
 
 Codes follow PI (p4lang/PI proto/frontend), not always the spec's wording: an id missing
 from the P4Info is INVALID_ARGUMENT ("Invalid P4 id"; digests: NOT_FOUND); bytestrings of
@@ -37,26 +38,10 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from switchmodel.p4info import (
-    P4Info,
-    P4InfoError,
-    TableInfo,
-    decode_bytes,
-    encode_int,
-    prefix_mask,
-)
-from switchmodel.state import (
-    ActionCall,
-    CounterValue,
-    DigestConfig,
-    DigestList,
-    FieldMatch,
-    PacketIn,
-    Replica,
-    StateError,
-    SwitchState,
-    TableEntry,
-)
+from kvpool.p4rt import codec
+from kvpool.p4rt.codec import ActionCall, CodecError, CounterValue, FieldMatch, TableEntry
+from kvpool.p4rt.p4info import P4Info, P4InfoError, TableInfo
+from switchmodel.state import DigestList, PacketIn, StateError, SwitchState
 
 log = logging.getLogger(__name__)
 
@@ -82,127 +67,25 @@ def _set_election(msg: Any, value: int) -> None:
     msg.low = value & ((1 << 64) - 1)
 
 
-def _value(data: bytes, bitwidth: int, what: str) -> int:
-    try:
-        return decode_bytes(data, bitwidth)
-    except ValueError as e:
-        raise StateError(_INVALID, f"{what}: {e}") from None
-
-
 # ---------------------------------------------------------------------------------------------
-# Protobuf <-> state
+# Protobuf <-> state: kvpool.p4rt.codec, with its errors as P4Runtime status codes
 # ---------------------------------------------------------------------------------------------
 
 
-def decode_match(t: TableInfo, pb: Any, require_exact: bool = True) -> dict[str, FieldMatch]:
+def _decode_match(t: TableInfo, pb: Any, require_exact: bool = True) -> dict[str, FieldMatch]:
     """Decoded match of a TableEntry; INVALID_ARGUMENT for unknown fields or bad values."""
-    match: dict[str, FieldMatch] = {}
-    for m in pb.match:
-        try:
-            f = t.match_field(int(m.field_id))
-        except P4InfoError as e:
-            raise StateError(_BAD_ID, str(e)) from None
-        if f.name in match:
-            raise StateError(_INVALID, f"table {t.name}: match field {f.name} given twice")
-        kind = m.WhichOneof("field_match_type")
-        if kind != f.match_type:
-            raise StateError(_INVALID, f"table {t.name}: field {f.name} is {f.match_type}, got a {kind} match")
-        what = f"table {t.name} field {f.name}"
-        if kind == "exact":
-            match[f.name] = FieldMatch("exact", _value(m.exact.value, f.bitwidth, what))
-        elif kind == "lpm":
-            plen = int(m.lpm.prefix_len)
-            if not 0 < plen <= f.bitwidth:
-                raise StateError(_INVALID, f"{what}: prefix length {plen} not in 1..{f.bitwidth} "
-                                           "(omit the field for a /0 wildcard)")
-            value = _value(m.lpm.value, f.bitwidth, what)
-            if value & ~prefix_mask(plen, f.bitwidth):
-                raise StateError(_INVALID, f"{what}: lpm value {value:#x} has bits set beyond /{plen}")
-            match[f.name] = FieldMatch("lpm", value, plen)
-        elif kind == "ternary":
-            value = _value(m.ternary.value, f.bitwidth, what)
-            mask = _value(m.ternary.mask, f.bitwidth, what + " mask")
-            if mask == 0:
-                raise StateError(_INVALID, f"{what}: ternary mask is 0 (omit the field for a wildcard)")
-            if value & ~mask:
-                raise StateError(_INVALID, f"{what}: ternary value {value:#x} has bits outside mask {mask:#x}")
-            match[f.name] = FieldMatch("ternary", value, mask)
-        elif kind == "range":
-            low = _value(m.range.low, f.bitwidth, what + " low")
-            high = _value(m.range.high, f.bitwidth, what + " high")
-            if low > high:
-                raise StateError(_INVALID, f"{what}: range low {low} > high {high}")
-            if low == 0 and high == (1 << f.bitwidth) - 1:
-                raise StateError(_INVALID, f"{what}: full range (omit the field for a wildcard)")
-            match[f.name] = FieldMatch("range", low, high)
-        elif kind == "optional":
-            match[f.name] = FieldMatch("optional", _value(m.optional.value, f.bitwidth, what))
-        else:
-            raise StateError(_INVALID, f"{what}: unsupported match kind {kind}")
-    if require_exact:
-        missing = [f.name for f in t.match_fields if f.match_type == "exact" and f.name not in match]
-        if missing:
-            raise StateError(_INVALID, f"table {t.name}: exact field(s) {', '.join(missing)} missing")
-    return match
+    try:
+        return codec.decode_match(t, pb.match, require_exact=require_exact)
+    except (P4InfoError, CodecError) as e:
+        raise StateError(_BAD_ID if isinstance(e, P4InfoError) else _INVALID, str(e)) from None
 
 
-def encode_match(t: TableInfo, match: dict[str, FieldMatch], out: Any) -> None:
-    """Append P4Runtime FieldMatch messages for ``match`` (canonical bytestrings) to ``out``."""
-    for f in t.match_fields:
-        m = match.get(f.name)
-        if m is None:
-            continue
-        pb = out.add()
-        pb.field_id = f.id
-        if m.kind == "exact":
-            pb.exact.value = encode_int(m.value, f.bitwidth)
-        elif m.kind == "lpm":
-            pb.lpm.value = encode_int(m.value, f.bitwidth)
-            pb.lpm.prefix_len = m.arg
-        elif m.kind == "ternary":
-            pb.ternary.value = encode_int(m.value, f.bitwidth)
-            pb.ternary.mask = encode_int(m.arg, f.bitwidth)
-        elif m.kind == "range":
-            pb.range.low = encode_int(m.value, f.bitwidth)
-            pb.range.high = encode_int(m.arg, f.bitwidth)
-        else:
-            pb.optional.value = encode_int(m.value, f.bitwidth)
-
-
-def decode_action(p4info: P4Info, pb: Any) -> ActionCall:
+def _decode_action(p4info: P4Info, pb: Any) -> ActionCall:
     """ActionCall of a p4.v1.Action: every parameter present once, values within their widths."""
     try:
-        action = p4info.action(int(pb.action_id))
-    except P4InfoError as e:
-        raise StateError(_BAD_ID, str(e)) from None
-    params: dict[str, int] = {}
-    for p in pb.params:
-        try:
-            info = action.param(int(p.param_id))
-        except P4InfoError as e:
-            raise StateError(_BAD_ID, str(e)) from None
-        if info.name in params:
-            raise StateError(_INVALID, f"action {action.name}: parameter {info.name} given twice")
-        params[info.name] = _value(p.value, info.bitwidth, f"action {action.name} parameter {info.name}")
-    missing = [p.name for p in action.params if p.name not in params]
-    if missing:
-        raise StateError(_INVALID, f"action {action.name}: parameter(s) {', '.join(missing)} missing")
-    return ActionCall(action.name, params)
-
-
-def encode_action(p4info: P4Info, call: ActionCall, out: Any) -> None:
-    """Fill a p4.v1.Action from an ActionCall."""
-    action = p4info.action(call.action)
-    out.action_id = action.id
-    for p in action.params:
-        pb = out.params.add()
-        pb.param_id = p.id
-        pb.value = encode_int(call.params.get(p.name, 0), p.bitwidth)
-
-
-def _counter_data(value: CounterValue, out: Any) -> None:
-    out.packet_count = value.packets
-    out.byte_count = value.bytes
+        return codec.decode_action(p4info, pb)
+    except (P4InfoError, CodecError) as e:
+        raise StateError(_BAD_ID if isinstance(e, P4InfoError) else _INVALID, str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +303,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             else:
                 self.state.reset_default_action(t.name)
             return
-        match = decode_match(t, pb)
+        match = _decode_match(t, pb)
         priority = int(pb.priority)
         if t.needs_priority and priority <= 0:
             raise StateError(_INVALID, f"table {t.name} has ternary/range/optional keys: priority must be > 0")
@@ -435,7 +318,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         entry = TableEntry(match, call, priority, int(pb.controller_metadata), bytes(pb.metadata),
                            int(pb.idle_timeout_ns))
         if pb.HasField("counter_data"):
-            entry.packets, entry.bytes = int(pb.counter_data.packet_count), int(pb.counter_data.byte_count)
+            value = codec.decode_counter_data(pb.counter_data)
+            entry.packets, entry.bytes = value.packets, value.bytes
         if utype == types.INSERT:
             self.state.insert_entry(t.name, entry)
         elif utype == types.MODIFY:
@@ -449,23 +333,20 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         if which != "action":
             raise StateError(_UNIMPLEMENTED, f"table {t.name}: {which or 'empty'} actions are not supported "
                                              "(no action profiles)")
-        return decode_action(p4info, pb.action.action)
+        return _decode_action(p4info, pb.action.action)
 
     def _write_pre(self, utype: int, pb: Any) -> None:
         types = p4runtime_pb2.Update
         which = pb.WhichOneof("type")
         if which != "multicast_group_entry":
             raise StateError(_UNIMPLEMENTED, f"{which or 'empty'} PRE entries are not supported")
-        group = pb.multicast_group_entry
-        gid = int(group.multicast_group_id)
+        try:
+            gid, replicas = codec.decode_multicast_group(pb)
+        except CodecError as e:
+            raise StateError(_INVALID, str(e)) from None
         if utype == types.DELETE:
             self.state.delete_group(gid)
             return
-        replicas = []
-        for r in group.replicas:
-            kind = r.WhichOneof("port_kind")
-            port = int(r.egress_port) if kind != "port" else _value(r.port, 32, "replica port")
-            replicas.append(Replica(port, int(r.instance)))
         if utype == types.INSERT:
             self.state.insert_group(gid, replicas)
         else:
@@ -474,39 +355,37 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
     def _write_digest(self, p4info: P4Info, utype: int, pb: Any) -> None:
         types = p4runtime_pb2.Update
         try:
-            name = p4info.digest(int(pb.digest_id)).name
+            info, config = codec.decode_digest_entry(p4info, pb)
         except P4InfoError as e:
             raise StateError(_NOT_FOUND, str(e)) from None
         if utype == types.DELETE:
-            self.state.remove_digest(name)
+            self.state.remove_digest(info.name)
             return
-        c = pb.config
-        config = DigestConfig(int(c.max_timeout_ns), int(c.max_list_size), int(c.ack_timeout_ns))
-        self.state.configure_digest(name, config, insert=utype == types.INSERT)
+        self.state.configure_digest(info.name, config, insert=utype == types.INSERT)
 
     def _write_counter(self, p4info: P4Info, utype: int, pb: Any) -> None:
         try:
-            name = p4info.counter(int(pb.counter_id)).name
+            info, index, data = codec.decode_counter_entry(p4info, pb)
         except P4InfoError as e:
             raise StateError(_BAD_ID, str(e)) from None
+        name = info.name
         types = p4runtime_pb2.Update
         if utype not in (types.MODIFY, types.DELETE):
             raise StateError(_INVALID, f"counter {name}: INSERT update type not supported for counters")
-        if not pb.HasField("index"):
+        if index is None:
             raise StateError(_UNIMPLEMENTED, f"counter {name}: wildcard write is not supported for indirect counters")
         # As PI, DELETE resets the cell to zero.
-        value = CounterValue(0, 0) if utype == types.DELETE else \
-            CounterValue(int(pb.data.packet_count), int(pb.data.byte_count))
-        self.state.counter_write(name, int(pb.index.index), value)
+        self.state.counter_write(name, index, CounterValue(0, 0) if utype == types.DELETE else data)
 
     def _write_direct_counter(self, p4info: P4Info, utype: int, pb: Any) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise StateError(_INVALID, "only MODIFY is allowed on direct counter entries")
         t = self._table(p4info, pb.table_entry.table_id)
-        entry = self.state.get_entry(t.name, decode_match(t, pb.table_entry), int(pb.table_entry.priority))
+        entry = self.state.get_entry(t.name, _decode_match(t, pb.table_entry), int(pb.table_entry.priority))
         if entry is None:
             raise StateError(_NOT_FOUND, f"no such entry in table {t.name}")
-        entry.packets, entry.bytes = int(pb.data.packet_count), int(pb.data.byte_count)
+        value = codec.decode_counter_data(pb.data)
+        entry.packets, entry.bytes = value.packets, value.bytes
 
     # --- Read ------------------------------------------------------------------------------------
 
@@ -541,16 +420,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
 
     def _entry_pb(self, p4info: P4Info, t: TableInfo, entry: TableEntry, with_counter: bool) -> Any:
         out = p4runtime_pb2.Entity()
-        te = out.table_entry
-        te.table_id = t.id
-        encode_match(t, entry.match, te.match)
-        encode_action(p4info, entry.action, te.action.action)
-        te.priority = entry.priority
-        te.controller_metadata = entry.controller_metadata
-        te.metadata = entry.metadata
-        te.idle_timeout_ns = entry.idle_timeout_ns
-        if with_counter and t.direct_resource_ids:
-            _counter_data(CounterValue(entry.packets, entry.bytes), te.counter_data)
+        codec.encode_table_entry(p4info, t, entry, out.table_entry, with_counter=with_counter)
         return out
 
     def _read_table_entries(self, p4info: P4Info, pb: Any) -> list[Any]:
@@ -560,15 +430,12 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         for t in tables:
             if pb.is_default_action:
                 e = p4runtime_pb2.Entity()
-                e.table_entry.table_id = t.id
-                e.table_entry.is_default_action = True
-                encode_action(p4info, self.state.default_action(t.name), e.table_entry.action.action)
-                if with_counter and t.direct_resource_ids:
-                    _counter_data(self.state.default_counter(t.name), e.table_entry.counter_data)
+                counter = self.state.default_counter(t.name) if with_counter and t.direct_resource_ids else None
+                codec.encode_default_entry(p4info, t, self.state.default_action(t.name), e.table_entry, counter)
                 out.append(e)
                 continue
             if len(pb.match):
-                entry = self.state.get_entry(t.name, decode_match(t, pb, require_exact=False), int(pb.priority))
+                entry = self.state.get_entry(t.name, _decode_match(t, pb, require_exact=False), int(pb.priority))
                 entries = [entry] if entry is not None else []
             else:
                 entries = self.state.entries(t.name)
@@ -591,9 +458,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                 cells = list(enumerate(self.state.counter_values(c.name)))
             for index, value in cells:
                 ent = p4runtime_pb2.Entity()
-                ent.counter_entry.counter_id = c.id
-                ent.counter_entry.index.index = index
-                _counter_data(value, ent.counter_entry.data)
+                codec.encode_counter_entry(c, index, value, ent.counter_entry)
                 out.append(ent)
         return out
 
@@ -607,17 +472,15 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                     raise StateError(_INVALID, f"table {t.name} has no direct counter")
                 continue
             if len(te.match):
-                entry = self.state.get_entry(t.name, decode_match(t, te, require_exact=False), int(te.priority))
+                entry = self.state.get_entry(t.name, _decode_match(t, te, require_exact=False), int(te.priority))
                 entries = [entry] if entry is not None else []
             else:
                 entries = self.state.entries(t.name)
             for entry in entries:
                 e = p4runtime_pb2.Entity()
                 d = e.direct_counter_entry
-                d.table_entry.table_id = t.id
-                encode_match(t, entry.match, d.table_entry.match)
-                d.table_entry.priority = entry.priority
-                _counter_data(CounterValue(entry.packets, entry.bytes), d.data)
+                codec.encode_entry_key(t, entry.match, entry.priority, d.table_entry)
+                codec.encode_counter_data(CounterValue(entry.packets, entry.bytes), d.data)
                 out.append(e)
         return out
 
@@ -633,10 +496,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         out: list[Any] = []
         for group_id, replicas in sorted(groups.items()):
             e = p4runtime_pb2.Entity()
-            g = e.packet_replication_engine_entry.multicast_group_entry
-            g.multicast_group_id = group_id
-            for r in replicas:
-                g.replicas.add(egress_port=r.port, instance=r.rid)
+            codec.encode_multicast_group(group_id, replicas, e.packet_replication_engine_entry)
             out.append(e)
         return out
 
@@ -653,11 +513,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         out: list[Any] = []
         for name, c in configs.items():
             ent = p4runtime_pb2.Entity()
-            d = ent.digest_entry
-            d.digest_id = p4info.digest(name).id
-            d.config.max_timeout_ns = c.max_timeout_ns
-            d.config.max_list_size = c.max_list_size
-            d.config.ack_timeout_ns = c.ack_timeout_ns
+            codec.encode_digest_entry(p4info.digest(name), c, ent.digest_entry)
             out.append(ent)
         return out
 
@@ -771,19 +627,11 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         if not is_master or pipe is None or handler is None:
             self.state.count("packet_out_dropped")
             return
-        metadata: dict[str, int] = {}
-        headers = [h for h in pipe.p4info.packet_metadata_headers if h.name == "packet_out"]
-        fields = {fid: (name, width) for fid, name, width in headers[0].metadata} if headers else {}
-        for m in packet.metadata:
-            if int(m.metadata_id) not in fields:
-                self.state.count("packet_out_dropped")
-                return
-            name, width = fields[int(m.metadata_id)]
-            try:
-                metadata[name] = decode_bytes(m.value, width)
-            except ValueError:
-                self.state.count("packet_out_dropped")
-                return
+        try:
+            metadata = codec.decode_packet_metadata(pipe.p4info, "packet_out", packet.metadata)
+        except CodecError:  # an id the P4Info does not define, or a value too wide: as PI, drop it
+            self.state.count("packet_out_dropped")
+            return
         handler(bytes(packet.payload), metadata)
 
     def _pump_loop(self) -> None:
@@ -805,22 +653,15 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             return
         resp = p4runtime_pb2.StreamMessageResponse()
         if isinstance(msg, DigestList):
-            info = pipe.p4info.digest(msg.digest)
-            d = resp.digest
-            d.digest_id = info.id
-            d.list_id = msg.list_id
-            d.timestamp = msg.timestamp_ns
-            for values in msg.data:
-                data = d.data.add()
-                for (_, width), v in zip(info.members, values, strict=True):
-                    data.struct.members.add().bitstring = encode_int(v, width)
+            codec.encode_digest_list(pipe.p4info.digest(msg.digest), msg.list_id, msg.data, msg.timestamp_ns,
+                                     resp.digest)
         else:
-            headers = [h for h in pipe.p4info.packet_metadata_headers if h.name == "packet_in"]
             resp.packet.payload = msg.payload
-            if headers:
-                for fid, name, width in headers[0].metadata:
-                    if name in msg.metadata:
-                        resp.packet.metadata.add(metadata_id=fid, value=encode_int(msg.metadata[name], width))
+            # Fields the P4Info's packet_in header does not have are not sent (the pipeline's business).
+            header = codec.packet_header(pipe.p4info, "packet_in")
+            known = {name for _, name, _ in header.metadata} if header else set()
+            codec.encode_packet_metadata(pipe.p4info, "packet_in",
+                                         {k: v for k, v in msg.metadata.items() if k in known}, resp.packet.metadata)
         master.out.put(resp)
 
 

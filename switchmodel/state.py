@@ -5,9 +5,10 @@ device config), table entries keyed by decoded match values, default actions, mu
 groups, indexed and direct counters, register arrays sized from the P4Info, digest
 configuration with the queue of digest lists awaiting acks, and packet-in messages.
 
-The P4Runtime server (:mod:`switchmodel.p4rt_server`) writes it from decoded requests; the
-packet pipeline reads tables and groups, adds to counters, reads/writes registers and emits
-digests. Everything is addressed by P4Info names (qualified or alias), never ids. All
+The P4Runtime server (:mod:`switchmodel.p4rt_server`) writes it from requests decoded by
+:mod:`kvpool.p4rt.codec`, whose value types (``TableEntry``, ``FieldMatch``, ``Replica``...)
+it stores; the packet pipeline reads tables and groups, adds to counters, reads/writes
+registers and emits digests. Everything is addressed by P4Info names (qualified or alias), never ids. All
 methods take one lock, so the gRPC threads and the packet thread can share a state.
 """
 
@@ -22,15 +23,19 @@ from typing import Any
 
 import grpc
 
-from switchmodel.p4info import (
-    SCOPE_DEFAULT_ONLY,
-    SCOPE_TABLE_ONLY,
-    P4Info,
-    P4InfoError,
-    TableInfo,
+from kvpool.p4rt.codec import (
+    ActionCall,
+    CounterValue,
+    DigestConfig,
+    EntryKey,
+    FieldMatch,
+    Replica,
+    TableEntry,
     decode_bytes,
+    entry_key,
     prefix_mask,
 )
+from kvpool.p4rt.p4info import SCOPE_DEFAULT_ONLY, SCOPE_TABLE_ONLY, P4Info, P4InfoError, TableInfo
 
 
 class StateError(Exception):
@@ -45,63 +50,6 @@ class StateError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Table entries
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldMatch:
-    """A decoded match on one key field.
-
-    ``kind`` is ``exact``, ``lpm``, ``ternary``, ``range`` or ``optional``; ``value`` is the
-    value (range: low bound); ``arg`` is the lpm prefix length, the ternary mask or the range
-    high bound (0 for exact and optional). A field absent from an entry is a wildcard.
-    """
-
-    kind: str
-    value: int
-    arg: int = 0
-
-    def matches(self, x: int, bitwidth: int) -> bool:
-        """True when header/metadata value ``x`` of a ``bit<bitwidth>`` field matches."""
-        if self.kind in ("exact", "optional"):
-            return x == self.value
-        if self.kind == "lpm":
-            mask = prefix_mask(self.arg, bitwidth)
-            return (x & mask) == self.value
-        if self.kind == "ternary":
-            return (x & self.arg) == self.value
-        if self.kind == "range":
-            return self.value <= x <= self.arg
-        raise ValueError(f"unsupported match kind {self.kind}")
-
-
-@dataclass(frozen=True)
-class ActionCall:
-    """An action name with its parameter values by name."""
-
-    action: str
-    params: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class TableEntry:
-    """One table entry: match (field name -> FieldMatch; absent = wildcard), priority, action.
-
-    ``packets``/``bytes`` are the direct counter of the entry when its table has one.
-    """
-
-    match: dict[str, FieldMatch]
-    action: ActionCall
-    priority: int = 0
-    controller_metadata: int = 0
-    metadata: bytes = b""
-    idle_timeout_ns: int = 0
-    is_const: bool = False
-    packets: int = 0
-    bytes: int = 0
-
-
-#: Identity of an entry in its table: (match items in key order, priority).
-EntryKey = tuple[tuple[tuple[str, FieldMatch], ...], int]
 
 
 @dataclass(frozen=True)
@@ -133,38 +81,8 @@ class _Table:
 
 
 # ---------------------------------------------------------------------------------------------
-# Multicast, counters, digests, packet-in
+# Digests, packet-in
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One copy of a multicast packet: egress port and replica id (``standard_metadata.egress_rid``)."""
-
-    port: int
-    rid: int
-
-
-@dataclass(frozen=True)
-class CounterValue:
-    """Packets and bytes counted in one counter cell."""
-
-    packets: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class DigestConfig:
-    """Digest batching as P4Runtime's DigestEntry.Config (all in nanoseconds / entries).
-
-    ``max_timeout_ns``: longest wait before a partial list is sent (0: send at once);
-    ``max_list_size``: entries per list (0: unlimited, 1: one per list);
-    ``ack_timeout_ns``: how long data in an unacknowledged list is suppressed from new lists.
-    """
-
-    max_timeout_ns: int = 0
-    max_list_size: int = 1
-    ack_timeout_ns: int = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -396,13 +314,8 @@ class SwitchState:
         except P4InfoError as e:
             raise StateError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
-    @staticmethod
-    def entry_key(info: TableInfo, match: Mapping[str, FieldMatch], priority: int) -> EntryKey:
-        """The identity of an entry (match in key order + priority), as used by the state."""
-        return tuple((f.name, match[f.name]) for f in info.match_fields if f.name in match), priority
-
     def _store(self, table: _Table, entry: TableEntry) -> None:
-        table.entries[self.entry_key(table.info, entry.match, entry.priority)] = entry
+        table.entries[entry_key(table.info, entry.match, entry.priority)] = entry
         if table.exact_index is not None:
             table.exact_index[tuple(entry.match[f.name].value for f in table.info.match_fields)] = entry
         elif table.lpm_field is not None:
@@ -440,7 +353,7 @@ class SwitchState:
         with self._lock:
             t = self._table(table)
             self._check_entry(t, entry)
-            key = self.entry_key(t.info, entry.match, entry.priority)
+            key = entry_key(t.info, entry.match, entry.priority)
             if key in t.entries:
                 raise StateError(grpc.StatusCode.ALREADY_EXISTS, f"entry already exists in table {t.info.name}")
             if t.info.size and len(t.entries) >= t.info.size:
@@ -453,7 +366,7 @@ class SwitchState:
         with self._lock:
             t = self._table(table)
             self._check_entry(t, entry)
-            key = self.entry_key(t.info, entry.match, entry.priority)
+            key = entry_key(t.info, entry.match, entry.priority)
             old = t.entries.get(key)
             if old is None:
                 raise StateError(grpc.StatusCode.NOT_FOUND, f"no such entry in table {t.info.name}")
@@ -466,7 +379,7 @@ class SwitchState:
             t = self._table(table)
             if t.info.is_const_table:
                 raise StateError(grpc.StatusCode.PERMISSION_DENIED, f"table {t.info.name} is const")
-            key = self.entry_key(t.info, match, priority)
+            key = entry_key(t.info, match, priority)
             entry = t.entries.pop(key, None)
             if entry is None:
                 raise StateError(grpc.StatusCode.NOT_FOUND, f"no such entry in table {t.info.name}")
@@ -483,7 +396,7 @@ class SwitchState:
         """The entry with exactly this match and priority, or None."""
         with self._lock:
             t = self._table(table)
-            return t.entries.get(self.entry_key(t.info, match, priority))
+            return t.entries.get(entry_key(t.info, match, priority))
 
     def entries(self, table: str) -> list[TableEntry]:
         """Snapshot of a table's entries, in insertion order."""

@@ -18,8 +18,8 @@ import pytest
 
 from kvpool import contract, wire
 from kvpool.contract import CoalesceStat, DropReason, EgressStat, PoolStat, PoolState, PopularityStat
+from kvpool.p4rt.p4info import P4Info, names_missing
 from kvpool.wire import Flag, Opcode, Status
-from switchmodel.p4info import P4Info, names_missing
 
 P4_DIR = contract.P4_DIR
 INCLUDE = contract.INCLUDE_DIR

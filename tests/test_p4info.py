@@ -7,27 +7,23 @@ from pathlib import Path
 
 import grpc
 import pytest
+from p4.v1 import p4runtime_pb2
 
-from switchmodel.p4info import (
-    P4Info,
-    P4InfoError,
+from kvpool.p4rt import codec
+from kvpool.p4rt.codec import (
+    ActionCall,
+    CounterValue,
+    DigestConfig,
+    FieldMatch,
+    Replica,
+    TableEntry,
     canonical,
     decode_bytes,
     encode_int,
     to_int,
 )
-from switchmodel.state import (
-    ActionCall,
-    CounterValue,
-    DigestConfig,
-    DigestList,
-    FieldMatch,
-    PacketIn,
-    Replica,
-    StateError,
-    SwitchState,
-    TableEntry,
-)
+from kvpool.p4rt.p4info import P4Info, P4InfoError
+from switchmodel.state import DigestList, PacketIn, StateError, SwitchState
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
 
@@ -92,8 +88,10 @@ def test_names_ids_and_widths(p4info: P4Info) -> None:
     assert p4info.register("slots").bitwidth == 1024
     assert p4info.digest("hot_digest_t").members == (("key", 64), ("count", 32))
     assert [m[1] for m in p4info.packet_metadata("packet_in").metadata] == ["ingress_port"]
-    assert p4info.encode_params("ipv4_forward", {"dstAddr": "00:00:00:00:00:01", "port": 3}) == [
-        (1, b"\x01"), (2, b"\x03")]
+    action = p4runtime_pb2.Action()
+    codec.encode_action(p4info, codec.action_call(p4info, "ipv4_forward", {"dstAddr": "00:00:00:00:00:01", "port": 3}),
+                        action)
+    assert [(p.param_id, p.value) for p in action.params] == [(1, b"\x01"), (2, b"\x03")]
     assert "MyIngress.pool" in p4info.all_names()["table"]
 
 
@@ -102,8 +100,8 @@ def test_unknown_names_list_the_known_ones(p4info: P4Info) -> None:
         p4info.table("nope")
     with pytest.raises(P4InfoError, match=r"no parameter 'x'.*slot, nfrags"):
         p4info.action("pool_hit").param("x")
-    with pytest.raises(ValueError, match="parameter port missing"):
-        p4info.encode_params("ipv4_forward", {"dstAddr": 1})
+    with pytest.raises(ValueError, match=r"parameter\(s\) port missing"):
+        codec.action_call(p4info, "ipv4_forward", {"dstAddr": 1})
 
 
 def test_binary_p4info_loads(tmp_path: Path, p4info: P4Info) -> None:

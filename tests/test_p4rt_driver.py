@@ -23,9 +23,10 @@ from controller.p4runtime import (
     WriteError,
 )
 from kvpool import contract
-from switchmodel.p4info import P4InfoError
+from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
+from kvpool.p4rt.p4info import P4InfoError
 from switchmodel.p4rt_server import P4RuntimeServer
-from switchmodel.state import ActionCall, FieldMatch, SwitchState, TableEntry
+from switchmodel.state import SwitchState
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
 KVPOOL_P4INFO = contract.P4INFO_PATH

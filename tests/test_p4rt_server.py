@@ -18,9 +18,10 @@ import pytest
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from switchmodel.p4info import P4Info
+from kvpool.p4rt.codec import CounterValue, Replica
+from kvpool.p4rt.p4info import P4Info
 from switchmodel.p4rt_server import P4RuntimeServer
-from switchmodel.state import CounterValue, Replica, SwitchState
+from switchmodel.state import SwitchState
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
 P4INFO = P4Info.load(MINI)

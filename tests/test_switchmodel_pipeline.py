@@ -12,8 +12,8 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from kvpool import wire
+from kvpool.p4rt.p4info import P4Info
 from switchmodel import checksum
-from switchmodel.p4info import P4Info
 from switchmodel.pipeline import (
     DROP_PORT,
     KvpoolPipeline,

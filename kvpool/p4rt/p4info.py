@@ -1,20 +1,14 @@
-"""P4Info helper shared by the switch model and the controller's driver.
+"""P4Info reader shared by the switch model and the controller's driver.
 
-Loads a P4Info (protobuf text or binary), maps names to ids and back for every entity the
-kvpool program uses, and encodes/decodes P4Runtime bytestrings. Callers use names only;
-ids stay inside this module and the wire.
-
-Bytestrings follow the P4Runtime specification (section "Bytestrings"): a value of a
-``bit<W>`` field is sent big-endian; the canonical form is the shortest one (no leading
-zero bytes, zero is one ``\\x00`` byte). Like PI (BMv2's server), :func:`decode_bytes`
-accepts any length whose value fits in W bits (padded, canonical, even empty = 0); a value
-that does not fit is an INVALID_ARGUMENT.
+Loads a P4Info (protobuf text or binary) and maps names to ids and back for every entity
+the kvpool program uses. Callers use names only; ids stay inside this module, the codec
+(:mod:`kvpool.p4rt.codec`, which turns names and values into P4Runtime messages and back)
+and the wire.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,100 +24,12 @@ SCOPE_DEFAULT_ONLY = "DEFAULT_ONLY"
 #: Match kinds that make a table need an entry priority (P4Runtime spec, TableEntry.priority).
 PRIORITY_MATCH_KINDS = frozenset({"ternary", "range", "optional"})
 
-# A value the driver accepts for a match field or action parameter: an int, bytes, or a
-# string holding an IPv4/IPv6/MAC address, "0x" hex or decimal digits.
-Value = int | bytes | str
-
 
 class P4InfoError(KeyError):
     """A name or id that the loaded P4Info does not define (message lists the known names)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "P4Info lookup failed"
-
-
-# ---------------------------------------------------------------------------------------------
-# Bytestrings and values
-# ---------------------------------------------------------------------------------------------
-
-
-def byte_width(bitwidth: int) -> int:
-    """Bytes needed to hold a ``bit<bitwidth>`` value."""
-    return max(1, (bitwidth + 7) // 8)
-
-
-def encode_int(value: int, bitwidth: int) -> bytes:
-    """Canonical P4Runtime bytestring of ``value`` for a ``bit<bitwidth>`` field."""
-    if value < 0:
-        raise ValueError(f"value {value} is negative; bit<{bitwidth}> holds 0..{(1 << bitwidth) - 1}")
-    if value >> bitwidth:
-        raise ValueError(f"value {value:#x} does not fit in bit<{bitwidth}>")
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
-
-
-def decode_bytes(data: bytes, bitwidth: int) -> int:
-    """Integer of a P4Runtime bytestring for a ``bit<bitwidth>`` field (any length whose value fits)."""
-    value = int.from_bytes(data, "big") if data else 0
-    if value >> bitwidth:
-        raise ValueError(f"value {value:#x} does not fit in bit<{bitwidth}>")
-    return value
-
-
-def canonical(data: bytes) -> bytes:
-    """Canonical form of a bytestring: leading zero bytes stripped, zero kept as one byte."""
-    stripped = data.lstrip(b"\x00")
-    return stripped or b"\x00"
-
-
-def parse_mac(text: str) -> int:
-    """Integer of a MAC address written ``aa:bb:cc:dd:ee:ff`` (or with dashes)."""
-    parts = text.replace("-", ":").split(":")
-    if len(parts) != 6 or not all(len(p) in (1, 2) for p in parts):
-        raise ValueError(f"bad MAC address {text!r}; expected aa:bb:cc:dd:ee:ff")
-    try:
-        return int.from_bytes(bytes(int(p, 16) for p in parts), "big")
-    except ValueError:
-        raise ValueError(f"bad MAC address {text!r}; expected aa:bb:cc:dd:ee:ff") from None
-
-
-def to_int(value: Value, bitwidth: int) -> int:
-    """Integer of a user-supplied value for a ``bit<bitwidth>`` field, range-checked.
-
-    Accepts ints, big-endian bytes, and strings: IPv4/IPv6 addresses, MAC addresses,
-    ``0x``-prefixed hex or decimal digits.
-    """
-    if isinstance(value, bool):
-        number = int(value)
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, bytes):
-        number = int.from_bytes(value, "big") if value else 0
-    elif isinstance(value, str):
-        number = _parse_text(value.strip())
-    else:
-        raise TypeError(f"cannot use {type(value).__name__} {value!r} as a bit<{bitwidth}> value")
-    if number < 0 or number >> bitwidth:
-        raise ValueError(f"value {value!r} does not fit in bit<{bitwidth}>")
-    return number
-
-
-def _parse_text(text: str) -> int:
-    if text.count(":") == 5 and "::" not in text and all(len(p) <= 2 for p in text.split(":")):
-        return parse_mac(text)
-    if "." in text or ":" in text:
-        try:
-            return int(ipaddress.ip_address(text))
-        except ValueError:
-            raise ValueError(f"bad address {text!r}; expected IPv4, IPv6 or MAC") from None
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise ValueError(f"bad number {text!r}; expected decimal or 0x-hex") from None
-
-
-def prefix_mask(prefix_len: int, bitwidth: int) -> int:
-    """Mask with the top ``prefix_len`` bits of a ``bit<bitwidth>`` field set."""
-    return ((1 << prefix_len) - 1) << (bitwidth - prefix_len) if prefix_len else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,20 +417,6 @@ class P4Info:
     def match_field_names(self, table: str | int) -> list[str]:
         """Names of a table's match fields in key order."""
         return [f.name for f in self.table(table).match_fields]
-
-    def encode_params(self, action: str | int, params: Mapping[str, Value]) -> list[tuple[int, bytes]]:
-        """(param id, canonical bytes) for every parameter of ``action``; all must be given."""
-        info = self.action(action)
-        unknown = set(params) - {p.name for p in info.params}
-        if unknown:
-            raise P4InfoError(f"action {info.name} has no parameter(s) {', '.join(sorted(unknown))} "
-                              f"(parameters: {', '.join(p.name for p in info.params) or 'none'})")
-        out = []
-        for p in info.params:
-            if p.name not in params:
-                raise ValueError(f"action {info.name}: parameter {p.name} missing")
-            out.append((p.id, encode_int(to_int(params[p.name], p.bitwidth), p.bitwidth)))
-        return out
 
 
 def names_missing(p4info: P4Info, wanted: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
