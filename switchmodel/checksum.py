@@ -1,8 +1,9 @@
-"""Internet checksums for the frames the model reads and writes.
+"""Internet checksums for the frames the model reads and writes (p4/include/checksum.p4 and the ports).
 
-Two jobs: the IPv4 header checksum the P4 deparser recomputes (v1model
-``update_checksum`` with ``csum16``), and completing UDP/TCP checksums that the
-sending kernel left for hardware.  A veth with TX checksum offload on hands a frame
+Two jobs: the IPv4 header checksum the program verifies and recomputes
+(``MyVerifyChecksum`` / ``MyComputeChecksum``: v1model ``verify_checksum`` and
+``update_checksum`` with ``csum16``, :func:`ipv4_csum16`), and completing UDP/TCP
+checksums that the sending kernel left for hardware.  A veth with TX checksum offload on hands a frame
 to an AF_PACKET reader with ``CHECKSUM_PARTIAL``: the L4 checksum field holds only
 the pseudo-header sum.  BMv2 forwards such frames untouched and the receiver drops
 them silently (the trap DESIGN.md describes); the model completes them instead, when
@@ -12,11 +13,14 @@ the kernel flags the frame as ``TP_STATUS_CSUMNOTREADY``.
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-ETHERTYPE_IPV4: Final = 0x0800
+from kvpool.contract import ETHERTYPE_IPV4, IPPROTO_UDP
+
+if TYPE_CHECKING:
+    from switchmodel.parser import Ipv4
+
 IPPROTO_TCP: Final = 6
-IPPROTO_UDP: Final = 17
 _TCP_CSUM_OFFSET: Final = 16
 _UDP_CSUM_OFFSET: Final = 6
 
@@ -74,3 +78,17 @@ def complete_l4_checksum(frame: bytes) -> bytes:
     csum = l4_checksum(bytes(frame[26:30]), bytes(frame[30:34]), proto, out[l4_start:l4_end])
     out[l4_start + off:l4_start + off + 2] = csum.to_bytes(2, "big")
     return bytes(out)
+
+
+def ipv4_csum16(ip: Ipv4) -> int:
+    """csum16 over the IPv4 header fields except the checksum (``MyVerifyChecksum`` field list).
+
+    Summed from the field values, without packing bytes: the same ones' complement sum
+    as :func:`ipv4_header_checksum` on the packed header.
+    """
+    total = (((ip.version << 12) | (ip.ihl << 8) | ip.diffserv) + ip.total_len + ip.identification
+             + ((ip.flags << 13) | ip.frag_offset) + ((ip.ttl << 8) | ip.protocol)
+             + (ip.src >> 16) + (ip.src & 0xFFFF) + (ip.dst >> 16) + (ip.dst & 0xFFFF))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF

@@ -87,9 +87,12 @@ def crc16(data: bytes) -> int:
     return rem
 
 
-def crc32(data: bytes) -> int:
-    """BMv2's ``crc32`` (zlib's CRC-32); ``crc32(b"123456789") == 0xCBF43926``."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+crc32: Final[Callable[[bytes], int]] = zlib.crc32
+"""BMv2's ``crc32``: zlib's CRC-32 (unsigned in Python 3); ``crc32(b"123456789") == 0xCBF43926``.
+
+zlib's function itself, not a wrapper: the model calls it for every sketch, Bloom and
+pending-slot index, and a Python frame around it costs more than the CRC.
+"""
 
 
 def crc_ccitt(data: bytes) -> int:

@@ -14,15 +14,11 @@ from scapy.packet import Raw
 from kvpool import wire
 from kvpool.p4rt.p4info import P4Info
 from switchmodel import checksum
-from switchmodel.pipeline import (
-    DROP_PORT,
-    KvpoolPipeline,
-    Meta,
-    ipv4_csum16,
-    mark_to_drop,
-    parse,
-)
+from switchmodel.checksum import ipv4_csum16
+from switchmodel.parser import Meta, parse
+from switchmodel.pipeline import KvpoolPipeline
 from switchmodel.state import SwitchState
+from switchmodel.v1model import DROP_PORT, mark_to_drop
 
 ETH = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 IPV4 = IP(src="10.0.0.1", dst="10.0.0.2")

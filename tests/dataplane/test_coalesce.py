@@ -7,7 +7,9 @@ import zlib
 
 from kvpool import contract as n
 from kvpool import wire
-from switchmodel.pipeline import PENDING_SLOTS, CoStat, EgStat
+from kvpool.contract import PENDING_SLOTS
+from kvpool.contract import CoalesceStat as CoStat
+from kvpool.contract import EgressStat as EgStat
 
 from . import program
 from .harness import Target

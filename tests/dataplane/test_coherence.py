@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kvpool import contract as n
 from kvpool import wire
-from switchmodel.pipeline import Drop, PoolStat
+from kvpool.contract import DropReason as Drop
+from kvpool.contract import PoolStat
 
 from . import program
 from .harness import Target

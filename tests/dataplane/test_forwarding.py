@@ -8,7 +8,8 @@ from scapy.layers.l2 import Ether
 
 from kvpool import contract as n
 from kvpool import wire
-from switchmodel.pipeline import Drop, PoolStat
+from kvpool.contract import DropReason as Drop
+from kvpool.contract import PoolStat
 
 from . import program
 from .harness import Target

@@ -6,8 +6,9 @@ import pytest
 
 from kvpool import contract as n
 from kvpool import wire
+from kvpool.contract import DropReason as Drop
+from kvpool.contract import PoolStat
 from kvpool.wire import FRAG_PAYLOAD
-from switchmodel.pipeline import Drop, PoolStat
 
 from . import program
 from .harness import ModelTarget, Target

@@ -10,8 +10,8 @@ import pytest
 from controller.p4runtime import Digest
 from kvpool import contract as n
 from kvpool import wire
+from kvpool.contract import PopularityStat as PopStat
 from switchmodel import hashes
-from switchmodel.pipeline import PopStat
 
 from . import program
 from .harness import ModelTarget, Target
@@ -80,8 +80,8 @@ def test_epoch_change_restarts_counting(target: Target) -> None:
 
 
 def test_bloom_false_positive_matches_bmv2_hashes(target: Target) -> None:
-    salted = (0x85EBCA6B).to_bytes(4, "big")
-    for fn, mod in ((hashes.crc32, 4096), (hashes.crc16, 4096)):
+    salted = n.BLOOM_SALT.to_bytes(4, "big")
+    for fn, mod in ((hashes.crc32, n.BLOOM_BITS), (hashes.crc16, n.BLOOM_BITS)):
         assert fn(salted + KEY.to_bytes(8, "big")) % mod == fn(salted + BLOOM_TWIN.to_bytes(8, "big")) % mod
     _setup(target, threshold=1)
     _get(target, KEY)
@@ -98,9 +98,10 @@ def test_sketch_cells_sit_where_bmv2_puts_them(target: Target) -> None:
     for _ in range(4):
         _get(target, KEY)
     key8 = KEY.to_bytes(8, "big")
-    cells = [(n.SKETCH_ROWS[0], zlib.crc32(key8) % 4096), (n.SKETCH_ROWS[1], hashes.crc16(key8) % 4096),
-             (n.SKETCH_ROWS[2], zlib.crc32(key8 + (0x9E3779B9).to_bytes(4, "big")) % 4096)]
+    cols = n.SKETCH_COLS
+    cells = [(n.SKETCH_ROWS[0], zlib.crc32(key8) % cols), (n.SKETCH_ROWS[1], hashes.crc16(key8) % cols),
+             (n.SKETCH_ROWS[2], zlib.crc32(key8 + n.SKETCH_SALT.to_bytes(4, "big")) % cols)]
     tag = 0x80 | 5
     for reg, index in cells:
         assert target.state.register_read(reg, index) == (tag << 24) | 4
-    assert sum(1 for i in range(4096) if target.state.register_read(n.SKETCH_ROWS[0], i)) == 1
+    assert sum(1 for i in range(cols) if target.state.register_read(n.SKETCH_ROWS[0], i)) == 1

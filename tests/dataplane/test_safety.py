@@ -17,8 +17,9 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from kvpool import contract as n
 from kvpool import wire
+from kvpool.contract import DropReason as Drop
+from kvpool.contract import PoolStat
 from kvpool.wire import FRAG_PAYLOAD, Header, Opcode, WireError
-from switchmodel.pipeline import Drop, PoolStat
 
 from . import program
 from .harness import DEVICE_ID, Target

@@ -1,0 +1,154 @@
+"""Coalescing of duplicate GETs and multicast of the answer (p4/include/coalesce.p4).
+
+Two controls, as in the P4 file: :class:`Coalesce` (``MyIngress.coalesce``: pending slots,
+waiter ids, the release) and :class:`CoalesceEgress` (``MyEgress.coalesce``: replica
+pruning and rewrite, per-waiter reply records).  The pending slot of a fragment comes from
+:func:`pending_index`, the program's ``hash`` through :mod:`switchmodel.hashes`, which
+``tests/test_model_vs_build.py`` checks against the compiled ``p4/build/kvpool.json``.
+"""
+
+from __future__ import annotations
+
+from kvpool.contract import (
+    COALESCE_CONFIG,
+    COALESCE_MCAST_GRP,
+    COALESCE_STATS,
+    EGRESS_STATS,
+    FLAG_COALESCED,
+    FLAG_RETRANSMIT,
+    MAX_WAITERS,
+    OP_GET,
+    PENDING_REPLY,
+    PENDING_SLOTS,
+    PENDING_TAG,
+    PENDING_TS,
+    PENDING_WAITERS,
+    REWRITE_WAITER,
+    SET_PENDING_TIMEOUT,
+    SET_WAITER_ID,
+    WAITER_EGRESS,
+    WAITER_LOOKUP,
+    WAITER_REPLICAS,
+)
+from kvpool.contract import CoalesceStat as CoStat
+from kvpool.contract import EgressStat as EgStat
+from switchmodel import hashes
+from switchmodel.parser import Kv, Meta, Packet
+from switchmodel.v1model import M32, M48, Externs, mark_to_drop
+
+
+def pending_index(kv: Kv) -> int:
+    """The fragment's pending slot: ``hash(crc32, 0, {chunk_key, frag_index}, PENDING_SLOTS)``."""
+    return hashes.crc32(kv.chunk_key.to_bytes(8, "big") + kv.frag_index.to_bytes(2, "big")) % PENDING_SLOTS
+
+
+class Coalesce:
+    """``control Coalesce``: absorb duplicate GETs for a fragment in flight; release by multicast."""
+
+    def __init__(self, ext: Externs) -> None:
+        self.state = ext.state
+        # Bound once: the packet path calls these for every register and counter access.
+        self._read = ext.read
+        self._write = ext.write
+        self._count = ext.count
+
+    def apply(self, pkt: Packet, meta: Meta) -> None:
+        """``Coalesce.apply``: open, join or release the pending slot of a fragment."""
+        kv, ip = pkt.kv, pkt.ipv4
+        assert kv is not None and ip is not None
+        cfg = self.state.lookup(COALESCE_CONFIG, (), meta.packet_length)
+        if cfg.action == SET_PENDING_TIMEOUT:
+            meta.pending_timeout = cfg.params["timeout_us"]
+        meta.waiter_addr = ip.src if kv.opcode == OP_GET else ip.dst
+        res = self.state.lookup(WAITER_LOOKUP, (meta.waiter_addr,), meta.packet_length)
+        if res.action == SET_WAITER_ID:
+            meta.has_waiter = 1
+            meta.waiter_id = res.params["waiter_id"]
+        if meta.waiter_id >= MAX_WAITERS:
+            meta.has_waiter = 0
+
+        meta.pending_idx = pending_index(kv)
+        tag = (kv.chunk_key << 16) | kv.frag_index
+        slot_tag = self._read(PENDING_TAG, meta.pending_idx)
+        slot_ts = self._read(PENDING_TS, meta.pending_idx)
+        slot_mask = self._read(PENDING_WAITERS, meta.pending_idx)
+        # The P4 casts the shift amount to bit<8> (BMv2 shifts by at most 8 bits); a shift
+        # by the full width or more gives 0.
+        shift = meta.waiter_id & 0xFF
+        me = (1 << shift) & M32 if shift < 32 else 0
+        now = meta.ingress_timestamp
+
+        if kv.opcode == OP_GET:
+            live = slot_mask != 0 and ((now - slot_ts) & M48) < meta.pending_timeout
+            if meta.has_waiter == 0:
+                self._count(COALESCE_STATS, CoStat.NO_WAITER_ID, meta)
+            elif live and slot_tag == tag:
+                self._write(PENDING_WAITERS, meta.pending_idx, slot_mask | me)
+                meta.record_reply = 1
+                if kv.flags & FLAG_RETRANSMIT:
+                    self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
+                else:
+                    meta.absorb = 1
+                    self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
+            elif live:
+                self._count(COALESCE_STATS, CoStat.COLLISION, meta)
+            else:
+                if slot_mask != 0:
+                    self._count(COALESCE_STATS, CoStat.EXPIRED_REUSED, meta)
+                self._write(PENDING_TAG, meta.pending_idx, tag)
+                self._write(PENDING_TS, meta.pending_idx, now)
+                self._write(PENDING_WAITERS, meta.pending_idx, me)
+                meta.record_reply = 1
+                self._count(COALESCE_STATS, CoStat.FIRST, meta)
+        elif meta.has_waiter == 1 and slot_tag == tag and slot_mask & me:
+            self._write(PENDING_WAITERS, meta.pending_idx, 0)
+            meta.release = 1
+            meta.release_mask = slot_mask
+            meta.release_dst = meta.waiter_id
+            meta.mcast_grp = COALESCE_MCAST_GRP
+            self._count(COALESCE_STATS, CoStat.RELEASE, meta)
+
+
+class CoalesceEgress:
+    """``control CoalesceEgress``: each release replica gets its waiter's address and request id."""
+
+    def __init__(self, ext: Externs) -> None:
+        self.state = ext.state
+        # Bound once: the packet path calls these for every register and counter access.
+        self._read = ext.read
+        self._write = ext.write
+        self._count = ext.count
+
+    def apply(self, pkt: Packet, meta: Meta) -> None:
+        """``CoalesceEgress.apply``: prune and rewrite release replicas; record a waiting GET's reply."""
+        kv = pkt.kv
+        if meta.release == 1:
+            assert kv is not None and pkt.udp is not None and pkt.ipv4 is not None
+            rid = meta.egress_rid
+            if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
+                mark_to_drop(meta)
+                self._count(EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
+                return
+            res = self.state.lookup(WAITER_EGRESS, (rid,), meta.packet_length)
+            if res.hit:
+                if res.action == REWRITE_WAITER:
+                    pkt.ipv4.dst = res.params["addr"]
+                    pkt.eth_dst = res.params["mac"]
+                reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)
+                kv.request_id = reply >> 16
+                pkt.udp[1] = reply & 0xFFFF
+                if rid != meta.release_dst:
+                    kv.flags |= FLAG_COALESCED
+                pkt.udp[3] = 0
+                self._count(WAITER_REPLICAS, rid, meta)
+                self._count(EGRESS_STATS, EgStat.REPLICA_SENT, meta)
+            else:
+                mark_to_drop(meta)
+                self._count(EGRESS_STATS, EgStat.NO_WAITER_ENTRY, meta)
+        elif meta.record_reply == 1:
+            assert kv is not None and pkt.udp is not None
+            self._write(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + meta.waiter_id) & M32,
+                        (kv.request_id << 16) | pkt.udp[0])
+            self._count(EGRESS_STATS, EgStat.REPLY_RECORDED, meta)
+            if meta.absorb == 1:
+                mark_to_drop(meta)

@@ -1,0 +1,89 @@
+"""Header validation and the writers ACL (p4/include/safety.p4, ``MyIngress.safety``)."""
+
+from __future__ import annotations
+
+from kvpool import wire
+from kvpool.contract import (
+    ALLOW_WRITER,
+    FRAG_PAYLOAD,
+    KNOWN_FLAGS,
+    KV_UDP_LEN_DATA,
+    KV_UDP_LEN_NO_PAYLOAD,
+    MAX_FRAG_INDEX,
+    OP_DATA,
+    OP_GET,
+    OP_INVALIDATE,
+    OP_MAX,
+    OP_NACK,
+    STATUS_MAX,
+    STATUS_OK,
+    WRITERS,
+)
+from kvpool.contract import DropReason as Drop
+from switchmodel.parser import Meta, Packet
+from switchmodel.v1model import M32, Externs
+
+
+class Safety:
+    """``control Safety``: the first failed check names the drop reason; writers set ``is_writer``."""
+
+    def __init__(self, ext: Externs) -> None:
+        self.state = ext.state
+        # Bound once: the packet path calls these for every register and counter access.
+        self._read = ext.read
+        self._write = ext.write
+        self._count = ext.count
+
+    def apply(self, pkt: Packet, meta: Meta) -> None:
+        """``Safety.apply``: validation in kvpool.wire.validate's order, then the writers ACL."""
+        kv = pkt.kv
+        udp = pkt.udp
+        ip = pkt.ipv4
+        assert kv is not None and udp is not None and ip is not None
+        idx = kv.frag_index
+        cnt = kv.frag_count
+        frag = FRAG_PAYLOAD
+        done = (idx * frag) & M32
+        rest = (kv.chunk_len - done) & M32
+
+        if kv.version != wire.KVPOOL_VERSION:
+            meta.drop_reason = Drop.BAD_VERSION
+        elif kv.opcode == 0 or kv.opcode > OP_MAX:
+            meta.drop_reason = Drop.BAD_OPCODE
+        elif kv.flags & ~KNOWN_FLAGS & 0xFFFF:
+            meta.drop_reason = Drop.BAD_FLAGS
+        elif cnt == 0 or idx == MAX_FRAG_INDEX:
+            meta.drop_reason = Drop.BAD_RANGE
+        elif kv.opcode == OP_DATA:
+            if idx >= cnt:
+                meta.drop_reason = Drop.BAD_RANGE
+            else:
+                # payload_len 1..1408, UDP length 1448, frag_count == ceil(chunk_len / 1408)
+                # and payload_len == min(1408, chunk_len - idx * 1408), in 32-bit arithmetic.
+                bad_plen = kv.payload_len == 0 or kv.payload_len > FRAG_PAYLOAD or udp[2] != KV_UDP_LEN_DATA
+                bad_clen = kv.chunk_len <= ((cnt - 1) * frag) & M32 or kv.chunk_len > (cnt * frag) & M32
+                bad_rest = (rest >= frag and kv.payload_len != FRAG_PAYLOAD) or (
+                    rest < frag and kv.payload_len != rest)
+                if bad_plen or bad_clen or bad_rest:
+                    meta.drop_reason = Drop.BAD_LENGTH
+        elif kv.payload_len != 0:
+            meta.drop_reason = Drop.BAD_LENGTH
+        elif udp[2] != KV_UDP_LEN_NO_PAYLOAD and not (kv.opcode == OP_GET and udp[2] == KV_UDP_LEN_DATA):
+            # No payload, except the reply room a GET may carry.
+            meta.drop_reason = Drop.BAD_LENGTH
+        elif kv.opcode == OP_GET and idx + cnt > MAX_FRAG_INDEX:
+            meta.drop_reason = Drop.BAD_RANGE
+
+        if meta.drop_reason == Drop.NONE:
+            if kv.opcode == OP_NACK:
+                if kv.status == STATUS_OK or kv.status > STATUS_MAX:
+                    meta.drop_reason = Drop.BAD_STATUS
+            elif kv.status != STATUS_OK:
+                meta.drop_reason = Drop.BAD_STATUS
+
+        if meta.drop_reason == Drop.NONE:
+            res = self.state.lookup(WRITERS, (ip.src,), meta.packet_length)
+            if res.action == ALLOW_WRITER:
+                meta.is_writer = 1
+            if kv.opcode == OP_INVALIDATE and meta.is_writer == 0:
+                meta.drop_reason = Drop.NOT_WRITER
