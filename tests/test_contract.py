@@ -115,6 +115,7 @@ def test_every_constant_of_constants_p4_is_in_the_contract() -> None:
     """Same name, same value: a module constant, an enum member, or a counter size."""
     unmatched = {}
     for name, value in CONSTANTS_P4.items():
+        got: int | None
         if name in COUNTER_SIZE_NAMES:
             got = contract.COUNTER_SIZES[COUNTER_SIZE_NAMES[name]]
         elif isinstance(getattr(contract, name, None), int):
