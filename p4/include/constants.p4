@@ -64,7 +64,7 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 #define POOL_SLOTS      1024
 // Chunks the pool table can hold (at most one per slot).
 #define POOL_ENTRIES    1024
-// Pending-request slots for coalescing, indexed by crc32(chunk_key, frag_index).
+// Pending-request slots for coalescing, indexed by a hash of (chunk_key, frag_index).
 #define PENDING_SLOTS   16384
 // Hosts that can wait on a coalesced fragment; the waiter bitmap is bit<MAX_WAITERS>.
 #define MAX_WAITERS     32

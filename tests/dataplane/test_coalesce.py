@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import zlib
 
 from kvpool import contract as n
 from kvpool import wire
-from kvpool.contract import PENDING_SLOTS
 from kvpool.contract import CoalesceStat as CoStat
 from kvpool.contract import EgressStat as EgStat
+from switchmodel.coalesce import pending_index
+from switchmodel.parser import Kv
 
 from . import program
 from .harness import Target
@@ -142,12 +142,16 @@ def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(ta
 
 
 def _pending_index(key: int, frag: int) -> int:
-    """crc32({chunk_key, frag_index}) mod PENDING_SLOTS, as BMv2 computes it."""
-    return zlib.crc32(key.to_bytes(8, "big") + frag.to_bytes(2, "big")) % PENDING_SLOTS
+    """The pending slot of a fragment, by the model's twin of coalesce.p4's hash.
+
+    tests/test_model_vs_build.py ties that function to the compiled program; here the
+    target itself (BMv2 included) must treat the pair it finds as a collision.
+    """
+    return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, frag, 1, 0, 0, 0, 0, 0))
 
 
 def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:
-    # Two fragments whose pending index collides under BMv2's crc32: the second GET is a
+    # Two fragments whose pending index collides under the program's hash: the second GET is a
     # COLLISION (forwarded, slot untouched).  A target hashing differently would coalesce
     # nothing here either, but would count FIRST twice instead.
     other = next(k for k in range(1, 1 << 20) if k != KEY and _pending_index(k, 0) == _pending_index(KEY, 0))

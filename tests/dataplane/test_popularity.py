@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import zlib
 
 import pytest
 
@@ -11,7 +10,8 @@ from controller.p4runtime import Digest
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import PopularityStat as PopStat
-from switchmodel import hashes
+from switchmodel.parser import Kv
+from switchmodel.popularity import bloom_indices, sketch_indices
 
 from . import program
 from .harness import ModelTarget, Target
@@ -21,6 +21,11 @@ from .program import HOLDER
 KEY = 0x0B100DF00D
 BLOOM_TWIN = 0x1F0CC2
 """Found offline: a key whose two Bloom cells (crc32 and crc16 of {BLOOM_SALT, key}) are KEY's."""
+
+
+def _kv(key: int) -> Kv:
+    """A fragment-0 GET header for ``key`` (the popularity hashes read only the key)."""
+    return Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, 0, 1, 0, 0, 0, 0, 0)
 
 
 def _get(target: Target, key: int, frag: int = 0, flags: int = 0) -> None:
@@ -80,9 +85,8 @@ def test_epoch_change_restarts_counting(target: Target) -> None:
 
 
 def test_bloom_false_positive_matches_bmv2_hashes(target: Target) -> None:
-    salted = n.BLOOM_SALT.to_bytes(4, "big")
-    for fn, mod in ((hashes.crc32, n.BLOOM_BITS), (hashes.crc16, n.BLOOM_BITS)):
-        assert fn(salted + KEY.to_bytes(8, "big")) % mod == fn(salted + BLOOM_TWIN.to_bytes(8, "big")) % mod
+    # The model's twin of popularity.p4's Bloom hashes (tied to the build by test_model_vs_build).
+    assert bloom_indices(_kv(KEY)) == bloom_indices(_kv(BLOOM_TWIN)), "BLOOM_TWIN was found for another hash"
     _setup(target, threshold=1)
     _get(target, KEY)
     _get(target, BLOOM_TWIN)  # never reported, but both its Bloom cells are set: suppressed
@@ -97,11 +101,8 @@ def test_sketch_cells_sit_where_bmv2_puts_them(target: Target) -> None:
     _setup(target, threshold=100, epoch=5)
     for _ in range(4):
         _get(target, KEY)
-    key8 = KEY.to_bytes(8, "big")
-    cols = n.SKETCH_COLS
-    cells = [(n.SKETCH_ROWS[0], zlib.crc32(key8) % cols), (n.SKETCH_ROWS[1], hashes.crc16(key8) % cols),
-             (n.SKETCH_ROWS[2], zlib.crc32(key8 + n.SKETCH_SALT.to_bytes(4, "big")) % cols)]
+    cells = list(zip(n.SKETCH_ROWS, sketch_indices(_kv(KEY)), strict=True))
     tag = 0x80 | 5
     for reg, index in cells:
         assert target.state.register_read(reg, index) == (tag << 24) | 4
-    assert sum(1 for i in range(cols) if target.state.register_read(n.SKETCH_ROWS[0], i)) == 1
+    assert sum(1 for i in range(n.SKETCH_COLS) if target.state.register_read(n.SKETCH_ROWS[0], i)) == 1
