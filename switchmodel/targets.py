@@ -9,7 +9,9 @@ identically for both.  Used by the data-plane tests (veth mode) and by
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -97,22 +99,48 @@ def _start(name: str, argv: list[str], grpc_addr: str, log_dir: Path, timeout: f
     return target
 
 
+@functools.cache
+def bmv2_options(binary: str = SIMPLE_SWITCH_GRPC) -> frozenset[str]:
+    """The long options ``binary --help`` lists: BMv2's depend on how it was built.
+
+    A build without Thrift (``--without-thrift``, P4Runtime only) has no ``--thrift-port``
+    and refuses to start when given one; one without nanomsg has no ``--notifications-addr``.
+    """
+    try:
+        proc = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TargetError(f"cannot run {binary} --help: {exc}") from None
+    return frozenset(re.findall(r"--[a-z][a-z0-9-]*", proc.stdout + proc.stderr))
+
+
+def bmv2_argv(switch_ifs: Sequence[str], grpc_port: int, options: frozenset[str], device_id: int = 0,
+              trace: bool = False, thrift_port: int | None = None) -> list[str]:
+    """The ``simple_switch_grpc`` command line, with only the options this build (``options``) has."""
+    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id)]
+    if "--thrift-port" in options and thrift_port is not None:
+        argv += ["--thrift-port", str(thrift_port)]
+    if "--notifications-addr" in options:
+        # A notifications address of its own: the default is derived from the device id
+        # alone, so two instances with the same id (one per test run) would collide.
+        argv += ["--notifications-addr", f"ipc:///tmp/kvpool-bmv2-{grpc_port}-notifications.ipc"]
+    argv.append("--no-p4")
+    for i, ifname in enumerate(switch_ifs, start=1):
+        argv += ["-i", f"{i}@{ifname}"]
+    if trace:
+        argv += ["--log-console", "-L", "trace"]
+    argv += ["--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
+    return argv
+
+
 def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0,
                trace: bool = False) -> Process:
     """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N and no program loaded.
 
     ``trace`` logs every table, action and register access to the log file (slow).
     """
-    grpc_port, thrift_port = free_port(), free_port()
-    # A notifications address of its own: the default is derived from the device id
-    # alone, so two instances with the same id (one per test run) would collide.
-    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id), "--thrift-port", str(thrift_port),
-            "--notifications-addr", f"ipc:///tmp/kvpool-bmv2-{grpc_port}-notifications.ipc", "--no-p4"]
-    for i, ifname in enumerate(switch_ifs, start=1):
-        argv += ["-i", f"{i}@{ifname}"]
-    if trace:
-        argv += ["--log-console", "-L", "trace"]
-    argv += ["--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
+    options = bmv2_options(shutil.which(SIMPLE_SWITCH_GRPC) or SIMPLE_SWITCH_GRPC)
+    grpc_port = free_port()
+    argv = bmv2_argv(switch_ifs, grpc_port, options, device_id, trace, thrift_port=free_port())
     return _start("bmv2", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)
 
 
