@@ -34,7 +34,7 @@ from kvpool.contract import CoalesceStat as CoStat
 from kvpool.contract import EgressStat as EgStat
 from switchmodel import hashes
 from switchmodel.parser import Kv, Meta, Packet
-from switchmodel.v1model import M32, M48, Externs, mark_to_drop
+from switchmodel.v1model import M32, M48, Control, mark_to_drop
 
 
 def pending_index(kv: Kv) -> int:
@@ -42,15 +42,8 @@ def pending_index(kv: Kv) -> int:
     return hashes.crc32(kv.chunk_key.to_bytes(8, "big") + kv.frag_index.to_bytes(2, "big")) % PENDING_SLOTS
 
 
-class Coalesce:
+class Coalesce(Control):
     """``control Coalesce``: absorb duplicate GETs for a fragment in flight; release by multicast."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
-        # Bound once: the packet path calls these for every register and counter access.
-        self._read = ext.read
-        self._write = ext.write
-        self._count = ext.count
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Coalesce.apply``: open, join or release the pending slot of a fragment."""
@@ -109,15 +102,8 @@ class Coalesce:
             self._count(COALESCE_STATS, CoStat.RELEASE, meta)
 
 
-class CoalesceEgress:
+class CoalesceEgress(Control):
     """``control CoalesceEgress``: each release replica gets its waiter's address and request id."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
-        # Bound once: the packet path calls these for every register and counter access.
-        self._read = ext.read
-        self._write = ext.write
-        self._count = ext.count
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``CoalesceEgress.apply``: prune and rewrite release replicas; record a waiting GET's reply."""

@@ -5,14 +5,11 @@ from __future__ import annotations
 from kvpool.contract import ARP_FLOOD, ARP_FORWARD, ARP_UNICAST, DROP_NO_ROUTE, IPV4_FORWARD, IPV4_ROUTE
 from kvpool.contract import DropReason as Drop
 from switchmodel.parser import ARP_TPA, Meta, Packet
-from switchmodel.v1model import Externs
+from switchmodel.v1model import Control
 
 
-class Forwarding:
+class Forwarding(Control):
     """``control Forwarding``: sets the egress port (and next-hop MAC), a flood group, or a drop reason."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Forwarding.apply``: IPv4 by longest prefix, ARP by target address, anything else dropped."""

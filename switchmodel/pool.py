@@ -35,21 +35,14 @@ from kvpool.contract import (
 )
 from kvpool.contract import DropReason as Drop
 from switchmodel.parser import Kv, Meta, Packet
-from switchmodel.v1model import M32, Externs
+from switchmodel.v1model import M32, Control
 
 POOL_STATE_FILLING = int(PoolState.FILLING)
 POOL_STATE_VALID = int(PoolState.VALID)
 
 
-class Pool:
+class Pool(Control):
     """``control Pool``: the paged pool in registers (slices + slot tags) and per-chunk generations."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
-        # Bound once: the packet path calls these for every register and counter access.
-        self._read = ext.read
-        self._write = ext.write
-        self._count = ext.count
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Pool.apply``: lookup; a hit serves, fills or invalidates; unanswered reply room is stripped."""

@@ -27,7 +27,7 @@ from kvpool.contract import (
 from kvpool.contract import PopularityStat as PopStat
 from switchmodel import hashes
 from switchmodel.parser import Kv, Meta, Packet
-from switchmodel.v1model import Externs
+from switchmodel.v1model import Control
 
 _SKETCH_SALT: Final = SKETCH_SALT.to_bytes(4, "big")
 _BLOOM_SALT: Final = BLOOM_SALT.to_bytes(4, "big")
@@ -54,15 +54,8 @@ def next_count(cell: int, tag: int) -> int:
     return count
 
 
-class Popularity:
+class Popularity(Control):
     """``control Popularity``: one count per fetch of a chunk outside the pool; digests for hot ones."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
-        # Bound once: the packet path calls these for every register and counter access.
-        self._read = ext.read
-        self._write = ext.write
-        self._count = ext.count
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Popularity.apply``: count a fetch in the sketch; report a hot chunk once per epoch."""

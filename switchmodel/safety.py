@@ -21,18 +21,11 @@ from kvpool.contract import (
 )
 from kvpool.contract import DropReason as Drop
 from switchmodel.parser import Meta, Packet
-from switchmodel.v1model import M32, Externs
+from switchmodel.v1model import M32, Control
 
 
-class Safety:
+class Safety(Control):
     """``control Safety``: the first failed check names the drop reason; writers set ``is_writer``."""
-
-    def __init__(self, ext: Externs) -> None:
-        self.state = ext.state
-        # Bound once: the packet path calls these for every register and counter access.
-        self._read = ext.read
-        self._write = ext.write
-        self._count = ext.count
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Safety.apply``: validation in kvpool.wire.validate's order, then the writers ACL."""

@@ -64,3 +64,14 @@ class Externs:
             cell = cells[index]
             cell[0] += 1
             cell[1] += meta.packet_length
+
+
+class Control:
+    """A P4 control of the program: tables and digests through the state, registers and counters through the externs."""
+
+    def __init__(self, ext: Externs) -> None:
+        self.state = ext.state
+        # Bound once: the packet path calls these for every register and counter access.
+        self._read = ext.read
+        self._write = ext.write
+        self._count = ext.count
