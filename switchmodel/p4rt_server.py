@@ -314,12 +314,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
             return
         if not pb.HasField("action"):
             raise StateError(_INVALID, f"table {t.name}: an action is required")
-        call = self._table_action(p4info, t, pb)
-        entry = TableEntry(match, call, priority, int(pb.controller_metadata), bytes(pb.metadata),
-                           int(pb.idle_timeout_ns))
-        if pb.HasField("counter_data"):
-            value = codec.decode_counter_data(pb.counter_data)
-            entry.packets, entry.bytes = value.packets, value.bytes
+        entry = codec.table_entry_of(pb, match, self._table_action(p4info, t, pb))
         if utype == types.INSERT:
             self.state.insert_entry(t.name, entry)
         elif utype == types.MODIFY:

@@ -512,17 +512,21 @@ def decode_entry_key(p4info: P4Info, pb: Any,
 
 def decode_table_entry(p4info: P4Info, pb: Any, require_exact: bool = True) -> tuple[TableInfo, TableEntry]:
     """Table and entry of a ``p4.v1.TableEntry`` with a direct action (as a switch returns it)."""
-    table, match, priority = decode_entry_key(p4info, pb, require_exact)
+    table, match, _ = decode_entry_key(p4info, pb, require_exact)
     which = pb.action.WhichOneof("type")
     if which != "action":
         raise CodecError(f"table {table.name}: {which or 'no'} action; only direct actions are supported")
-    entry = TableEntry(match, decode_action(p4info, pb.action.action), priority,
-                       int(pb.controller_metadata), bytes(pb.metadata), int(pb.idle_timeout_ns),
-                       bool(pb.is_const))
+    return table, table_entry_of(pb, match, decode_action(p4info, pb.action.action))
+
+
+def table_entry_of(pb: Any, match: dict[str, FieldMatch], call: ActionCall) -> TableEntry:
+    """The entry a ``p4.v1.TableEntry`` describes, its match and action decoded already."""
+    entry = TableEntry(match, call, int(pb.priority), int(pb.controller_metadata), bytes(pb.metadata),
+                       int(pb.idle_timeout_ns))
     if pb.HasField("counter_data"):
         value = decode_counter_data(pb.counter_data)
         entry.packets, entry.bytes = value.packets, value.bytes
-    return table, entry
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------
