@@ -762,7 +762,7 @@ class P4RuntimeSwitch:
         out = {}
         for info in self.p4info.digests:
             req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
-            req.entities.add().digest_entry.digest_id = info.id
+            codec.encode_digest_entry(info, None, req.entities.add().digest_entry)
             try:
                 entities = [x for resp in self._require().Read(req, timeout=max(self.timeout_s, 30.0))
                             for x in resp.entities]
