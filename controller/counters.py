@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Any, Protocol
 
-from controller.p4runtime import CounterValue
 from kvpool import contract as n
 from kvpool.contract import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
+from kvpool.p4rt.codec import CounterValue
 
 #: Labelled counter -> (section name in the stats document, its enum).
 LABELLED: dict[str, tuple[str, type[enum.IntEnum]]] = {
