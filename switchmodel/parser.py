@@ -18,7 +18,9 @@ from kvpool.contract import (
     ETHERTYPE_IPV4,
     FRAG_PAYLOAD,
     IPPROTO_UDP,
+    KV_HEADER_BYTES,
     KV_UDP_LEN_DATA,
+    KVPOOL_UDP_PORT,
     OP_DATA,
     OP_GET,
     SLICE_BYTES,
@@ -187,15 +189,15 @@ def parse(frame: bytes) -> Packet:
     udp = list(_UDP.unpack_from(frame, off))
     pkt.udp = udp
     off += 8
-    if udp[1] != wire.KVPOOL_UDP_PORT and udp[0] != wire.KVPOOL_UDP_PORT:
+    if udp[1] != KVPOOL_UDP_PORT and udp[0] != KVPOOL_UDP_PORT:
         pkt.rest = frame[off:]
         return pkt
-    if n < off + wire.HEADER_LEN:
+    if n < off + KV_HEADER_BYTES:
         pkt.parser_error = True
         pkt.rest = frame[off:]
         return pkt
     pkt.kv = Kv(*_KV.unpack_from(frame, off))
-    off += wire.HEADER_LEN
+    off += KV_HEADER_BYTES
     # DATA always has its payload; a GET whose UDP length is a DATA's carries reply room.
     if pkt.kv.opcode == OP_DATA or (pkt.kv.opcode == OP_GET and udp[2] == KV_UDP_LEN_DATA):
         # Eleven fixed extracts; less than 1408 bytes fails on the first slice that does

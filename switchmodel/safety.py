@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kvpool import wire
 from kvpool.contract import (
     ALLOW_WRITER,
     FRAG_PAYLOAD,
     KNOWN_FLAGS,
     KV_UDP_LEN_DATA,
     KV_UDP_LEN_NO_PAYLOAD,
+    KVPOOL_VERSION,
     MAX_FRAG_INDEX,
     OP_DATA,
     OP_GET,
@@ -39,7 +39,7 @@ class Safety(Control):
         done = (idx * frag) & M32
         rest = (kv.chunk_len - done) & M32
 
-        if kv.version != wire.KVPOOL_VERSION:
+        if kv.version != KVPOOL_VERSION:
             meta.drop_reason = Drop.BAD_VERSION
         elif kv.opcode == 0 or kv.opcode > OP_MAX:
             meta.drop_reason = Drop.BAD_OPCODE
