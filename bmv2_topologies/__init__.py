@@ -1,1 +1,1 @@
-"""Emulation topologies (JSON data + generators) and the Mininet builder for either target."""
+"""Emulation: topology files (JSON), the Mininet builder for either target, and the experiments."""

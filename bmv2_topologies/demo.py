@@ -271,7 +271,7 @@ class Demo:
     def running(self) -> Iterator[Demo]:
         """Build the network and start the agents; stop everything (by PID) on the way out."""
         from bmv2_topologies.network import EmulatedNetwork
-        from bmv2_topologies.topology import star
+        from kvpool.topology import star
 
         cfg = self.cfg
         if self.run_dir.exists():

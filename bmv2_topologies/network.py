@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bmv2_topologies.topology import Topology
+from kvpool.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -98,7 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not cfg.get(required):
             parser.error(f"--{required} is required (or set it in --config)")
 
-    from bmv2_topologies.topology import TopologyError, load
     from controller.daemon import (
         Catalog,
         Controller,
@@ -109,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from controller.fabric import FabricSettings
     from controller.p4runtime import SwitchUnreachableError, WriteError
+    from kvpool.topology import TopologyError, load
 
     try:
         topo = load(cfg["topology"])

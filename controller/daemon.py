@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bmv2_topologies.topology import Topology
 from controller.directory import Directory, Role
 from controller.fabric import FabricSettings, SwitchConfig, switch_configs
 from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
@@ -50,6 +49,7 @@ from controller.policy.quotas import QuotaError
 from kvpool import contract as n
 from kvpool import localhttp, wire
 from kvpool.contract import POOL_SLOTS, PoolState
+from kvpool.topology import Topology
 
 log = logging.getLogger("kvpool.controller")
 

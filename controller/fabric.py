@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bmv2_topologies.topology import Topology
 from controller.p4runtime import DigestConfig, Entry
 from kvpool import contract as n
 from kvpool.contract import COALESCE_MCAST_GRP, MAX_WAITERS
+from kvpool.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from bmv2_topologies.topology import Host, star
 from kvpool import contract, wire
+from kvpool.topology import Host, star
 
 BUILD = contract.build_dir()
 P4INFO = BUILD / contract.P4INFO_FILE

@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from bmv2_topologies.topology import leaf_spine, star
 from controller.fabric import FabricSettings, switch_configs, waiter_ids
 from kvpool import contract as n
 from kvpool.contract import COALESCE_MCAST_GRP
+from kvpool.topology import leaf_spine, star
 
 KVPOOL_P4INFO = n.P4INFO_PATH
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bmv2_topologies.network import EmulatedNetwork, NetworkError, mininet_available, switch_command
-from bmv2_topologies.topology import star
+from kvpool.topology import star
 
 REASON = mininet_available()
 

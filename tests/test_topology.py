@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bmv2_topologies.topology import Topology, TopologyError, leaf_spine, load, star
+from kvpool.topology import Topology, TopologyError, leaf_spine, load, star
 
 TOPO_DIR = Path(__file__).resolve().parents[1] / "bmv2_topologies"
 
