@@ -16,14 +16,13 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpool.tcp import free_port, wait_listening
 from kvpool.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -76,32 +75,6 @@ class SwitchHandle:
     ports: dict[int, str]  # port number -> interface name
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-
-
-def _free_port(start: int) -> int:
-    for port in range(start, start + 1000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise NetworkError(f"no free TCP port from {start}")
-
-
-def _wait_listening(addr: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
-    host, port = addr.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
-            raise NetworkError(f"switch exited with code {proc.returncode} before listening on {addr}: {tail}")
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex((host, int(port))) == 0:
-                return
-        time.sleep(0.1)
-    raise NetworkError(f"switch did not listen on {addr} within {timeout:.0f} s (log: {log_path})")
 
 
 def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int, str],
@@ -211,7 +184,10 @@ class EmulatedNetwork:
                     node.cmd(f"sysctl -qw net.ipv6.conf.{intf.name}.disable_ipv6=1")
 
     def _start_switch(self, name: str, device_id: int) -> None:
-        port = _free_port(BASE_GRPC_PORT + device_id)
+        try:
+            port = free_port(start=BASE_GRPC_PORT + device_id)
+        except OSError as exc:
+            raise NetworkError(str(exc)) from None
         grpc_addr = f"127.0.0.1:{port}"
         ports = {p: f"{name}-eth{p}" for p in self.topo.switch_ports(name)}
         log_path = self.log_dir / f"{name}.log"
@@ -221,7 +197,13 @@ class EmulatedNetwork:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         handle = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, proc)
         self.switches[name] = handle
-        _wait_listening(grpc_addr, proc, self.switch_timeout, log_path)
+        if not wait_listening(grpc_addr, self.switch_timeout, lambda: proc.poll() is not None, poll_s=0.1):
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
+                raise NetworkError(f"switch exited with code {proc.returncode} before listening on {grpc_addr}: "
+                                   f"{tail}")
+            raise NetworkError(f"switch did not listen on {grpc_addr} within {self.switch_timeout:.0f} s "
+                               f"(log: {log_path})")
 
     def stop(self) -> None:
         """Stop the switch processes this network started, then the Mininet hosts and links."""

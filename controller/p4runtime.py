@@ -26,7 +26,6 @@ import hashlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -878,14 +877,3 @@ def connected(address: str, p4info: str | Path | P4Info, device_config: str | Pa
     finally:
         sw.close()
 
-
-def wait_for_port(address: str, timeout_s: float = 10.0) -> None:
-    """Block until a gRPC server answers at ``address`` (SwitchUnreachableError after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    channel = grpc.insecure_channel(address)
-    try:
-        grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
-    except grpc.FutureTimeoutError:
-        raise SwitchUnreachableError(f"nothing answers gRPC at {address} after {timeout_s:.1f} s") from None
-    finally:
-        channel.close()

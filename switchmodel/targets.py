@@ -13,27 +13,20 @@ import functools
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from kvpool.tcp import free_port, wait_listening
 
 SIMPLE_SWITCH_GRPC = "simple_switch_grpc"
 
 
 class TargetError(RuntimeError):
     """A target did not come up; the message carries the tail of its log."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bmv2_missing() -> str | None:
@@ -74,16 +67,10 @@ class Process:
 
 
 def _wait_listening(target: Process, timeout: float) -> None:
-    host, port = target.grpc_addr.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if target.proc.poll() is not None:
-            raise TargetError(f"{target.name} exited with {target.proc.returncode}:\n{target.log_tail()}")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex((host, int(port))) == 0:
-                return
-        time.sleep(0.05)
+    if wait_listening(target.grpc_addr, timeout, lambda: target.proc.poll() is not None):
+        return
+    if target.proc.poll() is not None:
+        raise TargetError(f"{target.name} exited with {target.proc.returncode}:\n{target.log_tail()}")
     target.stop()
     raise TargetError(f"{target.name} did not listen on {target.grpc_addr} within {timeout:.0f} s:\n"
                       f"{target.log_tail()}")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from controller.fabric import FabricSettings, switch_configs, waiter_ids
 from kvpool import contract as n
 from kvpool.contract import COALESCE_MCAST_GRP
+from kvpool.tcp import free_port
 from kvpool.topology import leaf_spine, star
 
 KVPOOL_P4INFO = n.P4INFO_PATH
@@ -55,9 +54,7 @@ def test_config_is_accepted_by_the_model_switch() -> None:
     from switchmodel.p4rt_server import P4RuntimeServer
     from switchmodel.state import SwitchState
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
     try:
         cfg = switch_configs(leaf_spine(2, 2, 3))["s1"]

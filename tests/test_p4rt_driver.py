@@ -8,7 +8,6 @@ attaching to the same server.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,17 +24,12 @@ from controller.p4runtime import (
 from kvpool import contract
 from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
 from kvpool.p4rt.p4info import P4InfoError
+from kvpool.tcp import free_port
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.state import SwitchState
 
 MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
 KVPOOL_P4INFO = contract.P4INFO_PATH
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
