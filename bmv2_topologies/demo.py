@@ -393,7 +393,8 @@ class Demo:
         return result
 
     def _replay(self, result: ModeResult, progress: Any) -> None:
-        from hostagent.client import AgentClient, AgentError
+        from hostagent.client import AgentClient
+        from kvpool.httpjson import ApiError
 
         wl, cfg = self.workload, self.cfg
         holder = self.topo.holders()[0]
@@ -420,7 +421,7 @@ class Demo:
                         error = f"chunk {key:#x} differs from the holder's bytes"
                 if len(keys) != len(req.keys):
                     error = f"got {len(keys)} of {len(req.keys)} chunks ({stopped})"
-            except AgentError as exc:
+            except ApiError as exc:
                 error, elapsed = str(exc), float("nan")
             with lock:
                 result.requests += 1

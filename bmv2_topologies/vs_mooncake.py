@@ -277,7 +277,8 @@ class SideBySide(Demo):
 
     def _kvpool_wave(self, wave: list[Request]) -> tuple[float, dict[int, float]]:
         """All requesters' agents fetch the prefix at the same instant; their end times (monotonic)."""
-        from hostagent.client import AgentClient, AgentError
+        from hostagent.client import AgentClient
+        from kvpool.httpjson import ApiError
 
         hosts = self.requesters()
         holder = f"{self.topo.holders()[0].address}:7470"
@@ -298,7 +299,7 @@ class SideBySide(Demo):
                 else:
                     ends[req.requester] = end  # one writer per key: no lock needed
                     return
-            except AgentError as exc:
+            except ApiError as exc:
                 error = str(exc)
             log.error("%s: fetch failed: %s", hosts[req.requester].name, error)
 

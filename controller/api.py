@@ -59,24 +59,19 @@ Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (ba
 argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
 (wrong method), 409 (override refused: ``code`` is the reason, e.g. ``no_space``,
 ``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``, ``has_children``), 410
-(node marked down: register again), 503 (a switch unreachable), 504 (the epoch loop did
-not apply the override in time).
+(node marked down: register again), 411/413 (body policy), 503 (a switch unreachable),
+504 (the epoch loop did not apply the override in time). The server, the body policy and
+the error type are ``kvpool.httpjson``'s, shared with the agent's API.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
+import functools
 import ipaddress
-import json
 import logging
-import os
-import socketserver
-import threading
-import urllib.parse
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +87,7 @@ from controller.directory import (
 )
 from controller.p4runtime import SwitchUnreachableError
 from kvpool import wire
+from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 
 log = logging.getLogger("kvpool.controller.api")
 
@@ -103,16 +99,6 @@ SORT_KEYS = ("value", "hits", "fetches", "estimate")
 _DIRECTORY_STATUS = {BAD_REQUEST: HTTPStatus.BAD_REQUEST, REFUSED: HTTPStatus.FORBIDDEN,
                      UNKNOWN_NODE: HTTPStatus.NOT_FOUND, NODE_DOWN: HTTPStatus.GONE,
                      OVER_CAPACITY: HTTPStatus.CONFLICT}
-
-
-class ApiError(Exception):
-    """A request the API refuses: HTTP status, machine-readable code, one-line message."""
-
-    def __init__(self, status: HTTPStatus, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def parse_key(text: object) -> int:
@@ -151,46 +137,86 @@ class ControllerAPI:
         self.controller = controller
         self.host = host
         self.override_timeout_s = override_timeout_s or max(5.0, 10 * controller.settings.epoch_s)
-        self.tcp = _TCPServer((host, port), self)
-        self.unix: _UnixServer | None = None
         self.unix_path = unix_path
-        if unix_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                unix_path.unlink()  # a socket left by a killed daemon would make bind fail
-            self.unix = _UnixServer(str(unix_path), self)
-            os.chmod(unix_path, 0o660)
-        self._threads: list[threading.Thread] = []
+        self.server = ApiServer(self.router(), host, port, unix_path=unix_path, max_body_bytes=MAX_BODY,
+                                name="kvpool-controller")
 
     @property
     def port(self) -> int:
         """The TCP port actually bound (useful with port 0)."""
-        return int(self.tcp.server_address[1])
+        return self.server.port
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT`` of the TCP server."""
-        return f"http://{self.host}:{self.port}"
+        return self.server.url
 
     def start(self) -> ControllerAPI:
         """Serve in background threads; returns self."""
-        servers: list[socketserver.BaseServer] = [self.tcp] + ([self.unix] if self.unix else [])
-        for srv in servers:
-            # A short poll interval: stop() (shutdown) waits up to one interval per server.
-            t = threading.Thread(target=srv.serve_forever, args=(0.05,), name="kvpool-ctl-api", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self.server.start()
         return self
 
     def stop(self) -> None:
         """Stop serving and close the sockets (removes the Unix socket file)."""
-        for srv in [self.tcp] + ([self.unix] if self.unix else []):
-            srv.shutdown()
-            srv.server_close()
-        if self.unix_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.unix_path.unlink()
-        for t in self._threads:
-            t.join(timeout=5)
+        self.server.stop()
+
+    def router(self) -> Router:
+        """Every endpoint of the module docstring, routed."""
+        d = self.controller.directory
+
+        def get(fn: Callable[[], dict[str, Any]]) -> Callable[[Request], Response]:
+            return lambda _req: Response.json(fn())
+
+        r = Router()
+        r.add("GET", "/v1/status", get(self.status))
+        r.add("GET", "/v1/tiers", get(self.tiers))
+        r.add("GET", "/v1/stats", get(self.stats))
+        r.add("GET", "/v1/nodes", get(lambda: {"nodes": d.nodes()}))
+        r.add("GET", "/v1/top", self._top)
+        r.add("GET", "/v1/switches/{name}", lambda req: Response.json(self.switch(req.params["name"])))
+        r.add("GET", "/v1/chunks/{key}", lambda req: Response.json(self.chunk(parse_key(req.params["key"]))))
+        for op in ("admit", "evict", "pin", "unpin", "quota"):
+            r.add("POST", f"/v1/{op}", functools.partial(self._override, op=op))
+        r.add("POST", "/v1/nodes/register", _directory(lambda req: self.register(req.json(), req.peer)))
+        r.add("DELETE", "/v1/nodes/{node}", _directory(self._deregister))
+        r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._heartbeat))
+        r.add("POST", "/v1/nodes/{node}/publish", _directory(self._publish))
+        r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._withdraw))
+        return r
+
+    def _top(self, req: Request) -> Response:
+        try:
+            limit = int(req.arg("limit", "20"))
+        except ValueError:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer") from None
+        if limit < 1:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer >= 1")
+        return Response.json(self.top(req.arg("sort", "value"), limit))
+
+    def _override(self, req: Request, op: str) -> Response:
+        return Response.json(self.override(req.json(), op))
+
+    def _deregister(self, req: Request) -> dict[str, Any]:
+        self.controller.directory.deregister(req.params["node"])
+        return {"deregistered": req.params["node"]}
+
+    def _heartbeat(self, req: Request) -> dict[str, Any]:
+        self.controller.directory.heartbeat(req.params["node"])
+        return {"ok": True}
+
+    def _publish(self, req: Request) -> dict[str, Any]:
+        body = req.json()
+        tier = body.get("tier")
+        if not isinstance(tier, str):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name")
+        return {"new": self.controller.directory.publish(req.params["node"], _keys(body), tier, _int(body, "nbytes"))}
+
+    def _withdraw(self, req: Request) -> dict[str, Any]:
+        body = req.json()
+        tier = body.get("tier")
+        if tier is not None and not isinstance(tier, str):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name or null")
+        return {"removed": self.controller.directory.withdraw(req.params["node"], _keys(body), tier)}
 
     # ------------------------------------------------------------------ reads
     def status(self) -> dict[str, Any]:
@@ -328,147 +354,13 @@ class ControllerAPI:
         return {"node_id": node.node_id, "heartbeat_s": self.controller.directory.heartbeat_timeout_s / 3}
 
 
-class _TCPServer(ThreadingHTTPServer):
-    daemon_threads = True
+def _directory(fn: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
+    """A directory endpoint: its answer as JSON, a ``DirectoryError`` as the ApiError its code maps to."""
 
-    def __init__(self, address: tuple[str, int], api: ControllerAPI) -> None:
-        self.api = api
-        super().__init__(address, _Handler)
-
-
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-    def __init__(self, path: str, api: ControllerAPI) -> None:
-        self.api = api
-        super().__init__(path, _Handler)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Routes one request to the ControllerAPI; errors become one-line JSON bodies."""
-
-    protocol_version = "HTTP/1.1"
-    server: _TCPServer | _UnixServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("api: " + format, *args)
-
-    def address_string(self) -> str:
-        # A Unix-socket peer has no address; the default implementation indexes into "".
-        return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
-
-    def _peer(self) -> str | None:
-        """The TCP peer address, None over the Unix socket."""
-        return self.client_address[0] if isinstance(self.client_address, tuple) else None
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _json_body(self) -> dict[str, Any]:
+    def handle(req: Request) -> Response:
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "bad Content-Length") from None
-        if length > MAX_BODY:
-            raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", f"body over {MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
-            return {}
-        try:
-            doc = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", f"body is not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "body must be a JSON object")
-        return doc
-
-    def _send(self, doc: dict[str, Any], status: HTTPStatus = HTTPStatus.OK) -> None:
-        body = (json.dumps(doc) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _dispatch(self, method: str) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(url.query)
-        try:
-            body = self._json_body() if method == "POST" else {}
-            self._send(self._route(method, url.path.rstrip("/"), query, body))
-        except ApiError as exc:
-            self._send({"error": exc.message, "code": exc.code}, exc.status)
+            return Response.json(fn(req))
         except DirectoryError as exc:
-            self._send({"error": str(exc), "code": exc.code}, _DIRECTORY_STATUS[exc.code])
-        except Exception as exc:  # a bug must answer 500, not kill the connection silently
-            log.exception("api: %s %s failed", method, self.path)
-            self._send({"error": f"internal error: {exc}", "code": "internal"}, HTTPStatus.INTERNAL_SERVER_ERROR)
+            raise ApiError(_DIRECTORY_STATUS[exc.code], exc.code, str(exc)) from None
 
-    def _route(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]) -> dict[str, Any]:
-        api = self.server.api
-        d = api.controller.directory
-        parts = path.split("/")[1:]  # "", "v1", ... -> "v1", ...
-        if not parts or parts[0] != "v1":
-            raise ApiError(HTTPStatus.NOT_FOUND, "not_found", f"no such path {path!r}")
-        rest = parts[1:]
-        gets: dict[str, Callable[[], dict[str, Any]]] = {
-            "status": api.status, "tiers": api.tiers, "stats": api.stats,
-            "nodes": lambda: {"nodes": d.nodes()},
-        }
-        if len(rest) == 1 and rest[0] in gets:
-            self._method(method, "GET")
-            return gets[rest[0]]()
-        if rest == ["top"]:
-            self._method(method, "GET")
-            try:
-                limit = int(query.get("limit", ["20"])[0])
-            except ValueError:
-                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer") from None
-            if limit < 1:
-                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "limit: expected an integer >= 1")
-            return api.top(query.get("sort", ["value"])[0], limit)
-        if len(rest) == 2 and rest[0] == "switches":
-            self._method(method, "GET")
-            return api.switch(rest[1])
-        if len(rest) == 2 and rest[0] == "chunks":
-            self._method(method, "GET")
-            return api.chunk(parse_key(rest[1]))
-        if len(rest) == 1 and rest[0] in ("admit", "evict", "pin", "unpin", "quota"):
-            self._method(method, "POST")
-            return api.override(body, rest[0])
-        if rest == ["nodes", "register"]:
-            self._method(method, "POST")
-            return api.register(body, self._peer())
-        if len(rest) == 2 and rest[0] == "nodes":
-            self._method(method, "DELETE")
-            d.deregister(rest[1])
-            return {"deregistered": rest[1]}
-        if len(rest) == 3 and rest[0] == "nodes":
-            node_id, verb = rest[1], rest[2]
-            self._method(method, "POST")
-            if verb == "heartbeat":
-                d.heartbeat(node_id)
-                return {"ok": True}
-            if verb == "publish":
-                tier = body.get("tier")
-                if not isinstance(tier, str):
-                    raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name")
-                return {"new": d.publish(node_id, _keys(body), tier, _int(body, "nbytes"))}
-            if verb == "withdraw":
-                tier = body.get("tier")
-                if tier is not None and not isinstance(tier, str):
-                    raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name or null")
-                return {"removed": d.withdraw(node_id, _keys(body), tier)}
-        raise ApiError(HTTPStatus.NOT_FOUND, "not_found", f"no such path {path!r}")
-
-    @staticmethod
-    def _method(got: str, want: str) -> None:
-        if got != want:
-            raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "bad_method", f"use {want} here, not {got}")
-
+    return handle

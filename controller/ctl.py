@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hostagent.registration import ControllerApiError, ControllerClient, ControllerUnreachableError
+from kvpool.httpjson import ApiError, ApiUnreachableError, JsonClient
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -309,7 +309,7 @@ def _top_path(args: argparse.Namespace) -> str:
     return f"/v1/top?sort={args.sort}&limit={args.limit}"
 
 
-def _watch(client: ControllerClient, args: argparse.Namespace) -> int:
+def _watch(client: JsonClient, args: argparse.Namespace) -> int:
     from rich.live import Live
 
     console = _console()
@@ -326,7 +326,7 @@ def _watch(client: ControllerClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _shell(client: ControllerClient, args: argparse.Namespace) -> int:
+def _shell(client: JsonClient, args: argparse.Namespace) -> int:
     sw = client.get(f"/v1/switches/{args.switch}")
     import grpc
 
@@ -346,7 +346,7 @@ def _shell(client: ControllerClient, args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace) -> int:
     """Execute one parsed command; returns the exit status (raises CtlError / client errors)."""
-    client = ControllerClient(args.api, args.timeout)
+    client = JsonClient(args.api, args.timeout, "controller API")
     cmd = args.command
     out: Callable[[dict[str, Any]], Any]
     status = EXIT_OK
@@ -405,10 +405,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed --api address
         print(f"kvpool-ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ControllerUnreachableError as exc:
+    except ApiUnreachableError as exc:
         print(f"kvpool-ctl: {exc} (is kvpool-controller running with --api?)", file=sys.stderr)
         return EXIT_DAEMON_UNREACHABLE
-    except ControllerApiError as exc:
+    except ApiError as exc:
         print(f"kvpool-ctl: {args.command}: {exc} [{exc.code}]", file=sys.stderr)
         if exc.code == "switch_unreachable":
             return EXIT_SWITCH_UNREACHABLE

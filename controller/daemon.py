@@ -25,7 +25,6 @@ fragment count or length differs from the entry (``FILL_MISMATCH``).
 from __future__ import annotations
 
 import enum
-import http.client
 import json
 import logging
 import queue
@@ -47,8 +46,9 @@ from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
 from kvpool import contract as n
-from kvpool import localhttp, wire
+from kvpool import wire
 from kvpool.contract import POOL_SLOTS, PoolState
+from kvpool.httpjson import ApiError, JsonClient
 from kvpool.topology import Topology
 
 log = logging.getLogger("kvpool.controller")
@@ -169,29 +169,21 @@ class FillRequester(Protocol):
 
 
 class HolderPushClient:
-    """Asks a holder agent (``POST /v1/push``) to send chunks to the fill sink through the switches."""
+    """Asks a holder agent (``POST /v1/push`` of its API) to send chunks to the fill sink through the switches."""
 
     def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0) -> None:
+        self.http = JsonClient(api, timeout, "holder agent API")
         self.api = api
         self.to = f"{sink}:{sink_port}"
-        self.timeout = timeout
         self.failures = 0
 
     def push(self, keys: list[int]) -> None:
         """Request the push; a failure is logged and counted (the next demand fetch fills instead)."""
-        body = json.dumps({"keys": [f"{k:#x}" for k in keys], "to": self.to}).encode()
-        conn = localhttp.connection(self.api, self.timeout, "holder agent API")
         try:
-            conn.request("POST", "/v1/push", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            answer = resp.read()
-            if resp.status != 200:
-                raise ControllerError(f"{resp.status} {answer[:200]!r}")
-        except (OSError, ControllerError, http.client.HTTPException) as exc:
+            self.http.post("/v1/push", {"keys": [f"{k:#x}" for k in keys], "to": self.to})
+        except ApiError as exc:  # ApiUnreachableError included
             self.failures += 1
             log.warning("holder %s did not accept the push of %d chunk(s): %s", self.api, len(keys), exc)
-        finally:
-            conn.close()
 
 
 @dataclass(frozen=True)

@@ -39,50 +39,64 @@ Endpoints:
 Chunk bundle (``application/octet-stream``, little-endian): ``u64 n``, then ``n`` pairs
 ``u64 key, u64 length``, then the ``n`` chunks back to back.
 
-Bad arguments get ``400`` (``404`` unknown path, ``405`` wrong method, ``413`` body too
-large) with a one-line JSON body ``{"error": "..."}`` and are counted in
-``stats()["api"]["errors"]`` by reason.  Bind it to loopback: it has no authentication.
+Bad arguments get ``400`` (``404`` unknown path, ``405`` wrong method, ``411`` no
+Content-Length, ``413`` body too large) with a one-line JSON body ``{"error": "...",
+"code": "..."}`` and are counted in ``stats()["api"]["errors"]`` by code; the body policy
+and the server are ``kvpool.httpjson``'s.  Bind it to loopback: it has no authentication.
+
+The API depends only on ``AgentService`` (below), the few operations it serves;
+``hostagent.daemon.Agent`` implements it and starts the server.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-import os
 import socket
-import socketserver
 import struct
-import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Final, cast
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 from hostagent.chunking import chunk_keys
-from hostagent.daemon import parse_address
+from hostagent.tiers import Blob
+from hostagent.transport import Address, parse_address
 from kvpool import wire
-
-if TYPE_CHECKING:
-    from hostagent.daemon import Agent
-
-log = logging.getLogger("kvpool.api")
+from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")
 BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
 
 
-class ApiError(Exception):
-    """A request the API refuses: HTTP status, counter reason and one-line message."""
+class AgentService(Protocol):
+    """What the API serves: the agent's operations (``hostagent.daemon.Agent`` implements them)."""
 
-    def __init__(self, status: HTTPStatus, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
+    @property
+    def fetch_timeout_s(self) -> float:
+        """Deadline of a fetch that names none."""
+
+    def ready_info(self) -> dict[str, Any]:
+        """Identity and addresses (``/v1/health``)."""
+
+    def stats(self) -> dict[str, Any]:
+        """Every counter (``/v1/stats``)."""
+
+    def publish(self, key: int, data: bytes | memoryview, generation: int = 0) -> str:
+        """Store a serialized chunk; the tier it landed in (``ValueError`` when refused)."""
+
+    def chunk(self, key: int) -> Blob | None:
+        """A chunk from the local tiers, None when not held."""
+
+    def forget(self, key: int) -> bool:
+        """Drop a chunk from the local tiers; True if it was held."""
+
+    def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
+                     timeout: float | None = None, local: bool = True) -> tuple[list[Blob], str | None]:
+        """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped."""
+
+    def push(self, keys: Sequence[int], to: Address) -> list[int]:
+        """Send the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
 
 
 def pack_bundle(keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
@@ -133,215 +147,61 @@ def format_key(key: int) -> str:
     return f"{key:#018x}"
 
 
-class ApiCounters:
-    """Requests served and errors by reason (thread-safe: the server is threaded)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests = 0
-        self.errors: dict[str, int] = {}
-
-    def ok(self) -> None:
-        """Count one request."""
-        with self._lock:
-            self.requests += 1
-
-    def error(self, reason: str) -> None:
-        """Count one refused request under ``reason``."""
-        with self._lock:
-            self.requests += 1
-            self.errors[reason] = self.errors.get(reason, 0) + 1
-
-    def snapshot(self) -> dict[str, Any]:
-        """A copy of the counters."""
-        with self._lock:
-            return {"requests": self.requests, "errors": dict(self.errors), "errors_total": sum(self.errors.values())}
+def make_server(agent: AgentService, host: str, port: int, unix_path: Path | None = None, *,
+                max_body_bytes: int) -> ApiServer:
+    """The agent's API bound on ``host:port`` (and ``unix_path``), not yet serving: call ``start``."""
+    return ApiServer(AgentApi(agent).router(), host, port, unix_path=unix_path, max_body_bytes=max_body_bytes,
+                     name="kvpool-agent")
 
 
-class AgentHTTPServer(ThreadingHTTPServer):
-    """A threaded HTTP server that knows its agent and counts requests."""
+class AgentApi:
+    """The endpoints (see the module docstring) over one ``AgentService``."""
 
-    daemon_threads = True
-    # Python's default of 5 refuses connections when many engine threads call at once.
-    request_queue_size = 64
-
-    def __init__(self, agent: Agent, address: tuple[str, int]) -> None:
+    def __init__(self, agent: AgentService) -> None:
         self.agent = agent
-        self.counters = ApiCounters()
-        super().__init__(address, _Handler)
 
+    def router(self) -> Router:
+        """Every endpoint, routed."""
+        r = Router()
+        r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}))
+        r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()))
+        r.add("PUT", "/v1/chunks/{key}", self.put_chunk)
+        r.add("GET", "/v1/chunks/{key}", self.get_chunk)
+        r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk)
+        r.add("POST", "/v1/publish", self.publish)
+        r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True))
+        r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False))
+        r.add("POST", "/v1/push", self.push)
+        return r
 
-def make_server(agent: Agent, host: str, port: int) -> AgentHTTPServer:
-    """Bind the API server (not yet serving: call ``serve_forever``)."""
-    return AgentHTTPServer(agent, (host, port))
-
-
-class AgentUnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """The same API on a Unix socket, for callers in other network namespaces."""
-
-    daemon_threads = True
-    request_queue_size = 64
-
-    def __init__(self, agent: Agent, path: str) -> None:
-        self.agent = agent
-        self.counters = ApiCounters()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a socket file left by a killed agent would make bind fail
-        super().__init__(path, _UnixHandler)
-
-
-def make_unix_server(agent: Agent, path: str) -> AgentHTTPServer:
-    """Bind the API on a Unix socket (not yet serving: call ``serve_forever``)."""
-    return cast(AgentHTTPServer, AgentUnixHTTPServer(agent, path))
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: AgentHTTPServer
-    _body_read = False
-    protocol_version = "HTTP/1.1"
-    server_version = "kvpool-agent/0.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Access log to the ``kvpool.api`` logger at DEBUG instead of stderr."""
-        log.debug("%s " + format, self.address_string(), *args)
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _dispatch(self, method: str) -> None:
-        counters = self.server.counters
-        self._body_read = False
+    def put_chunk(self, req: Request) -> Response:
+        """``PUT /v1/chunks/<key>``: publish one chunk."""
+        key = _key_arg(req.params["key"])
+        generation = _int_arg(req.arg("generation", "0"), "generation", 0xFFFF_FFFF)
+        body = req.body()
         try:
-            url = urllib.parse.urlsplit(self.path)
-            self._route(method, url.path, urllib.parse.parse_qs(url.query))
-            counters.ok()
-        except ApiError as err:
-            counters.error(err.reason)
-            self._drain_body()
-            self._send_json({"error": err.message}, err.status)
-        except (BrokenPipeError, ConnectionResetError):
-            counters.error("client_gone")
+            tier = self.agent.publish(key, body, generation)
+        except ValueError as exc:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_chunk", str(exc)) from None
+        return Response.json({"key": format_key(key), "bytes": len(body), "tier": tier})
 
-    def do_GET(self) -> None:
-        """GET endpoints."""
-        self._dispatch("GET")
+    def get_chunk(self, req: Request) -> Response:
+        """``GET /v1/chunks/<key>``: the chunk's bytes."""
+        key = _key_arg(req.params["key"])
+        blob = self.agent.chunk(key)
+        if blob is None:
+            raise ApiError(HTTPStatus.NOT_FOUND, "chunk_not_found", f"chunk {format_key(key)} is not held here")
+        return Response.octets([blob])
 
-    def do_PUT(self) -> None:
-        """PUT endpoints."""
-        self._dispatch("PUT")
+    def delete_chunk(self, req: Request) -> Response:
+        """``DELETE /v1/chunks/<key>``: forget it."""
+        return Response.json({"deleted": self.agent.forget(_key_arg(req.params["key"]))})
 
-    def do_POST(self) -> None:
-        """POST endpoints."""
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:
-        """DELETE endpoints."""
-        self._dispatch("DELETE")
-
-    def _drain_body(self) -> None:
-        # Unread body bytes would be parsed as the next request on this keep-alive connection.
-        length = self.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) <= self.server.agent.config.max_body_bytes:
-            if not self._body_read:
-                self.rfile.read(int(length))
-        else:
-            self.close_connection = True
-
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise ApiError(HTTPStatus.LENGTH_REQUIRED, "no_length", "request needs a Content-Length header")
-        n = int(length)
-        if n > self.server.agent.config.max_body_bytes:
-            raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body_too_large",
-                           f"body of {n} bytes exceeds max_body_bytes {self.server.agent.config.max_body_bytes}")
-        body = self.rfile.read(n)
-        self._body_read = True
-        if len(body) != n:
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_body", f"body ended after {len(body)} of {n} bytes")
-        return body
-
-    def _json_body(self) -> dict[str, Any]:
+    def publish(self, req: Request) -> Response:
+        """``POST /v1/publish``: a bundle of chunks."""
+        generation = _int_arg(req.header("X-Kvpool-Generation", "0"), "X-Kvpool-Generation", 0xFFFF_FFFF)
         try:
-            doc = json.loads(self._body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_json", f"body is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_json", "body must be a JSON object")
-        return doc
-
-    def _send_json(self, doc: dict[str, Any], status: HTTPStatus = HTTPStatus.OK) -> None:
-        body = (json.dumps(doc) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if self.close_connection:  # e.g. an unread oversize body: tell the client not to reuse us
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _send_bundle(self, keys: Sequence[int], blobs: Sequence[bytes | memoryview], headers: dict[str, str]) -> None:
-        parts = pack_bundle(keys, blobs)
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
-        for p in parts:
-            self.wfile.write(p)
-
-    # ------------------------------------------------------------------ routes
-
-    def _route(self, method: str, path: str, query: dict[str, list[str]]) -> None:
-        agent = self.server.agent
-        if path.startswith("/v1/chunks/"):
-            self._chunk(method, path[len("/v1/chunks/"):], query)
-            return
-        routes: dict[tuple[str, str], Callable[[], None]] = {
-            ("GET", "/v1/health"): lambda: self._send_json({"ok": True, **agent.ready_info()}),
-            ("GET", "/v1/stats"): lambda: self._send_json(agent.stats()),
-            ("POST", "/v1/publish"): self._publish,
-            ("POST", "/v1/fetch"): lambda: self._fetch(bundle=True),
-            ("POST", "/v1/prefetch"): lambda: self._fetch(bundle=False),
-            ("POST", "/v1/push"): self._push,
-        }
-        handler = routes.get((method, path))
-        if handler is None:
-            if any(p == path for _, p in routes):
-                raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "bad_method", f"{method} not allowed on {path}")
-            raise ApiError(HTTPStatus.NOT_FOUND, "unknown_path", f"no endpoint {path[:80]!r}; see hostagent/api.py")
-        handler()
-
-    def _chunk(self, method: str, key_text: str, query: dict[str, list[str]]) -> None:
-        agent = self.server.agent
-        key = _key_arg(key_text)
-        if method == "PUT":
-            generation = _int_arg(query.get("generation", ["0"])[-1], "generation", 0xFFFF_FFFF)
-            body = self._body()
-            try:
-                tier = agent.publish(key, body, generation)
-            except ValueError as exc:
-                raise ApiError(HTTPStatus.BAD_REQUEST, "bad_chunk", str(exc)) from None
-            self._send_json({"key": format_key(key), "bytes": len(body), "tier": tier})
-        elif method == "GET":
-            blob = agent.store.get(key)
-            if blob is None:
-                raise ApiError(HTTPStatus.NOT_FOUND, "chunk_not_found", f"chunk {format_key(key)} is not held here")
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(blob)))
-            self.end_headers()
-            self.wfile.write(blob)
-        elif method == "DELETE":
-            self._send_json({"deleted": agent.store.delete(key)})
-        else:
-            raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "bad_method", f"{method} not allowed on /v1/chunks/<key>")
-
-    def _publish(self) -> None:
-        agent = self.server.agent
-        generation = _int_arg(self.headers.get("X-Kvpool-Generation", "0"), "X-Kvpool-Generation", 0xFFFF_FFFF)
-        try:
-            keys, blobs = unpack_bundle(self._body())
+            keys, blobs = unpack_bundle(req.body())
         except ValueError as exc:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_bundle", str(exc)) from None
         for i, blob in enumerate(blobs):
@@ -351,14 +211,14 @@ class _Handler(BaseHTTPRequestHandler):
                                f"allowed 1..{wire.MAX_CHUNK_LEN}")
         for key, blob in zip(keys, blobs, strict=True):
             try:
-                agent.publish(key, blob, generation)
+                self.agent.publish(key, blob, generation)
             except ValueError as exc:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "bad_chunk", str(exc)) from None
-        self._send_json({"published": len(keys), "bytes": sum(len(b) for b in blobs)})
+        return Response.json({"published": len(keys), "bytes": sum(len(b) for b in blobs)})
 
-    def _fetch(self, *, bundle: bool) -> None:
-        agent = self.server.agent
-        doc = self._json_body()
+    def fetch(self, req: Request, *, bundle: bool) -> Response:
+        """``POST /v1/fetch`` (a bundle back) and ``/v1/prefetch`` (a JSON summary back)."""
+        doc = req.json()
         keys = _keys_from(doc)
         holder = None
         if doc.get("holder") is not None:
@@ -374,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError as exc:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "bad_holder",
                                f"cannot resolve holder host {host[:80]!r}: {exc}") from None
-        timeout = doc.get("timeout", agent.config.fetch_timeout_s)
+        timeout = doc.get("timeout", self.agent.fetch_timeout_s)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"timeout must be a number of seconds in (0, 3600], "
                                                                 f"got {timeout!r}")
@@ -386,21 +246,21 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(local, bool):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"local must be true or false, got {local!r}")
         t0 = time.perf_counter()
-        blobs, stopped = agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout), local=local)
+        blobs, stopped = self.agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout),
+                                                 local=local)
         seconds = time.perf_counter() - t0
-        if bundle:
-            headers = {"X-Kvpool-Found": str(len(blobs)), "X-Kvpool-Requested": str(len(keys)),
-                       "X-Kvpool-Seconds": f"{seconds:.6f}"}
-            if stopped:
-                headers["X-Kvpool-Stopped"] = " ".join(stopped.split())[:400]
-            self._send_bundle(keys[: len(blobs)], blobs, headers)
-        else:
-            self._send_json({"found": len(blobs), "requested": len(keys), "bytes": sum(len(b) for b in blobs),
-                             "seconds": seconds, "stopped": stopped})
+        if not bundle:
+            return Response.json({"found": len(blobs), "requested": len(keys), "bytes": sum(len(b) for b in blobs),
+                                  "seconds": seconds, "stopped": stopped})
+        headers = {"X-Kvpool-Found": str(len(blobs)), "X-Kvpool-Requested": str(len(keys)),
+                   "X-Kvpool-Seconds": f"{seconds:.6f}"}
+        if stopped:
+            headers["X-Kvpool-Stopped"] = " ".join(stopped.split())[:400]
+        return Response.octets(pack_bundle(keys[: len(blobs)], blobs), headers)
 
-    def _push(self) -> None:
-        agent = self.server.agent
-        doc = self._json_body()
+    def push(self, req: Request) -> Response:
+        """``POST /v1/push``: send held chunks to an address unasked."""
+        doc = req.json()
         keys = _keys_from(doc)
         to = doc.get("to")
         if not isinstance(to, str):
@@ -411,22 +271,13 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, OSError):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field",
                            f"to must be an IPv4 host:port, got {to[:80]!r}") from None
-        held = [k for k in keys if agent.store.get(k) is not None]
-        agent.transport.push(held, (host, port))
-        self._send_json({"pushed": len(held), "missing": [format_key(k) for k in keys if k not in set(held)]})
-
-
-class _UnixHandler(_Handler):
-    """``_Handler`` for a Unix socket, whose peers have no address."""
-
-    def address_string(self) -> str:
-        """Unix socket peers have no address: name the transport in the access log."""
-        return "unix"
+        held = set(self.agent.push(keys, (host, port)))
+        return Response.json({"pushed": len(held), "missing": [format_key(k) for k in keys if k not in held]})
 
 
 def _key_arg(text: str) -> int:
     try:
-        return parse_key(urllib.parse.unquote(text))
+        return parse_key(text)
     except ValueError as exc:
         raise ApiError(HTTPStatus.BAD_REQUEST, "bad_key", str(exc)) from None
 

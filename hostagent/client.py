@@ -11,11 +11,13 @@ back::
     # on another node, through its own agent:
     prefix = client.fetch_prefix("llama-tiny", token_ids, block_size=16, holder="10.0.0.1:7470")
     cache = prefix.to_cache()            # DynamicCache of prefix.num_tokens tokens
+
+A refusal raises ``kvpool.httpjson.ApiError`` (HTTP ``status``, ``code``, one-line
+message); an agent that does not answer raises its subclass ``ApiUnreachableError``.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import urllib.parse
 from collections.abc import Sequence
@@ -28,16 +30,7 @@ from hostagent.api import format_key, pack_bundle, unpack_bundle
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
-from kvpool import localhttp
-
-
-class AgentError(RuntimeError):
-    """The agent refused a request or could not be reached; ``status`` is the HTTP status (0 if none)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"agent answered {status}: {message}" if status else message)
-        self.status = status
-        self.message = message
+from kvpool.httpjson import ApiError, JsonClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,86 +58,46 @@ class FetchedPrefix:
 
 
 class AgentClient:
-    """Talks to one agent's local HTTP API."""
+    """Talks to one agent's local HTTP API (through ``kvpool.httpjson.JsonClient``)."""
 
     def __init__(self, url: str, timeout: float = 60.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
         if not url.startswith("unix:") and urllib.parse.urlsplit(url).port is None:
             raise ValueError(f"agent url must look like http://127.0.0.1:7471 or unix:/path, got {url!r}")
-        self._connection()  # validates the address now, not at the first request
-
-    def _connection(self) -> http.client.HTTPConnection:
-        return localhttp.connection(self.url, self.timeout, "agent url")
-
-    # ------------------------------------------------------------------ transport
-
-    def _request(self, method: str, path: str, body: bytes | Sequence[bytes | memoryview] | None = None,
-                 headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
-        conn = self._connection()
-        try:
-            hdrs = dict(headers or {})
-            parts: Sequence[bytes | memoryview] = [] if body is None else [body] if isinstance(body, bytes) else body
-            if body is not None:
-                hdrs["Content-Length"] = str(sum(len(p) for p in parts))
-            conn.putrequest(method, path)
-            for k, v in hdrs.items():
-                conn.putheader(k, v)
-            conn.endheaders()
-            for p in parts:
-                conn.send(p)
-            resp = conn.getresponse()
-            data = resp.read()
-        except OSError as exc:
-            raise AgentError(0, f"cannot reach agent at {self.url}: {exc}") from None
-        finally:
-            conn.close()
-        if resp.status >= 400:
-            try:
-                message = str(json.loads(data)["error"])
-            except (ValueError, KeyError, TypeError):
-                message = data[:200].decode(errors="replace")
-            raise AgentError(resp.status, message)
-        return resp, data
-
-    def _json(self, method: str, path: str, doc: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = None if doc is None else json.dumps(doc).encode()
-        headers = {} if doc is None else {"Content-Type": "application/json"}
-        _, data = self._request(method, path, body, headers)
-        out: dict[str, Any] = json.loads(data)
-        return out
+        self.http = JsonClient(url, timeout, "agent API")
+        self.url = self.http.url
+        self.timeout = timeout
 
     # ------------------------------------------------------------------ plain calls
 
     def health(self) -> dict[str, Any]:
         """The agent's identity and addresses."""
-        return self._json("GET", "/v1/health")
+        return self.http.get("/v1/health")
 
     def stats(self) -> dict[str, Any]:
         """All of the agent's counters."""
-        return self._json("GET", "/v1/stats")
+        return self.http.get("/v1/stats")
 
     def put_chunk(self, key: int, blob: bytes, generation: int = 0) -> dict[str, Any]:
         """Publish one serialized chunk."""
-        _, data = self._request("PUT", f"/v1/chunks/{format_key(key)}?generation={generation}", blob,
-                                {"Content-Type": "application/octet-stream"})
-        out: dict[str, Any] = json.loads(data)
+        reply = self.http.request("PUT", f"/v1/chunks/{format_key(key)}?generation={generation}", blob,
+                                  {"Content-Type": "application/octet-stream"})
+        out: dict[str, Any] = json.loads(reply.body)
         return out
 
     def get_chunk(self, key: int) -> bytes:
-        """A serialized chunk held by the agent (``AgentError`` 404 if not)."""
-        return self._request("GET", f"/v1/chunks/{format_key(key)}")[1]
+        """A serialized chunk held by the agent (``ApiError`` 404 if not)."""
+        return self.http.request("GET", f"/v1/chunks/{format_key(key)}").body
 
     def delete_chunk(self, key: int) -> bool:
         """Make the agent forget a chunk; True if it held it."""
-        return bool(self._json("DELETE", f"/v1/chunks/{format_key(key)}")["deleted"])
+        return bool(self.http.delete(f"/v1/chunks/{format_key(key)}")["deleted"])
 
     def publish_chunks(self, keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview],
                        generation: int = 0) -> dict[str, Any]:
         """Publish many serialized chunks in one request."""
-        _, data = self._request("POST", "/v1/publish", pack_bundle(keys, blobs),
-                                {"Content-Type": "application/octet-stream", "X-Kvpool-Generation": str(generation)})
-        out: dict[str, Any] = json.loads(data)
+        reply = self.http.request("POST", "/v1/publish", pack_bundle(keys, blobs),
+                                  {"Content-Type": "application/octet-stream", "X-Kvpool-Generation": str(generation)})
+        out: dict[str, Any] = json.loads(reply.body)
         return out
 
     def fetch_chunks(self, keys: Sequence[int], holder: str | None = None, *, timeout: float | None = None,
@@ -158,15 +111,18 @@ class AgentClient:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        resp, data = self._request("POST", "/v1/fetch", json.dumps(doc).encode(), {"Content-Type": "application/json"})
-        got_keys, views = unpack_bundle(data)
+        reply = self.http.request("POST", "/v1/fetch", json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        try:
+            got_keys, views = unpack_bundle(reply.body)
+        except ValueError as exc:
+            raise ApiError(reply.status, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
-            raise AgentError(resp.status, "agent answered chunks for other keys than asked")
-        return got_keys, [bytes(v) for v in views], resp.getheader("X-Kvpool-Stopped")
+            raise ApiError(reply.status, "bad_answer", "agent answered chunks for other keys than asked")
+        return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped")
 
     def push(self, keys: Sequence[int], to: str) -> dict[str, Any]:
         """Have a holder send the chunks to ``to`` unasked (fills switch pools on the way)."""
-        return self._json("POST", "/v1/push", {"keys": [format_key(k) for k in keys], "to": to})
+        return self.http.post("/v1/push", {"keys": [format_key(k) for k in keys], "to": to})
 
     def prefetch(self, keys: Sequence[int], holder: str | None = None, *,
                  timeout: float | None = None) -> dict[str, Any]:
@@ -176,7 +132,7 @@ class AgentClient:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        return self._json("POST", "/v1/prefetch", doc)
+        return self.http.post("/v1/prefetch", doc)
 
     # ------------------------------------------------------------------ prefixes
 

@@ -11,7 +11,6 @@ fetched chunk is stored in the local tiers, so the agent can serve it onwards.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -23,20 +22,20 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from hostagent.api import make_server
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
 from hostagent.holder import Holder
-from hostagent.registration import ControllerApiError, ControllerClient, ControllerUnreachableError, Registration
+from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
 from kvpool import wire
-
-if TYPE_CHECKING:
-    from hostagent.api import AgentHTTPServer  # the API module imports this one
+from kvpool.httpjson import ApiError, ApiServer
 
 log = logging.getLogger("kvpool.agent")
 
@@ -182,14 +181,6 @@ def load_config(path: Path | None) -> AgentConfig:
     return cfg
 
 
-def parse_address(text: str) -> Address:
-    """``host:port`` to an address tuple; ``ValueError`` with a one-line reason otherwise."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
-        raise ValueError(f"holder address must be host:port, got {text!r}")
-    return host, int(port)
-
-
 class Agent:
     """One host agent: tiered store, holder, transport and (started by ``start``) the HTTP API."""
 
@@ -200,10 +191,7 @@ class Agent:
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store)
         self.transport = Transport(config.transport_config(), self.holder)
-        self._api: AgentHTTPServer | None = None
-        self._api_thread: threading.Thread | None = None
-        self._unix_api: AgentHTTPServer | None = None
-        self._unix_thread: threading.Thread | None = None
+        self._api: ApiServer | None = None
         self._lock = threading.Lock()
         self.started_at = 0.0
         self.published_chunks = 0
@@ -226,32 +214,18 @@ class Agent:
 
     def start(self) -> None:
         """Bind the UDP sockets and the HTTP API and start serving."""
-        from hostagent.api import make_server  # api imports this module
-
         self.transport.start()
         try:
-            self._api = make_server(self, self.config.api_host, self.config.api_port)
+            self._api = make_server(self, self.config.api_host, self.config.api_port,
+                                    Path(self.config.api_socket) if self.config.api_socket else None,
+                                    max_body_bytes=self.config.max_body_bytes).start()
         except OSError:
             self.transport.stop()
             raise
-        self._api_thread = threading.Thread(target=self._api.serve_forever, kwargs={"poll_interval": 0.1},
-                                            name="kvpool-api", daemon=True)
-        self._api_thread.start()
-        if self.config.api_socket:
-            from hostagent.api import make_unix_server
-
-            try:
-                self._unix_api = make_unix_server(self, self.config.api_socket)
-            except OSError:
-                self.stop()
-                raise
-            self._unix_thread = threading.Thread(target=self._unix_api.serve_forever, kwargs={"poll_interval": 0.1},
-                                                 name="kvpool-api-unix", daemon=True)
-            self._unix_thread.start()
         if self.config.controller:
             try:
                 self._join_directory()
-            except (ControllerApiError, ControllerUnreachableError, ValueError) as exc:
+            except (ApiError, ValueError) as exc:
                 self.stop()
                 raise RuntimeError(f"controller {self.config.controller}: {exc}") from None
         self.started_at = time.time()
@@ -284,21 +258,8 @@ class Agent:
             self.directory.stop()
             self.directory = None
         if self._api is not None:
-            self._api.shutdown()
-            self._api.server_close()
+            self._api.stop()
             self._api = None
-        if self._api_thread is not None:
-            self._api_thread.join()
-            self._api_thread = None
-        if self._unix_api is not None:
-            self._unix_api.shutdown()
-            self._unix_api.server_close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.api_socket)
-            self._unix_api = None
-        if self._unix_thread is not None:
-            self._unix_thread.join()
-            self._unix_thread = None
         self.transport.stop()
         if self._backend is not None:
             self._backend.close()
@@ -309,7 +270,7 @@ class Agent:
         """The HTTP API port actually bound."""
         if self._api is None:
             raise RuntimeError("agent not started")
-        return int(self._api.server_address[1])
+        return self._api.port
 
     @property
     def api_url(self) -> str:
@@ -324,7 +285,26 @@ class Agent:
             info["api_socket"] = f"unix:{self.config.api_socket}"
         return info
 
-    # ------------------------------------------------------------------ operations
+    # ------------------------------------------------------------------ operations (hostagent.api.AgentService)
+
+    @property
+    def fetch_timeout_s(self) -> float:
+        """Deadline of a fetch that names none."""
+        return self.config.fetch_timeout_s
+
+    def chunk(self, key: int) -> Blob | None:
+        """A chunk from the local tiers, None when not held."""
+        return self.store.get(key)
+
+    def forget(self, key: int) -> bool:
+        """Drop a chunk from the local tiers; True if it was held."""
+        return self.store.delete(key)
+
+    def push(self, keys: Sequence[int], to: Address) -> list[int]:
+        """Send every fragment of the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
+        held = [k for k in keys if self.store.get(k) is not None]
+        self.transport.push(held, to)
+        return held
 
     def publish(self, key: int, data: bytes | memoryview, generation: int = 0) -> str:
         """Store a serialized chunk in the local tiers; return the tier it landed in."""
@@ -400,7 +380,7 @@ class Agent:
         me = self.directory.registration.node_id
         try:
             holders = self.directory.registration.client.holders(key)
-        except (ControllerApiError, ControllerUnreachableError) as exc:
+        except ApiError as exc:
             log.warning("directory lookup of %#x failed: %s", key, exc)
             return None
         for h in holders:  # fastest tier first, as the directory lists them

@@ -19,7 +19,8 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from hostagent.registration import ControllerApiError, ControllerUnreachableError, Registration
+from hostagent.registration import Registration
+from kvpool.httpjson import ApiError
 
 log = logging.getLogger("kvpool.dirsync")
 
@@ -109,7 +110,7 @@ class DirectorySync:
                 self.publishes += len(keys)
                 for k in keys:
                     self._published[k] = tier
-        except (ControllerUnreachableError, ControllerApiError) as exc:
+        except ApiError as exc:  # ApiUnreachableError included
             self.errors += 1
             log.warning("directory update failed (%s); retrying", exc)
             with self._lock:

@@ -3,8 +3,9 @@
 Talks to the controller API (``controller.api``) over HTTP/JSON, on TCP
 (``http://HOST:PORT``) or a Unix socket (``unix:/PATH``): an agent inside a Mininet host
 lives in another network namespace but shares the filesystem, so the socket file is how it
-reaches the controller in the root namespace. Standard library only, so it adds nothing to
-an agent's start-up.
+reaches the controller in the root namespace. Standard library only (through
+``kvpool.httpjson``), so it adds nothing to an agent's start-up. Errors: ``ApiError`` when
+the controller refuses, its subclass ``ApiUnreachableError`` when it does not answer.
 
 Typical use::
 
@@ -21,76 +22,22 @@ and republishes everything this agent still holds, so the directory comes back e
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import threading
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvpool import localhttp
+from kvpool.httpjson import ApiError, JsonClient
 
 log = logging.getLogger("kvpool.registration")
 
 
-class ControllerUnreachableError(ConnectionError):
-    """Nothing answers at the controller API address (the message says where)."""
-
-
-class ControllerApiError(RuntimeError):
-    """The controller API answered with an error: HTTP ``status``, machine-readable ``code``, one-line message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-def connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    """An HTTP connection for ``http://HOST:PORT`` or ``unix:/PATH``; ValueError for anything else."""
-    return localhttp.connection(url, timeout, "controller API")
-
-
-class ControllerClient:
-    """JSON requests to the controller API; errors as ControllerApiError / ControllerUnreachableError."""
+class ControllerClient(JsonClient):
+    """The controller API's client (``kvpool.httpjson.JsonClient``) plus the directory lookup requesters need."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        connection(url, timeout)  # validate the address now, not at the first request
-        self.url = url
-        self.timeout = timeout
-
-    def request(self, method: str, path: str, doc: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One request; the decoded JSON object of a 200 answer."""
-        conn = connection(self.url, self.timeout)
-        body = json.dumps(doc).encode() if doc is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        try:
-            conn.request(method, path, body, headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise ControllerUnreachableError(f"controller API at {self.url} is unreachable: {exc}") from None
-        finally:
-            conn.close()
-        try:
-            answer = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            answer = {"error": raw[:200].decode(errors="replace")}
-        if not isinstance(answer, dict):
-            raise ControllerApiError(resp.status, "bad_answer", f"controller API answered {raw[:200]!r}")
-        if resp.status != 200:
-            raise ControllerApiError(resp.status, str(answer.get("code", "error")),
-                                     str(answer.get("error", f"HTTP {resp.status}")))
-        return answer
-
-    def get(self, path: str) -> dict[str, Any]:
-        """GET ``path``."""
-        return self.request("GET", path)
-
-    def post(self, path: str, doc: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """POST ``doc`` to ``path``."""
-        return self.request("POST", path, doc if doc is not None else {})
+        super().__init__(url, timeout, "controller API")
 
     def holders(self, key: int) -> list[dict[str, Any]]:
         """Live copies of chunk ``key`` (node_id, address, tier, nbytes, role), fastest tier first.
@@ -99,7 +46,7 @@ class ControllerClient:
         """
         try:
             return list(self.get(f"/v1/chunks/{key:#x}")["holders"])
-        except ControllerApiError as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return []
             raise
@@ -129,7 +76,7 @@ class Registration:
         return f"/v1/nodes/{urllib.parse.quote(self.node_id, safe='')}"
 
     def register(self) -> None:
-        """Register with the controller and republish what this agent holds (refused: ControllerApiError 403).
+        """Register with the controller and republish what this agent holds (refused: ApiError 403).
 
         The controller starts a (re-)registered node from an empty chunk list, so everything
         published through this object so far is published again.
@@ -147,8 +94,8 @@ class Registration:
         """One heartbeat; re-registers and republishes when the controller marked this node down or forgot it."""
         try:
             self.client.post(f"{self._path}/heartbeat")
-        except ControllerApiError as exc:
-            if exc.status not in (404, 410):
+        except ApiError as exc:
+            if exc.status not in (404, 410):  # ApiUnreachableError (status 0) included
                 raise
             log.warning("controller %s (%s): registering %s again", exc.code, exc, self.node_id)
             self.register()
@@ -193,7 +140,7 @@ class Registration:
         while not self._stop.wait(self.heartbeat_s or 1.0):
             try:
                 self.heartbeat()
-            except (ControllerUnreachableError, ControllerApiError) as exc:
+            except ApiError as exc:  # ApiUnreachableError included
                 # Keep trying: the controller may be restarting; it marks us down meanwhile.
                 self.heartbeat_failures += 1
                 log.warning("heartbeat of %s failed: %s", self.node_id, exc)
@@ -206,6 +153,6 @@ class Registration:
             self._thread = None
         if deregister:
             try:
-                self.client.request("DELETE", self._path)
-            except (ControllerUnreachableError, ControllerApiError) as exc:
+                self.client.delete(self._path)
+            except ApiError as exc:
                 log.warning("could not deregister %s: %s", self.node_id, exc)

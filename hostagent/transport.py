@@ -87,6 +87,14 @@ _SKB_BYTES: Final = 2304
 Address = tuple[str, int]
 
 
+def parse_address(text: str) -> Address:
+    """``host:port`` to an address tuple; ``ValueError`` with a one-line reason otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise ValueError(f"holder address must be host:port, got {text!r}")
+    return host, int(port)
+
+
 class TransferError(RuntimeError):
     """A chunk could not be fetched (NACK, no progress, timeout, transport stopped)."""
 

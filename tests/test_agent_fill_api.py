@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hostagent.client import AgentClient, AgentError
+from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.fragment import Reassembler
 from kvpool import wire
+from kvpool.httpjson import ApiError, ApiUnreachableError
 
 CHUNK = bytes((i * 7 + 3) % 256 for i in range(5 * wire.FRAG_PAYLOAD + 11))  # 6 fragments
 KEY = 0xFEED_0000_0000_0001
@@ -41,13 +42,13 @@ def test_unix_socket_api_serves_and_is_removed_on_stop(tmp_path: Path) -> None:
         assert client.health()["api_socket"] == f"unix:{sock}"
         client.put_chunk(KEY, CHUNK)
         assert client.get_chunk(KEY) == CHUNK
-        with pytest.raises(AgentError) as err:
+        with pytest.raises(ApiError) as err:
             client.get_chunk(KEY + 1)
         assert err.value.status == 404
     finally:
         agent.stop()
     assert not sock.exists()
-    with pytest.raises(AgentError, match="cannot reach agent"):
+    with pytest.raises(ApiUnreachableError, match=r"agent API at .+ is unreachable"):
         AgentClient(f"unix:{sock}", timeout=2).health()
 
 
@@ -80,8 +81,8 @@ def test_push_sends_every_fragment_once_to_the_target(pair: tuple[Agent, Agent, 
 def test_push_bad_arguments(pair: tuple[Agent, Agent, Path], doc_to: str | None, message: str) -> None:
     _, _, sock = pair
     client = AgentClient(f"unix:{sock}")
-    with pytest.raises(AgentError) as err:
-        client._json("POST", "/v1/push", {"keys": [f"{KEY:#x}"], **({"to": doc_to} if doc_to else {})})
+    with pytest.raises(ApiError) as err:
+        client.http.post("/v1/push", {"keys": [f"{KEY:#x}"], **({"to": doc_to} if doc_to else {})})
     assert err.value.status == 400 and message in err.value.message
 
 
@@ -101,8 +102,8 @@ def test_network_only_fetch_neither_reads_nor_keeps_local_copies(pair: tuple[Age
     client.fetch_chunks([KEY], holder_addr)
     assert requester.stats()["agent"]["fetch_remote"] == 3 and requester.store.get(KEY) is not None
     assert served["datagrams_received"] >= 2
-    with pytest.raises(AgentError) as err:
-        client._json("POST", "/v1/fetch", {"keys": [f"{KEY:#x}"], "local": "no"})
+    with pytest.raises(ApiError) as err:
+        client.http.post("/v1/fetch", {"keys": [f"{KEY:#x}"], "local": "no"})
     assert err.value.status == 400 and "local must be" in err.value.message
     time.sleep(0)
 

@@ -32,9 +32,10 @@ from ctl_harness import (
     running,
 )
 
-from hostagent.registration import ControllerApiError, ControllerClient, ControllerUnreachableError, Registration
+from hostagent.registration import ControllerClient, Registration
 from kvpool import wire
 from kvpool.contract import DropReason
+from kvpool.httpjson import ApiError, ApiUnreachableError
 
 ROOT = Path(__file__).resolve().parents[1]
 H0, H1, H2 = (TOPO.hosts[h] for h in ("h0", "h1", "h2"))
@@ -58,8 +59,8 @@ def bare(tmp_path: Path) -> Iterator[Daemon]:
         yield d
 
 
-def _refused(client: ControllerClient, path: str, body: dict[str, object]) -> ControllerApiError:
-    with pytest.raises(ControllerApiError) as e:
+def _refused(client: ControllerClient, path: str, body: dict[str, object]) -> ApiError:
+    with pytest.raises(ApiError) as e:
         client.post(path, body)
     return e.value
 
@@ -88,7 +89,7 @@ def test_status_names_switches_nodes_and_pipeline(daemon: Daemon, api: Controlle
 def test_unknown_paths_methods_and_bodies(api: ControllerClient) -> None:
     for method, path, code in (("GET", "/v1/nope", 404), ("GET", "/v2/status", 404), ("POST", "/v1/status", 405),
                                ("GET", "/v1/admit", 405), ("GET", "/v1/switches/s9", 404)):
-        with pytest.raises(ControllerApiError) as e:
+        with pytest.raises(ApiError) as e:
             api.request(method, path, {} if method == "POST" else None)
         assert e.value.status == code, (method, path)
     e2 = _refused(api, "/v1/admit", {"key": "xyz"})
@@ -97,7 +98,7 @@ def test_unknown_paths_methods_and_bodies(api: ControllerClient) -> None:
     assert e3.status == 400 and "demote or drop" in str(e3)
     e4 = _refused(api, "/v1/quota", {"tenant": -1, "slots": 3})
     assert e4.status == 400
-    with pytest.raises(ControllerApiError, match="expected one of value"):
+    with pytest.raises(ApiError, match="expected one of value"):
         api.get("/v1/top?sort=colour")
 
 
@@ -186,7 +187,7 @@ def test_no_space_and_unknown_keys_are_refused(daemon: Daemon, api: ControllerCl
     for op in ("admit", "pin", "unpin", "evict"):
         e = _refused(api, f"/v1/{op}", {"key": f"{UNKNOWN:#x}"})
         assert e.code == "unknown_key" and "not in the catalog" in str(e), op
-    with pytest.raises(ControllerApiError) as ei:
+    with pytest.raises(ApiError) as ei:
         api.get(f"/v1/chunks/{UNKNOWN:#x}")
     assert ei.value.status == 404
 
@@ -297,12 +298,13 @@ def test_an_agent_in_another_network_namespace_registers_through_the_socket(bare
     # reachable from there), the same filesystem (the Unix socket is).
     script = (
         "import sys\n"
-        "from hostagent.registration import ControllerClient, ControllerUnreachableError, Registration\n"
+        "from hostagent.registration import ControllerClient, Registration\n"
+        "from kvpool.httpjson import ApiUnreachableError\n"
         f"tcp = ControllerClient({bare.url!r}, timeout=2)\n"
         "try:\n"
         "    tcp.get('/v1/status')\n"
         "    sys.exit('TCP reached the controller from another namespace')\n"
-        "except ControllerUnreachableError:\n"
+        "except ApiUnreachableError:\n"
         "    print('tcp unreachable')\n"
         f"reg = Registration(ControllerClient('unix:{bare.socket}'), 'h0', {H0.address!r}, 'holder', "
         "{'pool': 1 << 20})\n"
@@ -363,7 +365,7 @@ def test_a_silent_node_goes_down_and_comes_back_clean(tmp_path: Path) -> None:
 
 def test_unreachable_daemon_is_a_clear_error(tmp_path: Path) -> None:
     client = ControllerClient(f"unix:{tmp_path / 'none.sock'}", timeout=2)
-    with pytest.raises(ControllerUnreachableError, match="unreachable"):
+    with pytest.raises(ApiUnreachableError, match="unreachable"):
         client.get("/v1/status")
     with pytest.raises(ValueError, match="expected http"):
         ControllerClient("ftp://x")

@@ -21,6 +21,7 @@ from ctl_harness import BIG, OTHER, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
 from controller import ctl
 from hostagent.registration import ControllerClient, Registration
 from kvpool import wire
+from kvpool.httpjson import JsonClient
 
 ROOT = Path(__file__).resolve().parents[1]
 CTL = [sys.executable, "-m", "controller.ctl"]
@@ -135,13 +136,13 @@ def test_top_table_json_sort_and_watch(daemon: Daemon, capsys: pytest.CaptureFix
     assert set(doc["chunks"][0]) >= {"key", "value", "hits", "estimate", "tier", "holders"}
     # --watch refreshes --count times from the daemon, then stops by itself.
     calls: list[str] = []
-    real_get = ControllerClient.get
+    real_get = JsonClient.get
 
-    def counting_get(self: ControllerClient, path: str) -> dict[str, Any]:
+    def counting_get(self: JsonClient, path: str) -> dict[str, Any]:
         calls.append(path)
         return real_get(self, path)
 
-    monkeypatch.setattr(ControllerClient, "get", counting_get)
+    monkeypatch.setattr(JsonClient, "get", counting_get)
     code, out, _ = run(daemon, capsys, "top", "--watch", "--count", "3", "--interval", "0.01")
     assert code == 0 and len(calls) == 3 and all(p.startswith("/v1/top") for p in calls)
     assert f"{TWO:#x}" in out

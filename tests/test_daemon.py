@@ -15,9 +15,10 @@ import torch
 
 from hostagent.chunking import chunk_keys
 from hostagent.cli import build_parser, config_from_args, parse_size
-from hostagent.client import AgentClient, AgentError
+from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig, ConfigError, load_config, spawn_agent
 from hostagent.serialize import deserialize, serialize
+from kvpool.httpjson import ApiError, ApiUnreachableError
 
 
 def _agent(**kw: object) -> Agent:
@@ -49,7 +50,7 @@ def test_health_put_get_delete_and_stats(agents: tuple[Agent, Agent]) -> None:
     assert c.put_chunk(0xABC, b"hello", generation=3) == {"key": "0x0000000000000abc", "bytes": 5, "tier": "dram"}
     assert c.get_chunk(0xABC) == b"hello"
     assert a.store.generation(0xABC) == 3
-    with pytest.raises(AgentError) as err:
+    with pytest.raises(ApiError) as err:
         c.get_chunk(0xABD)
     assert err.value.status == 404 and "not held here" in err.value.message
     st = c.stats()
@@ -189,7 +190,7 @@ def test_daemon_stops_cleanly_on_signal(tmp_path: Path, sig: signal.Signals) -> 
         proc.stop()
     log = proc.log()
     assert f"received {sig.name}, shutting down" in log and "agent stopped" in log
-    with pytest.raises(AgentError, match="cannot reach agent"):
+    with pytest.raises(ApiUnreachableError, match=r"agent API at .+ is unreachable"):
         AgentClient(proc.api_url, timeout=2).health()
 
 
