@@ -5,47 +5,128 @@ Example (switch addresses as the Mininet builder prints them)::
     kvpool-controller --topology bmv2_topologies/star.json --switch s1=127.0.0.1:50051@1 \\
         --catalog chunks.json --holder-api unix:/tmp/kvpool/h0.sock --mode pool
 
-Settings come from an optional TOML file (``--config``; keys as the long options, with
-underscores) overridden by flags. SIGTERM or SIGINT ends it cleanly: the current epoch
-finishes, the P4Runtime connections close, exit status 0.
+Settings come from defaults, then the ``[controller]`` table of an optional TOML file
+(``--config``; keys as the long options, with underscores: ``ControllerConfig``), then
+flags. A bad setting (an unknown key, a wrong type, a bad value) is one line on stderr and
+exit status 2. SIGTERM or SIGINT ends it cleanly: the current epoch finishes, the
+P4Runtime connections close, exit status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
 import sys
 import threading
-import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from kvpool import config
+from kvpool.config import ConfigError
+from kvpool.httpjson import connection
 
 log = logging.getLogger("kvpool.controller")
 
+MODES = ("plain", "multicast", "pool")
+TARGETS = ("bmv2", "model", "unknown")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
-def _switch(text: str) -> tuple[str, str, int]:
-    """Parse ``NAME=HOST:PORT[@DEVICE_ID]``."""
-    try:
-        name, rest = text.split("=", 1)
-        addr, _, dev = rest.partition("@")
-        int(addr.rsplit(":", 1)[1])
-        return name, addr, int(dev) if dev else 1
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--switch {text!r}: expected NAME=HOST:PORT[@DEVICE_ID]") from None
+
+def parse_switch(text: str) -> tuple[str, str, int]:
+    """``NAME=HOST:PORT[@DEVICE_ID]`` to (name, address, device id); ValueError with a one-line reason."""
+    name, eq, rest = text.partition("=")
+    addr, _, dev = rest.partition("@")
+    host, _, port = addr.rpartition(":")
+    if not eq or not name or not host or not port.isdigit() or (dev and not dev.isdigit()):
+        raise ValueError(f"switch {text!r}: expected NAME=HOST:PORT[@DEVICE_ID]")
+    return name, addr, int(dev) if dev else 1
+
+
+@dataclass
+class ControllerConfig:
+    """Every setting of ``kvpool-controller``; TOML keys under ``[controller]`` have the same names."""
+
+    topology: Path | None = None
+    """Topology JSON (bmv2_topologies/*.json); required."""
+    switch: list[str] = field(default_factory=list)
+    """``NAME=HOST:PORT[@DEVICE_ID]`` per switch of the topology; required."""
+    mode: str = "pool"
+    """plain, multicast or pool."""
+    catalog: Path | None = None
+    """Chunk catalog JSON (key, parent, position, nbytes)."""
+    holder_api: str = ""
+    """Holder agent API asked to push admitted chunks (``http://HOST:PORT`` or ``unix:/PATH``)."""
+    p4info: Path | None = None
+    """P4Info (default p4/build/kvpool.p4info.txtpb)."""
+    bmv2_json: Path | None = None
+    """BMv2 JSON pushed with the P4Info (default p4/build/kvpool.json)."""
+    epoch: float = 0.5
+    """Seconds per policy epoch."""
+    threshold: int | None = None
+    """Missed GETs before the switch reports a chunk hot (default: the fabric's)."""
+    pending_timeout_us: int | None = None
+    """How long a pending GET absorbs duplicates (default: the fabric's)."""
+    status_file: Path | None = None
+    """Write the controller status as JSON here every epoch."""
+    api: str = ""
+    """Serve the operator/agent API on this ``HOST:PORT``."""
+    api_socket: Path | None = None
+    """Also serve the API on this Unix socket."""
+    target: str = "unknown"
+    """What the switches run (bmv2, model), shown by ``kvpool-ctl status``."""
+    heartbeat_timeout: float = 3.0
+    """Seconds without a heartbeat before an agent is marked down."""
+    log_level: str = "info"
+    """debug, info, warning or error."""
+
+    def switches(self) -> list[tuple[str, str, int]]:
+        """The parsed ``switch`` entries."""
+        try:
+            return [parse_switch(s) for s in self.switch]
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the first bad or missing setting."""
+        if self.topology is None:
+            raise ConfigError("--topology is required (or topology in the [controller] table of --config)")
+        if not self.switch:
+            raise ConfigError("--switch is required (or switch in the [controller] table of --config)")
+        self.switches()
+        choices = {"mode": MODES, "target": TARGETS, "log_level": LOG_LEVELS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("epoch", "heartbeat_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+        for name in ("threshold", "pending_timeout_us"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.holder_api:
+            try:
+                connection(self.holder_api, None, "holder_api")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.api:
+            host, _, port = self.api.rpartition(":")
+            if not host or not port.isdigit() or int(port) > 0xFFFF:
+                raise ConfigError(f"api must be HOST:PORT, got {self.api!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvpool-controller`` argument parser."""
     p = argparse.ArgumentParser(prog="kvpool-controller", description=(__doc__ or "").splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, help="TOML file with defaults for the options below")
+    p.add_argument("--config", type=Path, help="TOML file with a [controller] table of defaults for the options below")
     p.add_argument("--topology", type=Path, help="topology JSON (bmv2_topologies/*.json)")
-    p.add_argument("--switch", action="append", type=_switch, default=None, metavar="NAME=HOST:PORT[@ID]",
+    p.add_argument("--switch", action="append", default=None, metavar="NAME=HOST:PORT[@ID]",
                    help="P4Runtime address of a switch of the topology (repeat per switch)")
-    p.add_argument("--mode", choices=["plain", "multicast", "pool"], help="how much the switches help (default pool)")
+    p.add_argument("--mode", choices=MODES, help="how much the switches help (default pool)")
     p.add_argument("--catalog", type=Path, help="chunk catalog JSON (key, parent, position, nbytes)")
     p.add_argument("--holder-api", help="holder agent API URL asked to push admitted chunks (http:// or unix:)")
     p.add_argument("--p4info", type=Path, help="P4Info (default p4/build/kvpool.p4info.txtpb)")
@@ -62,47 +143,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["bmv2", "model"], help="what the switches run (shown by kvpool-ctl status)")
     p.add_argument("--heartbeat-timeout", type=float,
                    help="seconds without a heartbeat before an agent is marked down (default 3)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    p.add_argument("--log-level", choices=LOG_LEVELS, default=None)
     return p
 
 
-def _merged(args: argparse.Namespace) -> dict[str, Any]:
-    """TOML defaults overridden by the flags that were given."""
-    cfg: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            cfg = tomllib.loads(args.config.read_text())
-        except FileNotFoundError:
-            raise SystemExit(f"kvpool-controller: --config {args.config}: no such file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SystemExit(f"kvpool-controller: --config {args.config}: {exc}") from None
-    for key, value in vars(args).items():
-        if key != "config" and value is not None:
-            cfg[key] = value
-    if "switch" in cfg and cfg["switch"] and isinstance(cfg["switch"][0], str):
-        cfg["switch"] = [_switch(s) for s in cfg["switch"]]
+def config_from_args(args: argparse.Namespace) -> ControllerConfig:
+    """Defaults, then the ``[controller]`` table of ``--config``, then the flags given; validated."""
+    cfg = ControllerConfig() if args.config is None else config.load(args.config, "controller", ControllerConfig)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cfg) if getattr(args, f.name, None) is not None}
+    cfg = dataclasses.replace(cfg, **given)
+    cfg.validate()
     return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``kvpool-controller``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Entry point of ``kvpool-controller``: 0 on a clean stop, 2 on a bad configuration, 1 if it cannot run."""
+    args = build_parser().parse_args(argv)
     try:
-        cfg = _merged(args)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
-    logging.basicConfig(level=getattr(logging, str(cfg.get("log_level", "info")).upper()),
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"kvpool-controller: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for required in ("topology", "switch"):
-        if not cfg.get(required):
-            parser.error(f"--{required} is required (or set it in --config)")
 
+    # Imported once the configuration is known good: --help and a bad flag stay fast.
     from controller.daemon import (
         Catalog,
         Controller,
         ControllerError,
         ControllerSettings,
+        HolderPushClient,
         Mode,
         SwitchEndpoint,
     )
@@ -110,46 +181,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     from controller.p4runtime import SwitchUnreachableError, WriteError
     from kvpool.topology import TopologyError, load
 
+    assert cfg.topology is not None  # validate() requires it
     try:
-        topo = load(cfg["topology"])
+        topo = load(cfg.topology)
         fabric = FabricSettings(
-            popularity_threshold=int(cfg.get("threshold", FabricSettings.popularity_threshold)),
-            pending_timeout_us=int(cfg.get("pending_timeout_us", FabricSettings.pending_timeout_us)),
+            popularity_threshold=cfg.threshold or FabricSettings.popularity_threshold,
+            pending_timeout_us=cfg.pending_timeout_us or FabricSettings.pending_timeout_us,
         )
-        settings = ControllerSettings(mode=Mode(cfg.get("mode", "pool")), fabric=fabric,
-                                      epoch_s=float(cfg.get("epoch", 0.5)),
-                                      heartbeat_timeout_s=float(cfg.get("heartbeat_timeout", 3.0)),
-                                      target=str(cfg.get("target", "unknown")))
-        if "p4info" in cfg:
-            settings.p4info = Path(cfg["p4info"])
-        if "bmv2_json" in cfg:
-            settings.bmv2_json = Path(cfg["bmv2_json"])
+        settings = ControllerSettings(mode=Mode(cfg.mode), fabric=fabric, epoch_s=cfg.epoch,
+                                      heartbeat_timeout_s=cfg.heartbeat_timeout, target=cfg.target)
+        if cfg.p4info is not None:
+            settings.p4info = cfg.p4info
+        if cfg.bmv2_json is not None:
+            settings.bmv2_json = cfg.bmv2_json
         if not settings.p4info.exists():
             raise ControllerError(f"P4Info {settings.p4info} not found (build p4/ with `make -C p4`)")
-        catalog = Catalog.load(Path(cfg["catalog"])) if cfg.get("catalog") else Catalog()
-        filler = None
-        if cfg.get("holder_api"):
-            from controller.daemon import HolderPushClient
-
-            filler = HolderPushClient(str(cfg["holder_api"]), fabric.fill_sink)
-        endpoints = [SwitchEndpoint(name, addr, dev) for name, addr, dev in cfg["switch"]]
+        catalog = Catalog.load(cfg.catalog) if cfg.catalog is not None else Catalog()
+        filler = HolderPushClient(cfg.holder_api, fabric.fill_sink) if cfg.holder_api else None
+        endpoints = [SwitchEndpoint(name, addr, dev) for name, addr, dev in cfg.switches()]
         controller = Controller(topo, endpoints, settings, catalog, filler).start()
     except (TopologyError, ControllerError, SwitchUnreachableError, WriteError, OSError) as exc:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 1
     api = None
-    if cfg.get("api") or cfg.get("api_socket"):
+    if cfg.api or cfg.api_socket is not None:
         from controller.api import DEFAULT_PORT, ControllerAPI
 
-        host, _, port = str(cfg.get("api") or f"127.0.0.1:{DEFAULT_PORT}").rpartition(":")
+        host, _, port = (cfg.api or f"127.0.0.1:{DEFAULT_PORT}").rpartition(":")
         try:
-            sock = Path(cfg["api_socket"]) if cfg.get("api_socket") else None
-            api = ControllerAPI(controller, host or "127.0.0.1", int(port), sock).start()
-        except (OSError, ValueError) as exc:
+            api = ControllerAPI(controller, host, int(port), cfg.api_socket).start()
+        except OSError as exc:
             controller.close()
-            print(f"kvpool-controller: --api {cfg.get('api')}: cannot serve there ({exc})", file=sys.stderr)
+            print(f"kvpool-controller: --api {cfg.api}: cannot serve there ({exc})", file=sys.stderr)
             return 1
-        log.info("API on %s%s", api.url, f" and unix:{sock}" if sock else "")
+        log.info("API on %s%s", api.url, f" and unix:{cfg.api_socket}" if cfg.api_socket else "")
 
     stop = threading.Event()
 
@@ -159,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    status_file: Path | None = Path(cfg["status_file"]) if cfg.get("status_file") else None
+    status_file = cfg.status_file
 
     def on_epoch(_report: object) -> None:
         if status_file is not None:

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from hostagent.daemon import BACKENDS, Agent, AgentConfig, ConfigError, load_config
+from hostagent.daemon import BACKENDS, Agent, AgentConfig, load_config
+from kvpool.config import ConfigError
 
 _SIZE = re.compile(r"^(\d+)\s*(|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

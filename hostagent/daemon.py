@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,17 +33,14 @@ from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
-from kvpool import wire
+from kvpool import config, wire
+from kvpool.config import ConfigError
 from kvpool.httpjson import ApiError, ApiServer
 
 log = logging.getLogger("kvpool.agent")
 
 BACKENDS = ("none", "memory", "mooncake")
 ROLES = ("holder", "inference")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value or file (the CLI reports it and exits with 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,34 +145,9 @@ class AgentConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
-
-
 def load_config(path: Path | None) -> AgentConfig:
     """An ``AgentConfig`` from the ``[agent]`` table of a TOML file (defaults if ``path`` is None)."""
-    if path is None:
-        return AgentConfig()
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    table = doc.get("agent", {})
-    if set(doc) - {"agent"} or not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: put settings in an [agent] table (found {sorted(doc)})")
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        fld = CONFIG_FIELDS.get(key)
-        if fld is None:
-            raise ConfigError(f"config file {path}: unknown setting {key!r} (known: {', '.join(CONFIG_FIELDS)})")
-        kind = str(fld.type)
-        ok = {"int": isinstance(value, int), "float": isinstance(value, int | float),
-              "str": isinstance(value, str), "bool": isinstance(value, bool)}[kind]
-        if (isinstance(value, bool) and kind != "bool") or not ok:
-            raise ConfigError(f"config file {path}: {key} must be {kind}, got {value!r}")
-        values[key] = float(value) if kind == "float" else value
-    cfg = AgentConfig(**values)
+    cfg = AgentConfig() if path is None else config.load(path, "agent", AgentConfig)
     cfg.validate()
     return cfg
 

@@ -16,8 +16,9 @@ import torch
 from hostagent.chunking import chunk_keys
 from hostagent.cli import build_parser, config_from_args, parse_size
 from hostagent.client import AgentClient
-from hostagent.daemon import Agent, AgentConfig, ConfigError, load_config, spawn_agent
+from hostagent.daemon import Agent, AgentConfig, load_config, spawn_agent
 from hostagent.serialize import deserialize, serialize
+from kvpool.config import ConfigError
 from kvpool.httpjson import ApiError, ApiUnreachableError
 
 
@@ -152,7 +153,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("[agent]\nwindow_fragments = 1\n", "window_fragments"),
     ("[agent]\ndram_bytes = 0\n", "dram_bytes 0 needs a backend"),
     ("[agent]\ndram_bytes = -1\n", "dram_bytes and gpu_bytes >= 0"),
-    ("udp_port = 1\n", "put settings in an \\[agent\\] table"),
+    ("udp_port = 1\n", "settings go in the \\[agent\\] table"),
     ("[agent\n", "not valid TOML"),
 ])
 def test_bad_config_files(tmp_path: Path, text: str, match: str) -> None:
