@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--keys: not comma-separated hex: {args.keys!r}")
 
+    # Optional: the Mooncake wheel loads its native library; --help and bad arguments must not need it.
     from hostagent.mooncake_backend import MooncakeBackend
 
     try:

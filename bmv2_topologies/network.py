@@ -121,6 +121,7 @@ class EmulatedNetwork:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> EmulatedNetwork:
         """Create hosts and links, start one switch process per switch, wait for them."""
+        # Optional: Mininet is a root-only Debian package; importing this module must not need it.
         from mininet.link import TCLink
         from mininet.log import lg
         from mininet.net import Mininet

@@ -3,7 +3,7 @@
 Needs root (Mininet). For every N it builds the star, starts a real Mooncake Store on the
 storage host and a kvpool holder fronting it, and runs the same waves of a hot prefix
 four ways; it prints a table per N, then all of them, and writes results.json,
-results.txt and vs_mooncake.png under --out. See bmv2_topologies/vs_mooncake.py.
+results.txt and vs_mooncake.png under --out. See bmv2_topologies/experiment/sidebyside.py.
 
     sudo .venv/bin/python scripts/bench_vs_mooncake.py                      # N = 2 4 8 16
     sudo .venv/bin/python scripts/bench_vs_mooncake.py --requesters 8 --json

@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.root, pytest.mark.slow,
 def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
     import torch
 
-    from bmv2_topologies.demo import Demo, DemoConfig, Workload, build_workload, holder_traffic
+    from bmv2_topologies.experiment.capture import holder_traffic
+    from bmv2_topologies.experiment.config import DemoConfig
+    from bmv2_topologies.experiment.testbed import Testbed
+    from bmv2_topologies.experiment.workload import Workload, build_workload
     from hostagent.client import AgentClient
     from hostagent.serialize import deserialize
     from kvpool import wire
@@ -40,20 +43,20 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
                           workload.positions)
     assert len(first_wave.requests) == 3
 
-    demo = Demo(cfg, first_wave)
-    with demo.running():
-        holder = demo.topo.holders()[0].address
+    bed = Testbed(cfg, first_wave)
+    with bed.running():
+        holder = bed.topo.holders()[0].address
         # 1. Three requesters at once, coalescing on: each fragment leaves the holder once.
         # "At once" is made exact: the holder agent is frozen while the three requesters'
         # first windows of GETs reach the switch (well under their 1 s retransmit timeout),
         # so every duplicate GET finds its fragment pending; after that the multicast
         # answers keep the three in step.
-        holder_pid = json.loads((demo.run_dir / "h0.ready").read_text())["pid"]
+        holder_pid = json.loads((bed.run_dir / "h0.ready").read_text())["pid"]
         os.kill(holder_pid, signal.SIGSTOP)
         thaw = threading.Timer(0.9, os.kill, (holder_pid, signal.SIGCONT))
         thaw.start()
         try:
-            mc = demo.run_mode("multicast")
+            mc = bed.run_mode("multicast")
         finally:
             thaw.join()
             os.kill(holder_pid, signal.SIGCONT)
@@ -73,8 +76,8 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
 
         # 2. Pool mode, two waves: the first is coalesced and makes the chunk hot; the controller
         # admits it and the holder pushes it through the switch; the second wave is all hits.
-        demo.workload = workload
-        pool = demo.run_mode("pool")
+        bed.workload = workload
+        pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)
         assert pool.pcap is not None
@@ -89,6 +92,6 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         assert not [k for k in later.data_out if k[2] != "10.0.0.254"]
 
         # 3. Bit-identical: what a requester receives deserializes to the holder's tensor.
-        keys, blobs, _ = AgentClient(demo.api("h2")).fetch_chunks([key], f"{holder}:7470", local=False)
+        keys, blobs, _ = AgentClient(bed.api("h2")).fetch_chunks([key], f"{holder}:7470", local=False)
         assert keys == [key]
         assert torch.equal(deserialize(bytearray(blobs[0])), deserialize(bytearray(workload.blobs[key])))

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
+from bmv2_topologies.experiment.report import SystemResult, summaries, vs_document, vs_plot, vs_table
 from bmv2_topologies.mooncake_reader import digest
-from bmv2_topologies.vs_mooncake import SYSTEMS, SystemResult, VsConfig, document, plot, summaries, table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,16 +45,16 @@ def test_without_the_baseline_there_are_no_ratios() -> None:
 
 def test_json_document_has_the_systems_on_top_for_one_n(tmp_path: Path) -> None:
     cfg = VsConfig(target="model")
-    one = document(cfg, {8: _results()}, 786_688)
+    one = vs_document(cfg, {8: _results()}, 786_688)
     assert one["prefix_bytes"] == 786_688
     assert one["mooncake"]["storage_link_bytes"] == 6_400_000
     assert one["by_requesters"]["8"]["kvpool_multicast"]["all_done_p50_ms"] == 1020.0
-    two = document(cfg, {4: _results(), 8: _results()}, 786_688)
+    two = vs_document(cfg, {4: _results(), 8: _results()}, 786_688)
     assert "mooncake" not in two and two["requesters"] == [4, 8]
     json.dumps(two)  # serialisable as printed
-    text = table({8: _results()})
+    text = vs_table({8: _results()})
     assert "kvpool_multicast" in text and "5.00x" in text and "0.125" in text
-    plot({4: _results(), 8: _results()}, tmp_path / "p.png")
+    vs_plot({4: _results(), 8: _results()}, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -155,13 +156,13 @@ def test_side_by_side_on_a_star(tmp_path: Path) -> None:
         import mooncake.store  # noqa: F401  (the client library must load too)
     except (ImportError, MooncakeProcessError) as exc:  # pragma: no cover - depends on the machine
         pytest.skip(f"Mooncake Store cannot run here: {exc}")
-    from bmv2_topologies.vs_mooncake import SideBySide, run_one
+    from bmv2_topologies.experiment.sidebyside import SideBySide, run_one
 
     cfg = VsConfig(requesters=3, waves=1, hot_blocks=2, holder_mbps=20, settle_s=0.5, out=tmp_path,
                    systems=("mooncake", "kvpool_multicast"))
-    demo = SideBySide(cfg)
-    prefix = demo.prefix_bytes
-    results = run_one(demo)
+    sbs = SideBySide(cfg)
+    prefix = sbs.prefix_bytes
+    results = run_one(sbs)
     moon, multi = results["mooncake"], results["kvpool_multicast"]
     assert moon.failed == multi.failed == 0
     assert len(moon.all_done_ms) == len(multi.all_done_ms) == 1

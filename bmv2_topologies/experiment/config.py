@@ -1,0 +1,120 @@
+"""What one experiment run is told: the demo's configuration and the side-by-side's.
+
+Standard library only, so the CLIs can read the defaults without loading the harness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+MODES = ("plain", "multicast", "pool")
+"""How much the switch helps: forwarding only, coalescing + multicast, plus the switch pool."""
+SYSTEMS = ("mooncake", "kvpool_plain", "kvpool_multicast", "kvpool_pool")
+"""What the side-by-side compares: Mooncake Store alone, then kvpool in each mode in front of it."""
+REQUESTER_COUNTS = (2, 4, 8, 16)
+"""The side-by-side's default requester counts N, one star each."""
+
+
+@dataclass
+class DemoConfig:
+    """Everything one demo run needs (the CLI flags)."""
+
+    requesters: int = 8
+    target: str | None = None
+    modes: tuple[str, ...] = MODES
+    trace: Path | None = None
+    max_requests: int = 64
+    time_scale: float = 1.0
+    waves: int = 4
+    hot_blocks: int = 4
+    tail_blocks: int = 0
+    wave_gap_ms: float = 6000.0
+    block_tokens: int = 16
+    layers: int = 24
+    kv_heads: int = 2
+    head_dim: int = 64
+    holder_mbps: float = 10.0
+    host_mbps: float = 1000.0
+    out: Path = Path("results/demo")
+    seed: int = 0
+    fetch_timeout_s: float = 60.0
+    window: int = 600
+    """Fragments each requester keeps in flight (single-fragment GETs): enough for the whole
+    hot prefix, so every requester asks for all of it at once, as an engine fetching a prefix does."""
+    hold_ms: float = 100.0
+    """How long the holder waits before answering a GET (``kvpool-agent --hold``)."""
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        """One chunk: [layers, 2 (K and V), kv_heads, block_tokens, head_dim], fp16."""
+        return (self.layers, 2, self.kv_heads, self.block_tokens, self.head_dim)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first nonsensical option."""
+        checks = {
+            "requesters": 1 <= self.requesters <= 16,
+            "waves": self.waves >= 1,
+            "hot_blocks": self.hot_blocks >= 1,
+            "tail_blocks": self.tail_blocks >= 0,
+            "wave_gap_ms": self.wave_gap_ms > 0,
+            "block_tokens": self.block_tokens >= 1,
+            "holder_mbps": self.holder_mbps > 0,
+            "host_mbps": self.host_mbps > 0,
+            "max_requests": self.max_requests >= 1,
+            "time_scale": self.time_scale > 0,
+            "window": 1 <= self.window <= 4096,
+            "hold_ms": 0 <= self.hold_ms <= 1000,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')}: invalid value {getattr(self, name)!r}")
+        for m in self.modes:
+            if m not in MODES:
+                raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+
+
+@dataclass
+class VsConfig:
+    """One side-by-side run at one requester count (the flags of the script)."""
+
+    # The network and the prefix are the demo's (its defaults, so the two stay alike).
+    requesters: int = DemoConfig.requesters
+    waves: int = 5
+    hot_blocks: int = DemoConfig.hot_blocks
+    holder_mbps: float = DemoConfig.holder_mbps
+    target: str | None = None
+    systems: tuple[str, ...] = SYSTEMS
+    window: int = DemoConfig.window
+    hold_ms: float = DemoConfig.hold_ms
+    settle_s: float = 2.0
+    """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
+    segment_mib: int = 256
+    out: Path = Path("results/vs_mooncake")
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first nonsensical option."""
+        for s in self.systems:
+            if s not in SYSTEMS:
+                raise ValueError(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+        if self.settle_s < 0:
+            raise ValueError(f"--settle-s: invalid value {self.settle_s!r}")
+        if self.segment_mib < 16:
+            raise ValueError(f"--segment-mib: at least 16, got {self.segment_mib}")
+        self.demo_config().validate()
+
+    def demo_config(self) -> DemoConfig:
+        """The demo's configuration for the same network and stream (waves of the hot prefix only)."""
+        modes = tuple(s.removeprefix("kvpool_") for s in self.systems if s.startswith("kvpool_"))
+        return DemoConfig(requesters=self.requesters, target=self.target, modes=modes, waves=self.waves,
+                          hot_blocks=self.hot_blocks, tail_blocks=0, holder_mbps=self.holder_mbps,
+                          window=self.window, hold_ms=self.hold_ms, out=self.out / f"n{self.requesters}",
+                          seed=self.seed)
+
+    def for_counts(self, counts: list[int]) -> list[VsConfig]:
+        """This configuration at each requester count N, validated (ValueError names the first bad option)."""
+        configs = [replace(self, requesters=n) for n in counts]
+        for cfg in configs:
+            cfg.validate()
+        return configs

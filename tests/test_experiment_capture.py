@@ -1,0 +1,83 @@
+"""The experiment harness without Mininet: reading a holder-link capture (scapy) and the wave stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import ARP, Ether
+from scapy.utils import wrpcap
+
+from bmv2_topologies.experiment.capture import INCAST_WINDOW_S, holder_traffic, kvpool_packets, peak_gets
+from bmv2_topologies.experiment.config import DemoConfig
+from bmv2_topologies.experiment.report import ModeResult, demo_table
+from bmv2_topologies.experiment.workload import build_workload
+from kvpool import wire
+
+HOLDER, SINK = "10.0.0.100", "10.0.0.254"
+KEY = 0xABCD_0000_0000_0001
+CHUNK = bytes(range(256)) * 11  # 2 fragments
+
+
+def _frame(src: str, dst: str, payload: bytes, t: float, sport: int = 40000,
+           dport: int = wire.KVPOOL_UDP_PORT) -> Ether:
+    pkt = Ether() / IP(src=src, dst=dst) / UDP(sport=sport, dport=dport) / payload
+    pkt.time = t
+    return pkt
+
+
+def _capture(path: Path) -> Path:
+    frames = [
+        # Three requesters ask for fragment 0 within one pending window, one of them again later.
+        *(_frame(f"10.0.0.{i}", HOLDER, wire.get_packet(KEY, 0, 2, request_id=i), 100.0 + 0.01 * i)
+          for i in (1, 2, 3)),
+        _frame("10.0.0.1", HOLDER, wire.get_packet(KEY, 0, 2, request_id=9), 100.0 + 2 * INCAST_WINDOW_S),
+        _frame("10.0.0.1", HOLDER, wire.get_packet(KEY, 1, 2, request_id=1), 100.05),
+        # The holder answers h1 twice (fragments 0 and 1) and pushes fragment 0 to the sink.
+        _frame(HOLDER, "10.0.0.1", wire.data_packet(KEY, 0, CHUNK, request_id=1), 100.1, wire.KVPOOL_UDP_PORT,
+               40000),
+        _frame(HOLDER, "10.0.0.1", wire.data_packet(KEY, 1, CHUNK, request_id=1), 100.1, wire.KVPOOL_UDP_PORT,
+               40000),
+        _frame(HOLDER, SINK, wire.data_packet(KEY, 0, CHUNK), 100.2, wire.KVPOOL_UDP_PORT, wire.KVPOOL_UDP_PORT),
+        # Not kvpool: other UDP, TCP, ARP; and a GET outside the window asked for below.
+        _frame("10.0.0.1", HOLDER, b"x" * 40, 100.3, 5000, 5001),
+        Ether() / IP(src="10.0.0.1", dst=HOLDER) / TCP(sport=1, dport=wire.KVPOOL_UDP_PORT),
+        Ether() / ARP(),
+        _frame("10.0.0.2", HOLDER, wire.get_packet(KEY, 0, 2), 500.0),
+    ]
+    for f in frames[-3:-1]:
+        f.time = 100.3
+    path = path / "link.pcap"
+    wrpcap(str(path), frames)
+    return path
+
+
+def test_capture_is_read_as_kvpool_packets(tmp_path: Path) -> None:
+    pcap = _capture(tmp_path)
+    packets = list(kvpool_packets(pcap))
+    assert len(packets) == 9  # 6 GETs + 3 DATA; the other UDP, the TCP and the ARP frames are not kvpool
+    assert packets[0].src == "10.0.0.1" and packets[0].dst == HOLDER and packets[0].time == pytest.approx(100.01)
+    assert packets[0].header.opcode == wire.Opcode.GET and packets[0].header.chunk_key == KEY
+
+    window = (99.0, 101.0)
+    assert peak_gets(pcap, HOLDER, window) == 3  # the late re-ask falls in a new window
+    traffic = holder_traffic(pcap, HOLDER, window)
+    assert traffic.gets_in == 5
+    assert traffic.data_out == {(KEY, 0, "10.0.0.1"): 1, (KEY, 1, "10.0.0.1"): 1, (KEY, 0, SINK): 1}
+    assert holder_traffic(pcap, HOLDER, (499.0, 501.0)).gets_in == 1
+
+
+def test_wave_workload_and_table() -> None:
+    cfg = DemoConfig(requesters=3, waves=2, hot_blocks=2, tail_blocks=1, wave_gap_ms=1000, layers=2)
+    wl = build_workload(cfg)
+    waves = wl.waves()
+    assert [len(w) for w in waves] == [3, 3] and [w[0].at_s for w in waves] == [0.0, 1.0]
+    prefixes = {r.keys[:2] for r in wl.requests}
+    assert len(prefixes) == 1 and len({r.keys for r in wl.requests}) == 6  # shared prefix, own tails
+    assert wl.parents[wl.requests[0].keys[1]] == wl.requests[0].keys[0]
+    assert wl.fragments == sum(wire.fragment_count(len(wl.blobs[k])) for r in wl.requests for k in r.keys)
+    plain = ModeResult("plain", requests=6, deliver_ms=[10.0, 20.0], holder_bytes=2_000_000)
+    pool = ModeResult("pool", requests=6, deliver_ms=[5.0], holder_bytes=500_000, fragments=10, switch_served=5)
+    text = demo_table([plain, pool]).splitlines()
+    assert text[0].split()[0] == "mode" and "0.250" in text[2] and "50.0%" in text[2]
