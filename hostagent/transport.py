@@ -16,7 +16,9 @@ budget of ``max_inflight_fragments`` asked for and not yet received, sized to wh
 receive buffer holds (about 2.3 KB of kernel memory per 1440-byte datagram: the
 default 32 MiB, doubled by the kernel, holds about 29,000), so a burst
 from every holder at once still fits and the receiver does not drop; requests beyond
-``max_active_requests`` or the budget wait their turn.  Windows are large because on a
+``max_active_requests`` or the budget wait their turn, taken from the ``fetch`` calls in
+round robin (a call with nothing transferring always gets one request started), so a huge
+or stuck call never holds a small one behind it.  Windows are large because on a
 busy host every round trip waits for both processes to be scheduled: the data in flight
 must cover that, not just the wire's round trip.
 
@@ -198,6 +200,16 @@ class _Request:
     rto: float = 0.0
     refused: bool = False
     """The holder answered BUSY: re-ask after the timeout even while it streams to others."""
+    call: _Call | None = None
+    """The ``fetch`` call this request belongs to (its turn in the admission round robin)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    """One ``fetch`` call's requests that wait for a transfer slot, and how many of its requests transfer."""
+
+    waiting: collections.deque[_Request]
+    active: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -278,13 +290,14 @@ class Transport:
         self.holder = holder
         self._c = _Counters()
         self._stats_lock = threading.Lock()
-        self._submit: collections.deque[_Request] = collections.deque()
+        self._submit: collections.deque[_Call] = collections.deque()
         # Chunks to push unasked (fill on pass), as (key, address); the loop turns them into send jobs.
         self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
         # GETs waiting out the holder's hold time: (answer at, header, requester).
         self._held: collections.deque[tuple[float, wire.Header, Address]] = collections.deque()
         self.pushed_fragments = 0
-        self._pending: collections.deque[_Request] = collections.deque()
+        # Fetch calls with requests waiting for a transfer slot, in round-robin order.
+        self._pending: collections.deque[_Call] = collections.deque()
         self._active: dict[int, _Request] = {}
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
@@ -409,11 +422,14 @@ class Transport:
         if not 0 <= generation <= wire.FIELD_BY_NAME["generation"].max:
             raise ValueError(f"generation {generation} does not fit 32 bits")
         deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        call = _Call(collections.deque())
         reqs = [
-            _Request(self._new_rid(), key, holder, generation, FetchResult(key), threading.Event(), deadline)
+            _Request(self._new_rid(), key, holder, generation, FetchResult(key), threading.Event(), deadline,
+                     call=call)
             for key in keys
         ]
-        self._submit.extend(reqs)
+        call.waiting.extend(reqs)
+        self._submit.append(call)
         self._wake()
         for r in reqs:
             # The loop enforces the deadline; this wait only guards against a dead loop thread.
@@ -468,6 +484,7 @@ class Transport:
             "requests_completed": c.requests_completed,
             "requests_failed": c.requests_failed,
             "requests_active": len(self._active),
+            "requests_waiting": sum(len(c.waiting) for c in list(self._pending)),
             "goodput_bytes": c.goodput_bytes,
             "drops": drops,
             "drops_total": sum(drops.values()),
@@ -551,24 +568,47 @@ class Transport:
         return self._budget - self._inflight
 
     def _admit_submitted(self) -> None:
+        """Start waiting requests, taking one from each ``fetch`` call in turn (round robin).
+
+        So one huge or stuck call (thousands of chunks from a dead holder) cannot hold a
+        small one behind it: a call with no request transferring gets its next one started
+        even past ``max_active_requests`` or the in-flight budget (one request each, a
+        window of at most 16 fragments), and every call then shares the slots evenly.
+        """
         while self._submit:
             self._pending.append(self._submit.popleft())
         now = time.monotonic()
         cfg = self.config
-        while self._pending and len(self._active) < cfg.max_active_requests:
-            r = self._pending[0]
-            if now >= r.deadline:
-                self._pending.popleft()
-                self._finish(r, error=f"chunk {r.key:#018x}: timed out waiting for a transfer slot")
+        small = min(cfg.window_fragments, 16)
+        idle = 0  # calls looked at since the last start: a full round without one ends the loop
+        while self._pending and idle < len(self._pending):
+            call = self._pending[0]
+            self._pending.rotate(-1)
+            if call.waiting and now >= call.waiting[0].deadline:  # one deadline per call: all of it expired
+                while call.waiting:
+                    r = call.waiting.popleft()
+                    self._finish(r, error=f"chunk {r.key:#018x}: timed out waiting for a transfer slot")
+            if not call.waiting:
+                self._pending.pop()  # the call just rotated to the end
+                idle = 0
+                continue
+            starved = call.active == 0
+            if len(self._active) >= cfg.max_active_requests and not starved:
+                idle += 1
                 continue
             # Length unknown yet: ask for a window (the holder clamps it to the chunk).  With
             # too little budget left, wait for transfers in flight rather than ask for crumbs.
             ask = min(cfg.window_fragments, self._room())
-            if ask < min(cfg.window_fragments, 16) and self._active:
-                break
+            if ask < small and self._active:
+                if not starved:
+                    idle += 1
+                    continue
+                ask = small
             # Single GETs cannot be clamped: ask for fragment 0, whose DATA tells the length.
             ask = 1 if cfg.single_fragment_gets else max(ask, 1)
-            self._pending.popleft()
+            r = call.waiting.popleft()
+            call.active += 1
+            idle = 0
             self._active[r.rid] = r
             r.rto = cfg.retransmit_timeout_s
             r.last_progress = now
@@ -759,8 +799,13 @@ class Transport:
             return
         total = r.reasm.frag_count
         half = self.config.window_fragments // 2
+        floor = min(self.config.window_fragments, 16)
         while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
             count = min(half, total - r.asked_hi, self._room())
+            if count <= 0 and r.call is not None and r.call.active == 1:
+                # A call's only transfer keeps a few fragments in flight even when other calls
+                # (a stuck one, say) hold the whole budget: it must not wait for them to fail.
+                count = min(floor - (r.asked_hi - r.reasm.received_count), total - r.asked_hi)
             if count <= 0:
                 self._starved = True  # _grant_all resumes it once arrivals free budget
                 return
@@ -849,6 +894,8 @@ class Transport:
         if self._active.pop(r.rid, None) is not None:
             got = 0 if r.reasm is None else r.reasm.received_count
             self._inflight -= r.asked_hi - got
+            if r.call is not None:
+                r.call.active -= 1
         self._recent[r.rid] = None
         if len(self._recent) > _RECENT_REQUESTS:
             self._recent.popitem(last=False)
@@ -858,7 +905,8 @@ class Transport:
         r.done.set()
 
     def _fail_all(self, why: str) -> None:
-        for r in [*self._active.values(), *self._pending, *self._submit]:
+        waiting = [r for call in [*self._pending, *self._submit] for r in call.waiting]
+        for r in [*self._active.values(), *waiting]:
             self._finish(r, error=f"chunk {r.key:#018x}: {why}")
         self._pending.clear()
         self._submit.clear()
