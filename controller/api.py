@@ -3,8 +3,15 @@
 HTTP/JSON rather than gRPC because every other local API of kvpool (the agent's) is
 HTTP/JSON, the CLI and shell scripts need nothing beyond the standard library, and agents
 inside Mininet hosts (other network namespaces, same filesystem) reach it through a Unix
-socket. It has no authentication: bind it to loopback and keep the socket in a directory
-only the operator and the agents can reach.
+socket (mode 0660).
+
+Authentication (docs/operations.md, "Threat model"): reads are open; every other call needs
+the operator's token (``Authorization: Bearer``, ``kvpool.auth``), 401 without it. The
+directory calls are the exception for an agent on another host: it registers itself and
+speaks for itself without the token, and is known by its address instead (the peer must
+be the address registered). Registering answers a per-node credential that every later
+call for that node must carry (``X-Kvpool-Node-Credential``): nobody else can heartbeat,
+publish, withdraw or deregister for it, nor register its node id while it is live.
 
 It never blocks the policy epoch loop: reads come from the snapshot the loop publishes at
 the end of each epoch (``Controller.snapshot``) or go straight to a switch over
@@ -49,8 +56,9 @@ Operator overrides (JSON body; answer ``{"op", "key", "admitted": [...], "evicte
 Directory (agents; ``hostagent.registration`` is the client):
 
 ``POST /v1/nodes/register {"node_id", "address", "role", "tiers": {tier: bytes}}``
-    -> ``{"node_id", "heartbeat_s"}``. Over TCP from a non-loopback peer, the peer address
-    must be the address claimed.
+    -> ``{"node_id", "heartbeat_s", "node_credential"}``. Over TCP from a non-loopback peer,
+    the peer address must be the address claimed; a live node id is registered again only
+    with its credential (409 ``node_live`` otherwise).
 ``POST /v1/nodes/<id>/heartbeat``, ``POST /v1/nodes/<id>/publish {"keys", "tier",
 "nbytes"}`` (-> ``{"new"}``), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?}`` (->
 ``{"removed"}``), ``DELETE /v1/nodes/<id>``.
@@ -59,7 +67,8 @@ Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (ba
 argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
 (wrong method), 409 (override refused: ``code`` is the reason, e.g. ``no_space``,
 ``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``, ``has_children``), 410
-(node marked down: register again), 411/413 (body policy), 503 (a switch unreachable),
+(node marked down: register again), 401 (no token), 403 ``bad_credential`` (a node call
+without that node's credential), 411/413 (body policy), 503 (a switch unreachable),
 504 (the epoch loop did not apply the override in time). The server, the body policy and
 the error type are ``kvpool.httpjson``'s, shared with the agent's API.
 """
@@ -68,7 +77,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import ipaddress
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
@@ -78,16 +86,19 @@ from typing import Any
 from controller.counters import read_stats
 from controller.daemon import Controller, ControllerError, Override, OverrideRefusedError
 from controller.directory import (
+    BAD_CREDENTIAL,
     BAD_REQUEST,
     NODE_DOWN,
+    NODE_LIVE,
     OVER_CAPACITY,
     REFUSED,
     UNKNOWN_NODE,
     DirectoryError,
 )
 from controller.p4runtime import SwitchUnreachableError
-from kvpool import wire
-from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
+from kvpool import auth, wire
+from kvpool.auth import Token
+from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote
 
 log = logging.getLogger("kvpool.controller.api")
 
@@ -98,7 +109,8 @@ SORT_KEYS = ("value", "hits", "fetches", "estimate")
 
 _DIRECTORY_STATUS = {BAD_REQUEST: HTTPStatus.BAD_REQUEST, REFUSED: HTTPStatus.FORBIDDEN,
                      UNKNOWN_NODE: HTTPStatus.NOT_FOUND, NODE_DOWN: HTTPStatus.GONE,
-                     OVER_CAPACITY: HTTPStatus.CONFLICT}
+                     OVER_CAPACITY: HTTPStatus.CONFLICT, NODE_LIVE: HTTPStatus.CONFLICT,
+                     BAD_CREDENTIAL: HTTPStatus.FORBIDDEN}
 
 
 def parse_key(text: object) -> int:
@@ -133,13 +145,16 @@ class ControllerAPI:
     """The HTTP servers (TCP, and a Unix socket when asked) in front of one Controller."""
 
     def __init__(self, controller: Controller, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 unix_path: Path | None = None, override_timeout_s: float | None = None) -> None:
+                 unix_path: Path | None = None, override_timeout_s: float | None = None,
+                 token: Token | None = None) -> None:
         self.controller = controller
         self.host = host
         self.override_timeout_s = override_timeout_s or max(5.0, 10 * controller.settings.epoch_s)
         self.unix_path = unix_path
-        self.server = ApiServer(self.router(), host, port, unix_path=unix_path, max_body_bytes=MAX_BODY,
-                                name="kvpool-controller")
+        #: what every call but GET must present (default: the operator's token file, made if missing)
+        self.token = token or auth.load_or_create()
+        self.server = ApiServer(self.router(), host, port, token=self.token, unix_path=unix_path,
+                                max_body_bytes=MAX_BODY, name="kvpool-controller")
 
     @property
     def port(self) -> int:
@@ -177,11 +192,15 @@ class ControllerAPI:
         r.add("GET", "/v1/chunks/{key}", lambda req: Response.json(self.chunk(parse_key(req.params["key"]))))
         for op in ("admit", "evict", "pin", "unpin", "quota"):
             r.add("POST", f"/v1/{op}", functools.partial(self._override, op=op))
-        r.add("POST", "/v1/nodes/register", _directory(lambda req: self.register(req.json(), req.peer)))
-        r.add("DELETE", "/v1/nodes/{node}", _directory(self._deregister))
-        r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._heartbeat))
-        r.add("POST", "/v1/nodes/{node}/publish", _directory(self._publish))
-        r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._withdraw))
+        # An agent on another host registers and speaks for itself without the operator's token:
+        # its address proves who it is (register: the address claimed; later calls: the node's).
+        node = Auth.LOCAL_TOKEN
+        r.add("POST", "/v1/nodes/register",
+              _directory(lambda req: self.register(req.json(), req.peer, _credential(req))), node)
+        r.add("DELETE", "/v1/nodes/{node}", _directory(self._node_call(self._deregister)), node)
+        r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._node_call(self._heartbeat)), node)
+        r.add("POST", "/v1/nodes/{node}/publish", _directory(self._node_call(self._publish)), node)
+        r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._node_call(self._withdraw)), node)
         return r
 
     def _top(self, req: Request) -> Response:
@@ -196,12 +215,24 @@ class ControllerAPI:
     def _override(self, req: Request, op: str) -> Response:
         return Response.json(self.override(req.json(), op))
 
+    def _node_call(self, fn: Callable[[Request], dict[str, Any]]) -> Callable[[Request], dict[str, Any]]:
+        """A call for one node: from another host, only from that node's address (and always with its credential)."""
+
+        def call(req: Request) -> dict[str, Any]:
+            address = self.controller.directory.address_of(req.params["node"])
+            if is_remote(req.peer) and address is not None and req.peer != address:
+                raise ApiError(HTTPStatus.FORBIDDEN, REFUSED,
+                               f"node {req.params['node']!r} is at {address}; this call came from {req.peer}")
+            return fn(req)
+
+        return call
+
     def _deregister(self, req: Request) -> dict[str, Any]:
-        self.controller.directory.deregister(req.params["node"])
+        self.controller.directory.deregister(req.params["node"], _credential(req))
         return {"deregistered": req.params["node"]}
 
     def _heartbeat(self, req: Request) -> dict[str, Any]:
-        self.controller.directory.heartbeat(req.params["node"])
+        self.controller.directory.heartbeat(req.params["node"], _credential(req))
         return {"ok": True}
 
     def _publish(self, req: Request) -> dict[str, Any]:
@@ -209,14 +240,16 @@ class ControllerAPI:
         tier = body.get("tier")
         if not isinstance(tier, str):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name")
-        return {"new": self.controller.directory.publish(req.params["node"], _keys(body), tier, _int(body, "nbytes"))}
+        return {"new": self.controller.directory.publish(req.params["node"], _keys(body), tier, _int(body, "nbytes"),
+                                                         _credential(req))}
 
     def _withdraw(self, req: Request) -> dict[str, Any]:
         body = req.json()
         tier = body.get("tier")
         if tier is not None and not isinstance(tier, str):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name or null")
-        return {"removed": self.controller.directory.withdraw(req.params["node"], _keys(body), tier)}
+        return {"removed": self.controller.directory.withdraw(req.params["node"], _keys(body), tier,
+                                                              _credential(req))}
 
     # ------------------------------------------------------------------ reads
     def status(self) -> dict[str, Any]:
@@ -339,19 +372,24 @@ class ControllerAPI:
             raise ApiError(HTTPStatus.CONFLICT, "refused", str(exc)) from None
 
     # ------------------------------------------------------------------ directory
-    def register(self, doc: dict[str, Any], peer: str | None) -> dict[str, Any]:
-        """Register an agent; over TCP from a non-loopback peer, the peer must be the claimed address."""
+    def register(self, doc: dict[str, Any], peer: str | None, credential: str | None = None) -> dict[str, Any]:
+        """Register an agent; over TCP from a non-loopback peer, the peer must be the claimed address.
+
+        The answer's ``node_credential`` is what every later call for the node must carry
+        (``X-Kvpool-Node-Credential``); ``credential`` is the one a live node presents to register again.
+        """
         node_id, address, role = doc.get("node_id"), doc.get("address"), doc.get("role", "holder")
         tiers = doc.get("tiers", {})
         if not isinstance(node_id, str) or not isinstance(address, str) or not isinstance(role, str) \
                 or not isinstance(tiers, dict):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request",
                            "register: expected {node_id: str, address: str, role: str, tiers: {tier: bytes}}")
-        if peer is not None and not ipaddress.ip_address(peer).is_loopback and peer != address:
+        if is_remote(peer) and peer != address:
             raise ApiError(HTTPStatus.FORBIDDEN, REFUSED, f"registration for {address} came from {peer}")
-        node = self.controller.directory.register(node_id, address, role, tiers)
+        node = self.controller.directory.register(node_id, address, role, tiers, credential)
         log.info("node %s registered from %s as %s (%s)", node.node_id, node.address, node.role, node.capacities)
-        return {"node_id": node.node_id, "heartbeat_s": self.controller.directory.heartbeat_timeout_s / 3}
+        return {"node_id": node.node_id, "heartbeat_s": self.controller.directory.heartbeat_timeout_s / 3,
+                "node_credential": node.credential}
 
 
 def _directory(fn: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
@@ -364,3 +402,8 @@ def _directory(fn: Callable[[Request], dict[str, Any]]) -> Callable[[Request], R
             raise ApiError(_DIRECTORY_STATUS[exc.code], exc.code, str(exc)) from None
 
     return handle
+
+
+def _credential(req: Request) -> str:
+    """The node credential a directory call carries ('' when none: never the trusting None)."""
+    return req.header(auth.NODE_CREDENTIAL_HEADER)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool import config
+from kvpool import auth, config
 from kvpool.config import ConfigError
 from kvpool.httpjson import connection
 
@@ -82,6 +82,8 @@ class ControllerConfig:
     """Seconds without a heartbeat before an agent is marked down."""
     log_level: str = "info"
     """debug, info, warning or error."""
+    token_file: Path | None = None
+    """The token file mutating API calls must present, made at first start (default: kvpool.auth's)."""
 
     def switches(self) -> list[tuple[str, str, int]]:
         """The parsed ``switch`` entries."""
@@ -144,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float,
                    help="seconds without a heartbeat before an agent is marked down (default 3)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=None)
+    p.add_argument("--token-file", type=Path, metavar="PATH",
+                   help="token that mutating API calls must present, made on first start (default "
+                        "$KVPOOL_TOKEN_FILE, else $XDG_RUNTIME_DIR/kvpool/token or ~/.config/kvpool/token)")
     return p
 
 
@@ -183,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     assert cfg.topology is not None  # validate() requires it
     try:
+        token = auth.load_or_create(cfg.token_file)
         topo = load(cfg.topology)
         fabric = FabricSettings(
             popularity_threshold=cfg.threshold or FabricSettings.popularity_threshold,
@@ -197,10 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not settings.p4info.exists():
             raise ControllerError(f"P4Info {settings.p4info} not found (build p4/ with `make -C p4`)")
         catalog = Catalog.load(cfg.catalog) if cfg.catalog is not None else Catalog()
-        filler = HolderPushClient(cfg.holder_api, fabric.fill_sink) if cfg.holder_api else None
+        filler = HolderPushClient(cfg.holder_api, fabric.fill_sink, token=token.value) if cfg.holder_api else None
         endpoints = [SwitchEndpoint(name, addr, dev) for name, addr, dev in cfg.switches()]
         controller = Controller(topo, endpoints, settings, catalog, filler).start()
-    except (TopologyError, ControllerError, SwitchUnreachableError, WriteError, OSError) as exc:
+    except (TopologyError, ControllerError, SwitchUnreachableError, WriteError, OSError, auth.TokenError) as exc:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 1
     api = None
@@ -209,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         host, _, port = (cfg.api or f"127.0.0.1:{DEFAULT_PORT}").rpartition(":")
         try:
-            api = ControllerAPI(controller, host, int(port), cfg.api_socket).start()
+            api = ControllerAPI(controller, host, int(port), cfg.api_socket, token=token).start()
         except OSError as exc:
             controller.close()
             print(f"kvpool-controller: --api {cfg.api}: cannot serve there ({exc})", file=sys.stderr)

@@ -15,6 +15,8 @@ Start the daemon with its API (``kvpool-controller ... --api 127.0.0.1:7480``), 
 
 Tables by default, ``--json`` prints the API's JSON object instead. The daemon's address
 comes from ``--api`` or ``$KVPOOL_CTL_API`` (``http://HOST:PORT`` or ``unix:/PATH``).
+Overrides carry the operator's token, read from ``--token-file`` (default: the file the
+daemons made, ``kvpool.auth``); without it the daemon refuses them (exit 1).
 
 Exit status: 0 done; 1 the daemon refused (no space, pinned limit, unknown key, ...);
 2 bad arguments; 3 the daemon is unreachable; 4 a switch is unreachable (or, for
@@ -30,8 +32,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from kvpool import auth
 from kvpool.httpjson import ApiError, ApiUnreachableError, JsonClient
 
 EXIT_OK = 0
@@ -111,6 +115,9 @@ def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
                    help=f"controller API: http://HOST:PORT or unix:/PATH (default $KVPOOL_CTL_API or {DEFAULT_API})")
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
     p.add_argument("--timeout", type=float, default=d(10.0), help="seconds to wait for the daemon (default 10)")
+    p.add_argument("--token-file", type=Path, default=d(None), metavar="PATH",
+                   help="token for overrides (default $KVPOOL_TOKEN_FILE, else the daemons' default: "
+                        "$XDG_RUNTIME_DIR/kvpool/token or ~/.config/kvpool/token)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,7 +353,7 @@ def _shell(client: JsonClient, args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace) -> int:
     """Execute one parsed command; returns the exit status (raises CtlError / client errors)."""
-    client = JsonClient(args.api, args.timeout, "controller API")
+    client = JsonClient(args.api, args.timeout, "controller API", auth.secret(args.token_file))
     cmd = args.command
     out: Callable[[dict[str, Any]], Any]
     status = EXIT_OK
@@ -402,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute parsed arguments; errors become one line on stderr and the documented exit status."""
     try:
         return _execute(args)
-    except ValueError as exc:  # a malformed --api address
+    except ValueError as exc:  # a malformed --api address, an unusable token file
         print(f"kvpool-ctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ApiUnreachableError as exc:

@@ -171,8 +171,9 @@ class FillRequester(Protocol):
 class HolderPushClient:
     """Asks a holder agent (``POST /v1/push`` of its API) to send chunks to the fill sink through the switches."""
 
-    def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0) -> None:
-        self.http = JsonClient(api, timeout, "holder agent API")
+    def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0,
+                 token: str | None = None) -> None:
+        self.http = JsonClient(api, timeout, "holder agent API", token)
         self.api = api
         self.to = f"{sink}:{sink_port}"
         self.failures = 0

@@ -10,6 +10,11 @@ starts it from an empty chunk list: the agent republishes what it really holds, 
 stale is ever offered after a restart.
 
 Only addresses in the configured node list (normally the topology's hosts) may register.
+Registering hands the node a credential (random, per registration); every later call for
+the node (heartbeat, publish, withdraw, deregister, and registering it again while it is
+live) must present it, so nobody else can speak for a registered node. A method given
+``credential=None`` trusts its caller (the controller itself, tests); ``controller.api``
+always passes what the request carried.
 The clock is injectable so heartbeat expiry is tested without sleeping. Every method takes
 one short lock: the API's threads call it, and the controller's epoch loop sweeps it.
 """
@@ -17,6 +22,8 @@ one short lock: the API's threads call it, and the controller's epoch loop sweep
 from __future__ import annotations
 
 import enum
+import hmac
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +55,8 @@ UNKNOWN_NODE = "unknown_node"
 NODE_DOWN = "node_down"  # heartbeat or publish from a node marked down: register again
 BAD_REQUEST = "bad_request"
 OVER_CAPACITY = "over_capacity"
+NODE_LIVE = "node_live"  # registering a node id that is registered and up, without its credential
+BAD_CREDENTIAL = "bad_credential"  # a call for a node without the credential its registration got
 
 
 @dataclass
@@ -64,6 +73,8 @@ class Node:
     #: chunk key -> tier -> bytes
     chunks: dict[int, dict[str, int]] = field(default_factory=dict)
     used: dict[str, int] = field(default_factory=dict)
+    #: what every call for this node must present (see the module docstring)
+    credential: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         """JSON-friendly summary (no chunk list: that can be long)."""
@@ -104,8 +115,12 @@ class Directory:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ membership
-    def register(self, node_id: str, address: str, role: str, capacities: Mapping[str, int]) -> Node:
-        """Register (or re-register) a node; it starts up with no chunks. Refused outside the node list."""
+    def register(self, node_id: str, address: str, role: str, capacities: Mapping[str, int],
+                 credential: str | None = None) -> Node:
+        """Register (or re-register) a node; it starts up with no chunks and a new ``credential``.
+
+        Refused outside the node list, and for a node id that is up unless ``credential`` is its own.
+        """
         if not node_id or len(node_id) > 64 or not node_id.isprintable():
             raise DirectoryError(BAD_REQUEST, f"node id {node_id!r}: expected 1..64 printable characters")
         try:
@@ -130,6 +145,10 @@ class Directory:
                     raise DirectoryError(REFUSED, f"address {address} is already registered as node "
                                                   f"{other.node_id!r}")
             old = self._nodes.get(node_id)
+            if old is not None and old.up and not _same(old, credential):
+                raise DirectoryError(NODE_LIVE, f"node {node_id!r} is registered and live: only it can register "
+                                                f"again; else wait until it misses its heartbeats "
+                                                f"({self.heartbeat_timeout_s:g} s)")
             if old is not None:
                 self._drop_chunks(old)
             now = self.clock()
@@ -137,18 +156,17 @@ class Directory:
             self._nodes[node_id] = node
             return node
 
-    def heartbeat(self, node_id: str) -> None:
+    def heartbeat(self, node_id: str, credential: str | None = None) -> None:
         """Note that ``node_id`` is alive; a down node is told to register again."""
         with self._lock:
-            node = self._live(node_id)
+            node = self._live(node_id, credential)
             node.last_seen = self.clock()
 
-    def deregister(self, node_id: str) -> None:
+    def deregister(self, node_id: str, credential: str | None = None) -> None:
         """Remove a node and its chunks (clean shutdown of an agent)."""
         with self._lock:
-            node = self._nodes.pop(node_id, None)
-            if node is None:
-                raise DirectoryError(UNKNOWN_NODE, f"node {node_id!r} is not registered")
+            node = self._known(node_id, credential)
+            del self._nodes[node_id]
             self._drop_chunks(node)
 
     def sweep(self) -> list[str]:
@@ -163,13 +181,13 @@ class Directory:
         return gone
 
     # ------------------------------------------------------------------ chunks
-    def publish(self, node_id: str, keys: Iterable[int], tier: str, nbytes: int) -> int:
+    def publish(self, node_id: str, keys: Iterable[int], tier: str, nbytes: int, credential: str | None = None) -> int:
         """``node_id`` holds each chunk of ``keys`` (``nbytes`` each) in ``tier``; returns how many were new."""
         keys = list(keys)
         if nbytes < 0:
             raise DirectoryError(BAD_REQUEST, f"nbytes must be >= 0, got {nbytes}")
         with self._lock:
-            node = self._live(node_id)
+            node = self._live(node_id, credential)
             if tier not in node.capacities:
                 raise DirectoryError(BAD_REQUEST, f"node {node_id!r} declared no {tier!r} tier "
                                                   f"(it has {', '.join(node.capacities) or 'none'})")
@@ -187,13 +205,12 @@ class Directory:
                 self._index.setdefault(k, set()).add(node_id)
             return new
 
-    def withdraw(self, node_id: str, keys: Iterable[int], tier: str | None = None) -> int:
+    def withdraw(self, node_id: str, keys: Iterable[int], tier: str | None = None,
+                 credential: str | None = None) -> int:
         """``node_id`` no longer holds ``keys`` (in ``tier``, or in any tier); returns copies removed."""
         removed = 0
         with self._lock:
-            node = self._nodes.get(node_id)
-            if node is None:
-                raise DirectoryError(UNKNOWN_NODE, f"node {node_id!r} is not registered")
+            node = self._known(node_id, credential)
             for k in keys:
                 tiers = node.chunks.get(k)
                 if not tiers:
@@ -217,6 +234,12 @@ class Directory:
         return sorted(out, key=lambda h: (NODE_TIERS.index(h.tier), h.node_id))
 
     # ------------------------------------------------------------------ views
+    def address_of(self, node_id: str) -> str | None:
+        """The address ``node_id`` registered with, None when it is not registered."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return None if node is None else node.address
+
     def nodes(self) -> list[dict[str, Any]]:
         """Every registered node, up or down, by id."""
         now = self.clock()
@@ -256,14 +279,23 @@ class Directory:
             return out
 
     # ------------------------------------------------------------------ internals (lock held)
-    def _live(self, node_id: str) -> Node:
+    def _known(self, node_id: str, credential: str | None) -> Node:
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise DirectoryError(UNKNOWN_NODE, f"node {node_id!r} is not registered")
+        if not _same(node, credential):
+            raise DirectoryError(BAD_CREDENTIAL, f"node {node_id!r}: missing or wrong node credential (only the "
+                                                 "agent that registered it may speak for it)")
+        return node
+
+    def _live(self, node_id: str, credential: str | None = None) -> Node:
         node = self._nodes.get(node_id)
         if node is None:
             raise DirectoryError(UNKNOWN_NODE, f"node {node_id!r} is not registered")
         if not node.up:
             raise DirectoryError(NODE_DOWN, f"node {node_id!r} was marked down (no heartbeat for "
                                             f"{self.heartbeat_timeout_s:g} s): register again")
-        return node
+        return self._known(node_id, credential)
 
     def _drop_chunks(self, node: Node) -> None:
         for k in node.chunks:
@@ -277,3 +309,8 @@ class Directory:
             nids.discard(node_id)
             if not nids:
                 del self._index[key]
+
+
+def _same(node: Node, credential: str | None) -> bool:
+    """Whether ``credential`` is ``node``'s (None: a trusted caller); constant time."""
+    return credential is None or hmac.compare_digest(node.credential.encode(), credential.encode())

@@ -42,7 +42,11 @@ Chunk bundle (``application/octet-stream``, little-endian): ``u64 n``, then ``n`
 Bad arguments get ``400`` (``404`` unknown path, ``405`` wrong method, ``411`` no
 Content-Length, ``413`` body too large) with a one-line JSON body ``{"error": "...",
 "code": "..."}`` and are counted in ``stats()["api"]["errors"]`` by code; the body policy
-and the server are ``kvpool.httpjson``'s.  Bind it to loopback: it has no authentication.
+and the server are ``kvpool.httpjson``'s.  Every call but ``GET`` needs the operator's token
+(``Authorization: Bearer``, ``kvpool.auth``; 401 without it); keep the API on loopback all
+the same.  Bodies are limited to one largest chunk (``MAX_BODY``, refused from the
+Content-Length); a bounded pool of workers serves the requests, and stalled connections time
+out (``kvpool.httpjson``).
 
 The API depends only on ``AgentService`` (below), the few operations it serves;
 ``hostagent.daemon.Agent`` implements it and starts the server.
@@ -62,11 +66,14 @@ from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
 from hostagent.transport import Address, parse_address
 from kvpool import wire
+from kvpool.auth import Token
 from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")
 BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
+MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
+"""Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
 
 class AgentService(Protocol):
@@ -147,11 +154,11 @@ def format_key(key: int) -> str:
     return f"{key:#018x}"
 
 
-def make_server(agent: AgentService, host: str, port: int, unix_path: Path | None = None, *,
-                max_body_bytes: int) -> ApiServer:
+def make_server(agent: AgentService, host: str, port: int, unix_path: Path | None, token: Token, *,
+                max_body_bytes: int = MAX_BODY, workers: int = 64, timeout_s: float = 10.0) -> ApiServer:
     """The agent's API bound on ``host:port`` (and ``unix_path``), not yet serving: call ``start``."""
-    return ApiServer(AgentApi(agent).router(), host, port, unix_path=unix_path, max_body_bytes=max_body_bytes,
-                     name="kvpool-agent")
+    return ApiServer(AgentApi(agent).router(), host, port, token=token, unix_path=unix_path,
+                     max_body_bytes=max_body_bytes, workers=workers, timeout_s=timeout_s, name="kvpool-agent")
 
 
 class AgentApi:

@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advertise", help="address registered in the directory (default: --host)")
     parser.add_argument("--pool-bytes", type=parse_size,
                         help="capacity declared to the directory for the tier below DRAM (default 1TiB)")
+    parser.add_argument("--token-file", help="token that mutating API calls must present, made on first start "
+                        "(default $KVPOOL_TOKEN_FILE, else $XDG_RUNTIME_DIR/kvpool/token or ~/.config/kvpool/token)")
+    parser.add_argument("--api-workers", type=int, help="API requests served at once (default 64)")
+    parser.add_argument("--api-timeout", dest="api_timeout_s", type=float,
+                        help="seconds a request head, a body read or an answer write may stall (default 10)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
     parser.add_argument("--log-file", type=Path, help="log here instead of stderr")
     parser.add_argument("--ready-file", type=Path, help="write a JSON line with pid and bound addresses here")
@@ -89,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "burst_bytes", "hold_s", "window_fragments",
         "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
-        "advertise", "pool_bytes", "single_gets")}
+        "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s")}
     if overrides["rate_bytes_per_s"] is not None:
         overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])
     cfg = cfg.replace(**overrides)

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from hostagent.api import format_key, pack_bundle, unpack_bundle
+from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, unpack_bundle
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
+from kvpool import auth
 from kvpool.httpjson import ApiError, JsonClient
 
 
@@ -58,12 +59,16 @@ class FetchedPrefix:
 
 
 class AgentClient:
-    """Talks to one agent's local HTTP API (through ``kvpool.httpjson.JsonClient``)."""
+    """Talks to one agent's local HTTP API (through ``kvpool.httpjson.JsonClient``).
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
+    ``token`` defaults to the operator's token file (``kvpool.auth``): what the agent checks
+    every call but ``GET`` against.
+    """
+
+    def __init__(self, url: str, timeout: float = 60.0, token: str | None = None) -> None:
         if not url.startswith("unix:") and urllib.parse.urlsplit(url).port is None:
             raise ValueError(f"agent url must look like http://127.0.0.1:7471 or unix:/path, got {url!r}")
-        self.http = JsonClient(url, timeout, "agent API")
+        self.http = JsonClient(url, timeout, "agent API", auth.secret() if token is None else token)
         self.url = self.http.url
         self.timeout = timeout
 
@@ -94,11 +99,28 @@ class AgentClient:
 
     def publish_chunks(self, keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview],
                        generation: int = 0) -> dict[str, Any]:
-        """Publish many serialized chunks in one request."""
-        reply = self.http.request("POST", "/v1/publish", pack_bundle(keys, blobs),
-                                  {"Content-Type": "application/octet-stream", "X-Kvpool-Generation": str(generation)})
-        out: dict[str, Any] = json.loads(reply.body)
-        return out
+        """Publish many serialized chunks: ``{"published": n, "bytes": total}``.
+
+        Sent as few bundles as the agent's default body limit (``hostagent.api.MAX_BODY``,
+        one largest chunk) allows.
+        """
+        if len(keys) != len(blobs):
+            raise ValueError(f"{len(keys)} keys but {len(blobs)} chunks")
+        published = nbytes = 0
+        start = 0
+        while start < len(keys):
+            end, size = start + 1, BUNDLE_COUNT.size + BUNDLE_ENTRY.size + len(blobs[start])
+            while end < len(keys) and size + BUNDLE_ENTRY.size + len(blobs[end]) <= MAX_BODY:
+                size += BUNDLE_ENTRY.size + len(blobs[end])
+                end += 1
+            reply = self.http.request("POST", "/v1/publish", pack_bundle(keys[start:end], blobs[start:end]),
+                                      {"Content-Type": "application/octet-stream",
+                                       "X-Kvpool-Generation": str(generation)})
+            answer = json.loads(reply.body)
+            published += int(answer["published"])
+            nbytes += int(answer["bytes"])
+            start = end
+        return {"published": published, "bytes": nbytes}
 
     def fetch_chunks(self, keys: Sequence[int], holder: str | None = None, *, timeout: float | None = None,
                      generation: int = 0, local: bool = True) -> tuple[list[int], list[bytes], str | None]:

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostagent.api import make_server
+from hostagent.api import MAX_BODY, make_server
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
 from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
-from kvpool import config, wire
+from kvpool import auth, config, wire
 from kvpool.config import ConfigError
 from kvpool.httpjson import ApiError, ApiServer
 
@@ -52,7 +52,7 @@ class AgentConfig:
     udp_port: int = wire.KVPOOL_UDP_PORT
     """kvpool UDP port peers send GETs to; 0 picks a free one."""
     api_host: str = "127.0.0.1"
-    """Address of the local HTTP API (keep it on loopback: it has no authentication)."""
+    """Address of the local HTTP API (keep it on loopback: only its mutating calls need the token)."""
     api_port: int = 7471
     """HTTP API port; 0 picks a free one (the controller's API defaults to 7480)."""
     api_socket: str = ""
@@ -89,8 +89,15 @@ class AgentConfig:
     """One GET per fragment (so a switch can serve and coalesce them) instead of range GETs."""
     fetch_timeout_s: float = 30.0
     """Default deadline of one API fetch."""
-    max_body_bytes: int = 1 << 30
-    """Largest API request body accepted."""
+    max_body_bytes: int = MAX_BODY
+    """Largest API request body accepted (refused from its Content-Length); the default fits the
+    largest chunk a fragment index can address, in a one-chunk bundle."""
+    api_workers: int = 64
+    """Threads that serve API requests at once (connections beyond wait without a thread)."""
+    api_timeout_s: float = 10.0
+    """A request head, each read of a body and each write of an answer must progress within this."""
+    token_file: str = ""
+    """The token file mutating API calls must present (made at first start; default: kvpool.auth)."""
     log_level: str = "INFO"
     """Logging level name."""
     controller: str = ""
@@ -130,6 +137,9 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
         if self.dram_bytes < 0 or self.gpu_bytes < 0 or self.max_body_bytes <= 0 or self.fetch_timeout_s <= 0:
             raise ConfigError("max_body_bytes and fetch_timeout_s must be positive, dram_bytes and gpu_bytes >= 0")
+        if not 1 <= self.api_workers <= 1024 or self.api_timeout_s <= 0:
+            raise ConfigError(f"api_workers must be 1..1024 and api_timeout_s positive, got {self.api_workers} and "
+                              f"{self.api_timeout_s}")
         if self.dram_bytes == 0 and self.backend == "none":
             # Without DRAM the backend is the only place a chunk can live.
             raise ConfigError("dram_bytes 0 needs a backend (--backend memory or mooncake)")
@@ -158,6 +168,8 @@ class Agent:
     def __init__(self, config: AgentConfig, backend: ChunkBackend | None = None) -> None:
         config.validate()
         self.config = config
+        #: The secret mutating API calls must present (and this agent presents to the controller).
+        self.token = auth.load_or_create(Path(config.token_file) if config.token_file else None)
         self._backend = backend if backend is not None else self._make_backend()
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store)
@@ -187,9 +199,10 @@ class Agent:
         """Bind the UDP sockets and the HTTP API and start serving."""
         self.transport.start()
         try:
-            self._api = make_server(self, self.config.api_host, self.config.api_port,
-                                    Path(self.config.api_socket) if self.config.api_socket else None,
-                                    max_body_bytes=self.config.max_body_bytes).start()
+            cfg = self.config
+            self._api = make_server(self, cfg.api_host, cfg.api_port, Path(cfg.api_socket) if cfg.api_socket else None,
+                                    self.token, max_body_bytes=cfg.max_body_bytes, workers=cfg.api_workers,
+                                    timeout_s=cfg.api_timeout_s).start()
         except OSError:
             self.transport.stop()
             raise
@@ -211,8 +224,8 @@ class Agent:
             caps["hbm"] = cfg.gpu_bytes
         if self._backend is not None:
             caps["pool"] = cfg.pool_bytes
-        reg = Registration(ControllerClient(cfg.controller), cfg.node_id or socket.gethostname(),
-                           cfg.advertise or cfg.host, role=cfg.role, tiers=caps)
+        reg = Registration(ControllerClient(cfg.controller, token=self.token.value),
+                           cfg.node_id or socket.gethostname(), cfg.advertise or cfg.host, role=cfg.role, tiers=caps)
         sync = DirectorySync(reg)
         self.store.set_listener(sync.notify)  # replays the chunks stored before registering
         try:

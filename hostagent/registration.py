@@ -24,20 +24,25 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kvpool import auth
 from kvpool.httpjson import ApiError, JsonClient
 
 log = logging.getLogger("kvpool.registration")
 
 
 class ControllerClient(JsonClient):
-    """The controller API's client (``kvpool.httpjson.JsonClient``) plus the directory lookup requesters need."""
+    """The controller API's client (``kvpool.httpjson.JsonClient``) plus the directory lookup requesters need.
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
-        super().__init__(url, timeout, "controller API")
+    ``token`` defaults to the operator's token file (``kvpool.auth``; none if it does not exist yet).
+    """
+
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
+        super().__init__(url, timeout, "controller API", auth.secret() if token is None else token)
 
     def holders(self, key: int) -> list[dict[str, Any]]:
         """Live copies of chunk ``key`` (node_id, address, tier, nbytes, role), fastest tier first.
@@ -56,13 +61,18 @@ class Registration:
     """One agent's membership in the directory (see the module docstring)."""
 
     def __init__(self, client: ControllerClient, node_id: str, address: str, role: str = "holder",
-                 tiers: Mapping[str, int] | None = None, heartbeat_s: float | None = None) -> None:
+                 tiers: Mapping[str, int] | None = None, heartbeat_s: float | None = None,
+                 live_wait_s: float = 15.0) -> None:
         self.client = client
         self.node_id = node_id
         self.address = address
         self.role = role
         self.tiers = dict(tiers or {})
         self.heartbeat_s = heartbeat_s
+        self.live_wait_s = live_wait_s
+        """How long ``register`` waits for a previous registration of this node (a crashed agent) to expire."""
+        self.credential = ""
+        """The per-node credential the controller answered the registration with (sent with every node call)."""
         #: (tier, nbytes) -> keys published: what a re-registration republishes
         self.published: dict[tuple[str, int], set[int]] = {}
         self.reregistrations = 0
@@ -75,14 +85,32 @@ class Registration:
     def _path(self) -> str:
         return f"/v1/nodes/{urllib.parse.quote(self.node_id, safe='')}"
 
+    def _auth(self) -> dict[str, str]:
+        return {auth.NODE_CREDENTIAL_HEADER: self.credential} if self.credential else {}
+
     def register(self) -> None:
         """Register with the controller and republish what this agent holds (refused: ApiError 403).
 
         The controller starts a (re-)registered node from an empty chunk list, so everything
-        published through this object so far is published again.
+        published through this object so far is published again. It answers with a credential
+        only this node knows, which every later call for the node carries; a node id that is
+        registered and live is not handed to anyone without it (409 ``node_live``), so an agent
+        restarted after a crash waits here, up to ``live_wait_s``, until its old registration
+        is marked down.
         """
-        answer = self.client.post("/v1/nodes/register", {"node_id": self.node_id, "address": self.address,
-                                                          "role": self.role, "tiers": self.tiers})
+        doc = {"node_id": self.node_id, "address": self.address, "role": self.role, "tiers": self.tiers}
+        deadline = time.monotonic() + self.live_wait_s
+        while True:
+            try:
+                answer = self.client.post("/v1/nodes/register", doc, self._auth())
+                break
+            except ApiError as exc:
+                if exc.code != "node_live" or time.monotonic() >= deadline:
+                    raise
+                log.info("node %s is still registered (%s); waiting for that registration to expire", self.node_id,
+                         exc)
+                time.sleep(0.5)
+        self.credential = str(answer.get("node_credential", ""))
         if self.heartbeat_s is None:
             self.heartbeat_s = float(answer.get("heartbeat_s", 1.0))
         with self._lock:
@@ -93,7 +121,7 @@ class Registration:
     def heartbeat(self) -> None:
         """One heartbeat; re-registers and republishes when the controller marked this node down or forgot it."""
         try:
-            self.client.post(f"{self._path}/heartbeat")
+            self.client.post(f"{self._path}/heartbeat", None, self._auth())
         except ApiError as exc:
             if exc.status not in (404, 410):  # ApiUnreachableError (status 0) included
                 raise
@@ -103,7 +131,7 @@ class Registration:
 
     def _publish(self, keys: list[int], tier: str, nbytes: int) -> int:
         return int(self.client.post(f"{self._path}/publish", {"keys": [f"{k:#x}" for k in keys], "tier": tier,
-                                                               "nbytes": nbytes})["new"])
+                                                               "nbytes": nbytes}, self._auth())["new"])
 
     def publish(self, keys: Iterable[int], tier: str, nbytes: int) -> int:
         """This agent holds ``keys`` (``nbytes`` each) in ``tier``; returns how many were new to the directory."""
@@ -121,7 +149,7 @@ class Registration:
         """This agent no longer holds ``keys`` (in ``tier``, or anywhere); returns copies removed."""
         keys = list(keys)
         removed = int(self.client.post(f"{self._path}/withdraw", {"keys": [f"{k:#x}" for k in keys],
-                                                                   "tier": tier})["removed"])
+                                                                   "tier": tier}, self._auth())["removed"])
         with self._lock:
             for (t, _nb), ks in self.published.items():
                 if tier is None or t == tier:
@@ -153,6 +181,6 @@ class Registration:
             self._thread = None
         if deregister:
             try:
-                self.client.delete(self._path)
+                self.client.delete(self._path, self._auth())
             except ApiError as exc:
                 log.warning("could not deregister %s: %s", self.node_id, exc)

@@ -142,9 +142,10 @@ BAD_CALLS = [
 
 def test_bad_api_calls_get_one_line_errors_and_are_counted(agent: Agent) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", agent.api_port, timeout=10)
+    bearer = {"Authorization": f"Bearer {agent.token.value}"}
     expected: dict[str, int] = {}
     for method, path, body, headers, status, reason, words in BAD_CALLS:
-        conn.request(method, path, body=body, headers=headers)
+        conn.request(method, path, body=body, headers={**bearer, **headers})
         resp = conn.getresponse()
         text = resp.read().decode()
         assert resp.status == status, (path, body, text)
@@ -155,7 +156,7 @@ def test_bad_api_calls_get_one_line_errors_and_are_counted(agent: Agent) -> None
             conn.close()
             conn = http.client.HTTPConnection("127.0.0.1", agent.api_port, timeout=10)
     # The same keep-alive connection still works, and nothing bad was stored.
-    conn.request("PUT", "/v1/chunks/0x1", body=b"good")
+    conn.request("PUT", "/v1/chunks/0x1", body=b"good", headers=bearer)
     assert conn.getresponse().read() and agent.store.get(1) == b"good"
     conn.request("GET", "/v1/stats")
     stats = json.loads(conn.getresponse().read())

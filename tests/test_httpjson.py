@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
+from kvpool import auth
 from kvpool.httpjson import ApiError, ApiServer, ApiUnreachableError, JsonClient, Request, Response, Router
+
+TOKEN = auth.Token("t" * 40, Path("/nonexistent/token"))
+AUTH = b"Authorization: Bearer " + TOKEN.value.encode() + b"\r\n"
 
 
 def _router() -> Router:
@@ -35,7 +39,7 @@ def _router() -> Router:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ApiServer]:
-    srv = ApiServer(_router(), "127.0.0.1", 0, unix_path=tmp_path / "api.sock", max_body_bytes=1000,
+    srv = ApiServer(_router(), "127.0.0.1", 0, token=TOKEN, unix_path=tmp_path / "api.sock", max_body_bytes=1000,
                     name="test-api").start()
     try:
         yield srv
@@ -55,7 +59,7 @@ def _raw(server: ApiServer, data: bytes) -> tuple[int, dict[str, Any], bool]:
 
 def test_client_and_server_round_trip_over_tcp_and_unix(server: ApiServer, tmp_path: Path) -> None:
     for url in (server.url, f"unix:{tmp_path / 'api.sock'}"):
-        c = JsonClient(url, 5, "test API")
+        c = JsonClient(url, 5, "test API", TOKEN.value)
         assert c.get("/v1/echo/a%20b?q=1") == {"word": "a b", "q": "1"}
         assert c.post("/v1/json", {"x": [1, 2]}) == {"got": {"x": [1, 2]}}
         reply = c.request("PUT", "/v1/raw", [b"ab", memoryview(b"cd")])
@@ -68,7 +72,7 @@ def test_client_and_server_round_trip_over_tcp_and_unix(server: ApiServer, tmp_p
 
 
 def test_unknown_paths_methods_and_bugs_are_json_errors(server: ApiServer) -> None:
-    c = JsonClient(server.url, 5)
+    c = JsonClient(server.url, 5, token=TOKEN.value)
     for method, path, status, code in (("GET", "/v1/none", 404, "unknown_path"), ("DELETE", "/v1/json", 405,
                                                                                      "bad_method"),
                                        ("GET", "/v1/crash", 500, "internal")):
@@ -90,7 +94,7 @@ def test_unknown_paths_methods_and_bugs_are_json_errors(server: ApiServer) -> No
 ])
 def test_body_policy(server: ApiServer, head: bytes, body: bytes, status: int, code: str) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(head + b"\r\n" + body)
+        s.sendall(head + AUTH + b"\r\n" + body)
         if code == "bad_body":
             s.shutdown(socket.SHUT_WR)
         resp = http.client.HTTPResponse(s)
@@ -101,14 +105,15 @@ def test_body_policy(server: ApiServer, head: bytes, body: bytes, status: int, c
 
 def test_an_oversize_body_is_refused_from_its_length_and_the_connection_closed(server: ApiServer) -> None:
     # Announces 1001 bytes (the limit is 1000) and sends none: the answer comes from the header alone.
-    status, doc, closed = _raw(server, b"PUT /v1/raw HTTP/1.1\r\nContent-Length: 1001\r\n\r\n")
+    status, doc, closed = _raw(server, b"PUT /v1/raw HTTP/1.1\r\nContent-Length: 1001\r\n" + AUTH + b"\r\n")
     assert (status, doc["code"], closed) == (413, "body_too_large", True)
     assert "1001" in doc["error"]
 
 
 def test_an_unread_body_does_not_become_the_next_request(server: ApiServer) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("POST", "/v1/ignore", body=b"GET /v1/crash HTTP/1.1\r\n\r\n")
+    conn.request("POST", "/v1/ignore", body=b"GET /v1/crash HTTP/1.1\r\n\r\n",
+                 headers={"Authorization": f"Bearer {TOKEN.value}"})
     assert json.loads(conn.getresponse().read()) == {"ok": True}
     conn.request("GET", "/v1/echo/again")
     assert json.loads(conn.getresponse().read())["word"] == "again"  # same keep-alive connection

@@ -44,8 +44,9 @@ from controller.daemon import (
 )
 from controller.fabric import FabricSettings
 from hostagent.client import AgentClient
+from kvpool import auth, wire
 from kvpool import contract as n
-from kvpool import wire
+from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
 from kvpool.httpjson import ApiError
 from kvpool.topology import Host, Topology, star
@@ -74,6 +75,8 @@ class Testbed:
         self.net: EmulatedNetwork | None = None
         self.topo: Topology = star(cfg.requesters, holder_mbps=cfg.holder_mbps, host_mbps=cfg.host_mbps)
         self.capture: LinkCapture | None = None
+        self.token: Token | None = None
+        """The operator's token (made if missing): the agents check it, the clients here send it."""
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -82,6 +85,7 @@ class Testbed:
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         self.run_dir.mkdir(parents=True)
+        self.token = auth.load_or_create()
         self.net = EmulatedNetwork(self.topo, self.cfg.target, log_dir=self.run_dir,
                                    extra_neighbours={SINK_ADDRESS: SINK_MAC})
         try:
@@ -130,9 +134,11 @@ class Testbed:
         # queue drains would only duplicate it, so the retransmit timeout covers it twice.
         queue_s = self.cfg.requesters * self.cfg.window * wire.DATA_DATAGRAM_LEN / rate
         rto = max(1.0, 2 * queue_s)
+        assert self.token is not None  # running() loads it first
         try:
             for h in self.topo.hosts.values():
                 args = [*exe, "--host", h.address, "--api-socket", str((self.run_dir / f"{h.name}.sock").resolve()),
+                        "--token-file", str(self.token.path),
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
                         "--single-gets", "--window", str(self.cfg.window), "--max-inflight", str(self.cfg.window),
@@ -181,7 +187,8 @@ class Testbed:
         fabric = FabricSettings(popularity_threshold=max(2, cfg.requesters // 2), pending_timeout_us=2_000_000)
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
-        filler = HolderPushClient(self.api(holder.name), fabric.fill_sink)
+        filler = HolderPushClient(self.api(holder.name), fabric.fill_sink,
+                                  token=self.token.value if self.token is not None else None)
         ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
         result = ModeResult(mode)
         stop = threading.Event()
