@@ -1,7 +1,7 @@
 """Data-plane counters of one switch, read over P4Runtime and labelled with the contract's enums.
 
 The index enums live in :mod:`kvpool.contract` (the P4 program's contract);
-``tests/test_contract.py`` checks them against ``p4/include/constants.p4`` and the blocks
+``tests/kvpool/test_contract.py`` checks them against ``p4/include/constants.p4`` and the blocks
 p4/README.md documents, so a renumbered P4 constant cannot silently relabel the
 operator's view.
 """

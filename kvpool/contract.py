@@ -12,9 +12,9 @@ import this module instead of spelling any of these again:
   salts of ``p4/include/popularity.p4``.
 
 Wire-format values come from :mod:`kvpool.wire`; the constants here that mirror them are
-derived from it, not copied.  ``tests/test_contract.py`` checks this module against
+derived from it, not copied.  ``tests/kvpool/test_contract.py`` checks this module against
 ``p4/build/kvpool.p4info.txtpb``, ``p4/include/*.p4`` and ``p4/README.md``, and
-``tests/test_model_vs_build.py`` checks the switch model against ``p4/build/kvpool.json``.
+``tests/switchmodel/test_model_vs_build.py`` checks the switch model against ``p4/build/kvpool.json``.
 Standard library and :mod:`kvpool.wire` only: no protobuf, no gRPC.
 """
 

@@ -769,9 +769,10 @@ class ApiServer:
             self.counters.ok()
         except ApiError as exc:
             self.counters.error(exc.code)
-            if exc.status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.NOT_FOUND, HTTPStatus.METHOD_NOT_ALLOWED) \
-                    and request is None:
-                keep_alive = False  # refused before the body policy ran: its body, if any, is unread
+            if request is None:
+                # Refused before the head was fully read or the body policy ran: what is left of
+                # the head or an unread body must never be parsed as the next request.
+                keep_alive = False
             response = Response.error(exc)
         except Exception as exc:  # a bug must answer 500, not drop the connection without a word
             log.exception("%s: %r failed", self.name, line[:200])

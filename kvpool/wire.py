@@ -54,7 +54,7 @@ from typing import Final
 import numpy as np
 
 # --------------------------------------------------------------------------------------
-# Constants (mirrored in p4/include/constants.p4; tests/test_wire.py checks they agree)
+# Constants (mirrored in p4/include/constants.p4; tests/kvpool/test_wire.py checks they agree)
 # --------------------------------------------------------------------------------------
 
 KVPOOL_VERSION: Final = 1

@@ -52,4 +52,4 @@ print(f"[agent-env] {len(names)} hostagent modules import beside protobuf {googl
 PYEOF
 "$VENV/bin/kvpool-agent" --help >/dev/null
 say "kvpool-agent --help ok"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_e2e_agents.py
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/hostagent/test_e2e_agents.py

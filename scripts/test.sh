@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${KVPOOL_VENV:-.venv}
 echo "[test] ruff"; "$VENV/bin/ruff" check .
-echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller switchmodel bmv2_topologies
+echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller switchmodel bmv2_topologies scripts tests
 echo "[test] agent beside protobuf 6"; bash scripts/check_agent_env.sh
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"

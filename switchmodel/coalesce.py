@@ -4,7 +4,7 @@ Two controls, as in the P4 file: :class:`Coalesce` (``MyIngress.coalesce``: pend
 waiter ids, the release) and :class:`CoalesceEgress` (``MyEgress.coalesce``: replica
 pruning and rewrite, per-waiter reply records).  The pending slot of a fragment comes from
 :func:`pending_index`, the program's ``hash`` through :mod:`switchmodel.hashes`, which
-``tests/test_model_vs_build.py`` checks against the compiled ``p4/build/kvpool.json``.
+``tests/switchmodel/test_model_vs_build.py`` checks against the compiled ``p4/build/kvpool.json``.
 """
 
 from __future__ import annotations

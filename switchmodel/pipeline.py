@@ -26,7 +26,7 @@ Every table, counter, register, digest and multicast group is the one in
 :class:`switchmodel.state.SwitchState`, addressed by its P4Info name (:mod:`kvpool.contract`),
 so a controller programs the model and BMv2 with the same P4Runtime messages.
 ``switchmodel/DIFFERENCES.md`` lists where the model knowingly differs from BMv2, and
-``tests/test_model_vs_build.py`` checks its hashes and geometry against the compiled
+``tests/switchmodel/test_model_vs_build.py`` checks its hashes and geometry against the compiled
 ``p4/build/kvpool.json``.
 
 v1model details reproduced on purpose (they decide which packets come out):

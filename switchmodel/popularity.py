@@ -2,7 +2,7 @@
 
 Every index comes from :func:`sketch_indices` and :func:`bloom_indices`, which compute what
 the program's ``hash`` calls do through :mod:`switchmodel.hashes`;
-``tests/test_model_vs_build.py`` checks them against the calculations in the compiled
+``tests/switchmodel/test_model_vs_build.py`` checks them against the calculations in the compiled
 ``p4/build/kvpool.json``.
 """
 

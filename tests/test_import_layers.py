@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (tests/ is one level down)
 PACKAGES = ("kvpool", "switchmodel", "hostagent", "controller", "bmv2_topologies")
 LAYER = {"kvpool": 0, "switchmodel": 1, "hostagent": 1, "controller": 1, "bmv2_topologies": 2}
 #: Modules above every package: they may import anything (and nothing imports them).

@@ -144,7 +144,7 @@ def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(ta
 def _pending_index(key: int, frag: int) -> int:
     """The pending slot of a fragment, by the model's twin of coalesce.p4's hash.
 
-    tests/test_model_vs_build.py ties that function to the compiled program; here the
+    tests/switchmodel/test_model_vs_build.py ties that function to the compiled program; here the
     target itself (BMv2 included) must treat the pair it finds as a collision.
     """
     return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, frag, 1, 0, 0, 0, 0, 0))

@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ctl_harness import SMALL, TOPO, Daemon, running
 
 from hostagent.api import AgentApi
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.registration import ControllerClient, Registration
 from kvpool import auth
 from kvpool.httpjson import ApiError, Auth, Route, is_remote
+from tests.ctl_harness import SMALL, TOPO, Daemon, running
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 H0, H1 = TOPO.hosts["h0"], TOPO.hosts["h1"]
 PARAMS = {"key": "0x1", "node": "h0", "name": "s1"}
 

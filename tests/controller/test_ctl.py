@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ctl_harness import BIG, OTHER, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
 
 from controller import ctl
 from hostagent.registration import ControllerClient, Registration
 from kvpool import wire
 from kvpool.httpjson import JsonClient
+from tests.ctl_harness import BIG, OTHER, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CTL = [sys.executable, "-m", "controller.ctl"]
 H0, H1 = TOPO.hosts["h0"], TOPO.hosts["h1"]
 

@@ -24,8 +24,9 @@ from kvpool.p4rt.codec import (
 )
 from kvpool.p4rt.p4info import P4Info, P4InfoError
 from switchmodel.state import DigestList, PacketIn, StateError, SwitchState
+from tests.paths import P4RT_MINI
 
-MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+MINI = P4RT_MINI
 
 
 @pytest.fixture
@@ -210,7 +211,7 @@ def test_digest_batching_dedup_and_ack() -> None:
     assert s.emit_digest("hot_digest_t", [1, 2])
     assert s.emit_digest("hot_digest_t", [3, 4])
     (lst2,) = s.next_messages(0)  # full list goes out at once
-    assert lst2.data == ((1, 2), (3, 4)) and lst2.list_id == 2
+    assert isinstance(lst2, DigestList) and lst2.data == ((1, 2), (3, 4)) and lst2.list_id == 2
     now[0] += 10**6  # ack timeout passes: the data may be reported again
     assert s.emit_digest("hot_digest_t", [3, 4])
     s.remove_digest("hot_digest_t")

@@ -7,7 +7,6 @@ The mini P4Info (tests/data/p4rt_mini.p4info.txtpb) has a table of every match k
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,9 @@ from kvpool.p4rt.codec import (
     TableEntry,
 )
 from kvpool.p4rt.p4info import P4Info, P4InfoError
+from tests.paths import P4RT_MINI
 
-MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+MINI = P4RT_MINI
 
 
 @pytest.fixture(scope="module")

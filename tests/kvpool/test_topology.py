@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvpool.topology import Topology, TopologyError, leaf_spine, load, star
+from tests.paths import REPO
 
-TOPO_DIR = Path(__file__).resolve().parents[1] / "bmv2_topologies"
+TOPO_DIR = REPO / "bmv2_topologies"
 
 
 def test_committed_star_matches_generator() -> None:

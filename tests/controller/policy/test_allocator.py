@@ -52,9 +52,9 @@ def test_random_churn_never_leaks_or_overlaps() -> None:
             a.free(base, live.pop(base))
         else:
             n = rng.randint(1, 40)
-            base = a.alloc(n)
-            if base is not None:
-                live[base] = n
+            got = a.alloc(n)
+            if got is not None:
+                live[got] = n
         taken = sorted(live.items())
         for (b0, n0), (b1, _) in itertools.pairwise(taken):
             assert b0 + n0 <= b1  # no overlap

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from controller.sim.config import MODELS, ClusterConfig, ConfigError
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy, sweep, sweep_steps
 from kvpool.trace import SyntheticSpec, Trace, TraceRequest, generate, read_jsonl
+from tests.paths import MOONCAKE_TRACE
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
+MOONCAKE = MOONCAKE_TRACE
 SMALL = ClusterConfig(nodes=16, holders=2, switch_mib=96.0, hbm_gib=1.0, dram_gib=2.0)
 
 

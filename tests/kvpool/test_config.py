@@ -14,8 +14,7 @@ import pytest
 
 from controller.cli import ControllerConfig, build_parser, config_from_args
 from kvpool.config import ConfigError, load, load_table
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.paths import REPO
 
 
 def _file(tmp_path: Path, text: str) -> Path:

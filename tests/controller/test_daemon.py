@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
 
 from controller.daemon import Catalog, ChunkInfo, Controller, ControllerError, ControllerSettings, Mode, SwitchEndpoint
 from controller.fabric import FabricSettings
 from kvpool import contract as n
 from kvpool import wire
+from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
 

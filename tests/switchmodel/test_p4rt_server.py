@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,8 +21,9 @@ from kvpool.p4rt.codec import CounterValue, Replica
 from kvpool.p4rt.p4info import P4Info
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.state import SwitchState
+from tests.paths import P4RT_MINI
 
-MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+MINI = P4RT_MINI
 P4INFO = P4Info.load(MINI)
 T_LPM, T_POOL, T_ACL = (P4INFO.table(n).id for n in ("ipv4_lpm", "pool", "acl"))
 A_FWD, A_DROP, A_HIT, A_ALLOW, A_NOP = (P4INFO.action(n).id for n in

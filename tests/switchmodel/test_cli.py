@@ -8,8 +8,9 @@ from pathlib import Path
 
 from controller.p4runtime import P4RuntimeSwitch
 from switchmodel.cli import main
+from tests.paths import P4RT_MINI
 
-MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+MINI = P4RT_MINI
 
 
 def test_switch_process_serves_a_preloaded_pipeline() -> None:

@@ -16,7 +16,7 @@ COST = PrefillCost(0.5e9, 24, 896)
 def _seq(n: int, universe: int, seed: int, skew: float = 1.1) -> list[int]:
     rng = np.random.default_rng(seed)
     w = np.arange(1, universe + 1, dtype=np.float64) ** -skew
-    return rng.choice(universe, size=n, p=w / w.sum()).tolist()
+    return [int(x) for x in rng.choice(universe, size=n, p=w / w.sum())]
 
 
 def _run(policy: str, keys: list[int], cap: int) -> float:

@@ -27,8 +27,9 @@ from kvpool.p4rt.p4info import P4InfoError
 from kvpool.tcp import free_port
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.state import SwitchState
+from tests.paths import P4RT_MINI
 
-MINI = Path(__file__).parent / "data" / "p4rt_mini.p4info.txtpb"
+MINI = P4RT_MINI
 KVPOOL_P4INFO = contract.P4INFO_PATH
 
 

@@ -17,8 +17,7 @@ import pytest
 from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
 from bmv2_topologies.experiment.report import SystemResult, summaries, vs_document, vs_plot, vs_table
 from bmv2_topologies.mooncake_reader import digest
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.paths import REPO
 
 
 # ---------------------------------------------------------------------------------- no root

@@ -16,7 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ctl_harness import (
+
+from hostagent.registration import ControllerClient, Registration
+from kvpool import wire
+from kvpool.contract import DropReason
+from kvpool.httpjson import ApiError, ApiUnreachableError
+from tests.ctl_harness import (
     BIG,
     CHILD,
     HUGE,
@@ -31,13 +36,9 @@ from ctl_harness import (
     Daemon,
     running,
 )
+from tests.paths import REPO
 
-from hostagent.registration import ControllerClient, Registration
-from kvpool import wire
-from kvpool.contract import DropReason
-from kvpool.httpjson import ApiError, ApiUnreachableError
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 H0, H1, H2 = (TOPO.hosts[h] for h in ("h0", "h1", "h2"))
 
 
@@ -90,7 +91,7 @@ def test_unknown_paths_methods_and_bodies(api: ControllerClient) -> None:
     for method, path, code in (("GET", "/v1/nope", 404), ("GET", "/v2/status", 404), ("POST", "/v1/status", 405),
                                ("GET", "/v1/admit", 405), ("GET", "/v1/switches/s9", 404)):
         with pytest.raises(ApiError) as e:
-            api.request(method, path, {} if method == "POST" else None)
+            api.call(method, path, {} if method == "POST" else None)
         assert e.value.status == code, (method, path)
     e2 = _refused(api, "/v1/admit", {"key": "xyz"})
     assert e2.status == 400 and "not hex" in str(e2)

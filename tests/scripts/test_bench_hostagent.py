@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import runpy
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_hostagent.py"
+from tests.paths import SCRIPTS
+
+SCRIPT = SCRIPTS / "bench_hostagent.py"
 
 
 def test_bench_runs_and_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:

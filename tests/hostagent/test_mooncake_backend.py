@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from hostagent.mooncake_master import (
     MooncakeStoreNode,
     find_binary,
 )
+from tests.paths import REPO
 
 try:
     from hostagent.mooncake_backend import MooncakeBackend, store_key
@@ -35,7 +37,6 @@ try:
 except (ImportError, MooncakeProcessError) as exc:  # pragma: no cover - depends on the machine
     pytest.skip(f"Mooncake Store cannot run here: {exc}", allow_module_level=True)
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def payload(key: int, size: int) -> bytes:
@@ -44,7 +45,7 @@ def payload(key: int, size: int) -> bytes:
     return (seed * (size // 16 + 1))[:size] if size < 64 else os.urandom(size - 16) + seed
 
 
-def start_pool(tmp: Path, segment_bytes: int, **config: int) -> tuple[MooncakeMaster, MooncakeStoreNode]:
+def start_pool(tmp: Path, segment_bytes: int, **config: Any) -> tuple[MooncakeMaster, MooncakeStoreNode]:
     """A master and one store node, or a skip when they cannot start on this machine."""
     master = MooncakeMaster(MasterConfig(**config), log_path=tmp / "master.log")
     try:
@@ -199,7 +200,8 @@ def test_master_killed_is_an_error_not_a_hang(tmp_path: Path) -> None:
         assert b.get(1) == b"before the crash"
         master.kill()
         # Each call fails by itself (RPC_FAIL, ~4.3 s) or at the 2 s deadline, whichever first.
-        for op in (lambda: b.get(1), lambda: b.put(2, b"after"), lambda: b.delete(1)):
+        ops: list[Callable[[], object]] = [lambda: b.get(1), lambda: b.put(2, b"after"), lambda: b.delete(1)]
+        for op in ops:
             with pytest.raises(BackendError, match="mooncake"):
                 op()
     # Connecting to a dead master would block ~90 s inside the library (with the GIL held):

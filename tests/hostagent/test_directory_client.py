@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ctl_harness import TOPO, running
 
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.registration import ControllerClient
+from tests.ctl_harness import TOPO, running
 
 
 def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
