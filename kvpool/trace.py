@@ -311,3 +311,55 @@ def generate(spec: SyntheticSpec) -> Trace:
         offsets,
         np.asarray(blocks, dtype=np.int64),
     )
+
+
+def speed_up(trace: Trace, factor: float) -> Trace:
+    """``trace`` played ``factor`` times faster: arrival times divided by ``factor`` (same requests).
+
+    Load (requests per second) scales by ``factor``; what requests share does not change.
+    """
+    if not factor > 0 or not math.isfinite(factor):
+        raise TraceError(f"speed-up factor must be a positive number, got {factor!r}")
+    t0 = float(trace.timestamps[0]) if len(trace) else 0.0
+    return Trace(
+        t0 + (trace.timestamps - t0) / factor,
+        trace.input_lengths,
+        trace.output_lengths,
+        trace.offsets,
+        trace.blocks,
+    )
+
+
+def repeat(trace: Trace, copies: int, *, shared_ids: bool = False) -> Trace:
+    """``copies`` back-to-back copies of ``trace`` in time, each shifted by the trace's span.
+
+    Copy ``k`` starts one mean inter-arrival gap after copy ``k - 1`` ends. With
+    ``shared_ids=False`` (the default) copy ``k`` gets fresh block ids (``id + k * (max id + 1)``),
+    so copies share nothing: the same traffic shape from new users, which keeps hit ratios
+    comparable while the trace gets longer. With ``shared_ids=True`` copies keep the ids, as if
+    the same users came back: everything the first copy computed is reusable by the next.
+    Combined with :func:`speed_up` by the same factor, a repeated trace keeps its duration
+    and carries ``copies`` times the load.
+    """
+    if copies < 1:
+        raise TraceError(f"repeat count must be at least 1, got {copies}")
+    if copies == 1:
+        return trace
+    n = len(trace)
+    span = trace.duration_ms
+    gap = span / (n - 1) if n > 1 else 1.0
+    stride = span + gap
+    id_stride = int(trace.blocks.max()) + 1 if trace.n_blocks else 1
+    if not shared_ids and id_stride * copies - 1 > _MAX_ID:
+        raise TraceError(f"repeat: {copies} copies of ids up to {id_stride - 1} overflow 64-bit ids; use fewer copies")
+    ts = np.concatenate([trace.timestamps + k * stride for k in range(copies)])
+    blocks = np.concatenate([trace.blocks + (0 if shared_ids else k * id_stride) for k in range(copies)])
+    nb = trace.n_blocks
+    offsets = np.concatenate([trace.offsets[:-1] + k * nb for k in range(copies)] + [np.array([copies * nb])])
+    return Trace(
+        ts,
+        np.tile(trace.input_lengths, copies),
+        np.tile(trace.output_lengths, copies),
+        offsets.astype(np.int64),
+        blocks.astype(np.int64),
+    )

@@ -70,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefixes", type=int, default=200, help="synthetic trace: number of shared prefixes")
     g.add_argument("--turns", type=float, default=3.0, help="synthetic trace: mean turns per session")
     g.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the routing (default 0)")
+    g.add_argument(
+        "--workload",
+        choices=("tool", "docqa", "chat", "synthetic"),
+        help="no --trace: generate this family (kvpool workload) with --requests and --seed instead",
+    )
+    g.add_argument("--speedup", type=float, default=1.0, help="play the trace this many times faster (load x X)")
+    g.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="tile the trace K times in time with fresh block ids (with --speedup K: K x the load, same duration)",
+    )
+    g.add_argument("--repeat-shared", action="store_true", help="with --repeat: copies keep their block ids")
     g = parser.add_argument_group("cluster (lists sweep)")
     g.add_argument(
         "--nodes",
@@ -101,10 +114,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_trace(args: argparse.Namespace) -> Any:
+    from kvpool.trace import repeat, speed_up
+
+    trace = _base_trace(args)
+    return repeat(speed_up(trace, args.speedup), args.repeat, shared_ids=args.repeat_shared)
+
+
+def _base_trace(args: argparse.Namespace) -> Any:
     from kvpool.trace import SyntheticSpec, TraceError, generate, read_jsonl
 
     if args.trace is not None:
         return read_jsonl(args.trace)
+    if args.workload is not None:
+        from kvpool.workloads import build
+
+        return build(args.workload, n_requests=args.requests, seed=args.seed)
     spec = SyntheticSpec(
         n_requests=args.requests,
         rate_per_s=args.rate,
@@ -230,7 +254,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=None))
     else:
-        src = str(args.trace) if args.trace else f"synthetic ({len(trace)} requests, seed {args.seed})"
+        name = args.workload or "synthetic"
+        src = str(args.trace) if args.trace else f"{name} ({len(trace)} requests, seed {args.seed})"
+        if args.speedup != 1.0 or args.repeat != 1:
+            src += f", x{args.speedup:g} speed, {args.repeat} cop{'y' if args.repeat == 1 else 'ies'}"
         print(f"trace: {src}; {len(trace)} requests, {trace.n_blocks} block refs")
         print(format_table(rows))
     return 0
