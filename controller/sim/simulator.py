@@ -93,20 +93,45 @@ def _switch_replay(
         idx = p.switch_fetches(s) if cfg.switches > 1 else np.arange(p.n_fetches)
         if idx.size == 0:
             continue
+        key, par, pos = p.fetch_key[idx], p.fetch_parent[idx], p.fetch_pos[idx]
+        is_write = None
+        if cfg.fill_on_write and p.write_off is not None:
+            key, par, pos, is_write = _with_writes(p, idx, s)
         res: CacheResult = replay(
             policy,
-            p.fetch_key[idx].tolist(),
-            p.fetch_parent[idx].tolist(),
-            p.fetch_pos[idx].tolist(),
+            key.tolist(),
+            par.tolist(),
+            pos.tolist(),
             cfg.switch_chunks,
             cfg.chunk_bytes,
             cfg.slot_bytes,
             cost,
             None if progress is None else _shifted(progress, s, cfg.switches),
+            None if is_write is None else is_write.tolist(),
         )
-        hits[idx] = res.hits
+        hits[idx] = res.hits if is_write is None else res.hits[~is_write]
         writes += res.admissions + res.evictions
     return hits, writes
+
+
+def _with_writes(p: FetchPlan, idx: np.ndarray, switch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fetches ``idx`` behind ``switch`` merged with the chunks its nodes computed, in request order.
+
+    A request's writes follow its fetches (it computes after fetching); the fetches keep their order.
+    """
+    assert p.write_off is not None and p.write_key is not None
+    assert p.write_parent is not None and p.write_pos is not None
+    n_req = p.n_requests
+    f_req = np.repeat(np.arange(n_req), np.diff(p.fetch_off))[idx]
+    w_req_all = np.repeat(np.arange(n_req), np.diff(p.write_off))
+    w_sel = np.flatnonzero(p.switch[w_req_all] == switch)
+    req = np.concatenate([f_req, w_req_all[w_sel]])
+    kind = np.concatenate([np.zeros(idx.size, np.int64), np.ones(w_sel.size, np.int64)])
+    order = np.lexsort((kind, req))  # stable: fetches and writes keep their own order
+    key = np.concatenate([p.fetch_key[idx], p.write_key[w_sel]])[order]
+    par = np.concatenate([p.fetch_parent[idx], p.write_parent[w_sel]])[order]
+    pos = np.concatenate([p.fetch_pos[idx], p.write_pos[w_sel]])[order]
+    return key, par, pos, kind[order].astype(np.bool_)
 
 
 def run_policy(
