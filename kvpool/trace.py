@@ -363,3 +363,45 @@ def repeat(trace: Trace, copies: int, *, shared_ids: bool = False) -> Trace:
         offsets.astype(np.int64),
         blocks.astype(np.int64),
     )
+
+
+def overlay(trace: Trace, copies: int, *, seed: int = 0) -> Trace:
+    """``copies`` copies of ``trace`` played at once, each with fresh block ids and its own phase.
+
+    Copy ``k > 0`` is shifted by a random offset within the trace's span and wrapped around it,
+    so the load is ``copies`` times the original over the same span while every session keeps
+    its own pace (think times are not compressed, unlike :func:`speed_up`). A session that
+    straddles a copy's wrap point has its later turns moved to the start of the span.
+    """
+    if copies < 1:
+        raise TraceError(f"overlay count must be at least 1, got {copies}")
+    if copies == 1:
+        return trace
+    span = trace.duration_ms
+    if span <= 0:
+        raise TraceError("overlay: the trace spans no time; use repeat instead")
+    rng = np.random.default_rng(seed)
+    t0 = float(trace.timestamps[0])
+    id_stride = int(trace.blocks.max()) + 1 if trace.n_blocks else 1
+    if id_stride * copies - 1 > _MAX_ID:
+        raise TraceError(f"overlay: {copies} copies of ids up to {id_stride - 1} overflow 64-bit ids")
+    offsets = [0.0, *rng.uniform(0.0, span, size=copies - 1).tolist()]
+    ts = np.concatenate([t0 + np.mod(trace.timestamps - t0 + off, span + 1e-9) for off in offsets])
+    req_len = np.diff(trace.offsets)
+    lens = np.tile(req_len, copies)
+    blocks_per_copy = [trace.blocks + k * id_stride for k in range(copies)]
+    order = np.argsort(ts, kind="stable")
+    starts = np.concatenate([trace.offsets[:-1] + k * trace.n_blocks for k in range(copies)])
+    all_blocks = np.concatenate(blocks_per_copy)
+    new_lens = lens[order]
+    new_off = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(new_lens, out=new_off[1:])
+    idx = np.concatenate([np.arange(starts[i], starts[i] + lens[i]) for i in order.tolist()]) if new_off[-1] else (
+        np.zeros(0, dtype=np.int64))
+    return Trace(
+        ts[order],
+        np.tile(trace.input_lengths, copies)[order],
+        np.tile(trace.output_lengths, copies)[order],
+        new_off,
+        all_blocks[idx].astype(np.int64),
+    )

@@ -465,11 +465,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speedup", type=float, default=1.0, help="compress time by this factor (load x factor)")
     parser.add_argument("--repeat", type=int, default=1, help="tile the trace this many times in time, fresh ids")
     parser.add_argument("--repeat-shared", action="store_true", help="with --repeat: copies keep their ids")
+    parser.add_argument("--overlay", type=int, default=1, help="play this many copies at once (fresh ids, own phase)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Generate, optionally write, and describe a trace; 2 on bad input."""
-    from kvpool.trace import repeat, speed_up, write_jsonl
+    from kvpool.trace import overlay, repeat, speed_up, write_jsonl
 
     try:
         if args.list:
@@ -484,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
             if not sep:
                 raise TraceError(f"--set {item!r}: expected NAME=VALUE")
             overrides[name.strip()] = value.strip()
-        trace = build(args.family, **overrides)
+        trace = overlay(build(args.family, **overrides), args.overlay, seed=args.seed)
         trace = repeat(speed_up(trace, args.speedup), args.repeat, shared_ids=args.repeat_shared)
         if args.out is not None:
             write_jsonl(trace, args.out)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvpool.cli import main
-from kvpool.trace import BLOCK_TOKENS, Trace, TraceError, read_jsonl, repeat, speed_up, write_jsonl
+from kvpool.trace import BLOCK_TOKENS, Trace, TraceError, overlay, read_jsonl, repeat, speed_up, write_jsonl
 from kvpool.workloads import FAMILIES, build, describe, make_spec
 
 N = 3000
@@ -126,6 +126,23 @@ def test_speed_up_and_repeat() -> None:
             speed_up(t, bad)
     with pytest.raises(TraceError, match="repeat count"):
         repeat(t, 0)
+
+
+def test_overlay_plays_copies_at_once_with_their_own_pace() -> None:
+    t = build("chat", n_requests=800, seed=6)
+    o = overlay(t, 4, seed=1)
+    o.validate()
+    assert len(o) == 4 * len(t) and o.n_blocks == 4 * t.n_blocks
+    assert o.duration_ms <= t.duration_ms + 1e-6  # same span: four times the load
+    ids = o.blocks.tolist()
+    assert len(set(ids)) == 4 * len(set(t.blocks.tolist()))  # fresh ids per copy
+    # each copy's requests keep their block ids and lengths (only the clock moved)
+    first = sorted(tuple(o.blocks[o.offsets[i] : o.offsets[i + 1]].tolist()) for i in range(len(o))
+                   if o.blocks[o.offsets[i]] <= t.blocks.max())
+    assert first == sorted(tuple(t.blocks[t.offsets[i] : t.offsets[i + 1]].tolist()) for i in range(len(t)))
+    assert overlay(t, 1) is t
+    with pytest.raises(TraceError, match="overlay count"):
+        overlay(t, 0)
 
 
 def test_workload_cli_writes_a_readable_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
