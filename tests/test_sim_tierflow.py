@@ -102,3 +102,17 @@ def test_a_chunk_still_being_computed_is_recomputed_not_awaited() -> None:
     for t, fetched in ((early, 0), (late, 40 * BLOCK_TOKENS)):
         r = run_policy(t, plan(t, cfg), cfg, "holder")
         assert r.fetch_bytes == fetched * cfg.model.kv_bytes_per_token
+
+
+def test_sim_cli_takes_the_tier_options(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvpool.cli import main
+
+    base = ["sim", "--workload", "chat", "--requests", "500", "--nodes", "8", "--no-progress", "--json"]
+    assert main([*base, "--demote", "none", "--routing", "affinity", "--fill-on-write", "--promote-after", "2"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["dram_ratio"] == 0.0
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--demote", "sometimes"])
+    assert exc.value.code == 2 and "--demote" in capsys.readouterr().err

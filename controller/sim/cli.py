@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tile the trace K times in time with fresh block ids (with --speedup K: K x the load, same duration)",
     )
     g.add_argument("--repeat-shared", action="store_true", help="with --repeat: copies keep their block ids")
+    g.add_argument(
+        "--overlay",
+        type=int,
+        default=1,
+        help="play K copies at once, fresh ids, random phases: K x the load, think times kept (default 1)",
+    )
     g = parser.add_argument_group("cluster (lists sweep)")
     g.add_argument(
         "--nodes",
@@ -105,7 +111,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pool-gib", type=float, default=0.0, help="holders' pool GiB, 0 = unbounded (default 0)")
     g.add_argument("--node-gbps", type=float, default=100.0, help="node link Gbit/s (default 100)")
     g.add_argument("--holder-gbps", type=float, default=100.0, help="holder link Gbit/s (default 100)")
-    g.add_argument("--routing", choices=("random", "round_robin"), default="random")
+    g.add_argument(
+        "--routing",
+        choices=("random", "round_robin", "affinity"),
+        default="random",
+        help="affinity: to the node that last used the prompt's deepest block, unless busy (default random)",
+    )
+    g.add_argument(
+        "--demote",
+        choices=("all", "reused", "none"),
+        default="all",
+        help="what HBM evictions do: demote to DRAM, demote only chunks used twice, drop (default all)",
+    )
+    g.add_argument(
+        "--promote-after",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="keep a fetched chunk in HBM from its first or only its second use at a node (default 1)",
+    )
+    g.add_argument(
+        "--fill-on-write",
+        action="store_true",
+        help="the switch may admit chunks as they pass on their way to the holders (prefetch the next turn)",
+    )
     g.add_argument("--no-coalesce", action="store_true", help="switch does not coalesce identical fetches")
     g = parser.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print one JSON object (a list for sweeps) instead of a table")
@@ -114,9 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_trace(args: argparse.Namespace) -> Any:
-    from kvpool.trace import repeat, speed_up
+    from kvpool.trace import overlay, repeat, speed_up
 
-    trace = _base_trace(args)
+    trace = overlay(_base_trace(args), args.overlay, seed=args.seed)
     return repeat(speed_up(trace, args.speedup), args.repeat, shared_ids=args.repeat_shared)
 
 
@@ -206,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
             holder_gbps=args.holder_gbps,
             model=MODELS[args.model[0]],
             routing=args.routing,
+            demote=args.demote,
+            promote_after=args.promote_after,
+            fill_on_write=args.fill_on_write,
             coalesce=not args.no_coalesce,
             seed=args.seed,
         )
@@ -256,8 +288,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         name = args.workload or "synthetic"
         src = str(args.trace) if args.trace else f"{name} ({len(trace)} requests, seed {args.seed})"
-        if args.speedup != 1.0 or args.repeat != 1:
-            src += f", x{args.speedup:g} speed, {args.repeat} cop{'y' if args.repeat == 1 else 'ies'}"
+        if args.speedup != 1.0 or args.repeat != 1 or args.overlay != 1:
+            src += f", x{args.speedup:g} speed, {args.repeat} in time, {args.overlay} at once"
         print(f"trace: {src}; {len(trace)} requests, {trace.n_blocks} block refs")
         print(format_table(rows))
     return 0

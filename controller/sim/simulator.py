@@ -171,6 +171,11 @@ def run_policy(
     fetches = p.n_fetches if sharing else 0
     hbm = int(p.hbm_blocks.sum())
     dram = int(p.dram_blocks.sum())
+    # Where blocks came from counts the fetches the timing made (a chunk not yet stored when its
+    # request arrived was recomputed instead); the hit ratio stays the policy's, over the plan.
+    made = ~tm.skipped if tm.skipped is not None and sharing else np.ones(p.n_fetches, dtype=np.bool_)
+    fetches_made = int(made.sum()) if sharing else 0
+    hits_made = int((hits & made).sum()) if sharing else 0
     duration_s = max(trace.duration_ms / 1e3, 1e-3)
     msgs = 0
     if sharing:
@@ -196,9 +201,9 @@ def run_policy(
         of_belady=(n_hits / fetches) / belady_ratio if fetches and belady_ratio > 0 else 0.0,
         hbm_ratio=hbm / refs,
         dram_ratio=dram / refs,
-        switch_ratio=n_hits / refs,
-        pool_ratio=(fetches - n_hits) / refs,
-        recompute_ratio=max(0.0, 1.0 - (hbm + dram + fetches) / refs),
+        switch_ratio=hits_made / refs,
+        pool_ratio=(fetches_made - hits_made) / refs,
+        recompute_ratio=max(0.0, 1.0 - (hbm + dram + fetches_made) / refs),
         prefill_tokens_total=total_tokens,
         prefill_tokens_saved=total_tokens - int(tm.compute_tokens.sum()),
         gpu_s_saved=gpu_none - tm.compute_s,

@@ -40,6 +40,8 @@ class Timing:
     coalesced: int
     peak_incast: int
     transfer_s: float
+    #: fetches planned but not made: their chunk was not stored yet when the request arrived
+    skipped: npt.NDArray[np.bool_] | None = None
 
 
 def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_] | None, sharing: bool) -> Timing:
@@ -79,6 +81,7 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
     bt = cfg.block_tokens
     finish = [0.0] * n
     compute_tok = np.empty(n, dtype=np.int64)
+    skipped = np.zeros(plan.n_fetches, dtype=np.bool_)
     ttft = np.empty(n, dtype=np.float64)
     holder_bytes = fetch_bytes = switch_bytes = coalesced = peak = 0
     compute_s = transfer_s = 0.0
@@ -93,6 +96,7 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                 if finish[f_prod[f]] > t:
                     # not in the directory yet: the reusable prefix ends here
                     usable_i = min(usable_i, f_pos[f] * bt)
+                    skipped[f : off[i + 1]] = True
                     break
                 b = f_tok[f] * kvb
                 node_bytes += b
@@ -158,4 +162,5 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
         coalesced=coalesced,
         peak_incast=peak,
         transfer_s=transfer_s,
+        skipped=skipped,
     )
