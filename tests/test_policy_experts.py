@@ -87,6 +87,22 @@ def test_without_leaves_first_a_parent_may_go_before_its_child() -> None:
         assert evicted[0] == first_out
 
 
+def test_a_last_copy_tier_keeps_leaves_first_whatever_the_expert_says() -> None:
+    from controller.policy import Tier
+
+    e = _engine(3, Expert(1e6, leaves_first=False), tier=Tier.POOL, hit_saving="compute")
+    e.access(10, None, 0, CHUNK)  # the parent is the coldest chunk, as above
+    for _ in range(3):
+        e.access(11, 10, 1, CHUNK)
+    for _ in range(5):
+        e.access(12, 11, 2, CHUNK)
+    e.drain()
+    for _ in range(20):
+        e.access(50, None, 0, CHUNK)
+    evicted = [c.key for c in e.drain() if isinstance(c, Evict)]
+    assert evicted[0] == 12  # the leaf: there a block without its parent is useless
+
+
 def test_default_experts_span_recency_to_frequency_with_and_without_tree_features() -> None:
     hls = [x.half_life for x in DEFAULT_EXPERTS]
     assert min(hls) <= 16 and max(hls) >= 65536

@@ -58,7 +58,8 @@ class Expert:
     saving: str = "auto"
     #: weight of log2(1 + position in the prefix) in the chunk's value (0: position plays no part)
     tilt: float = 0.0
-    #: a chunk whose children are resident is not a victim until they are gone
+    #: a chunk whose children are resident is not a victim until they are gone (always so in a tier
+    #: holding the last copy, where a hit saves prefill)
     leaves_first: bool = True
 
     def validate(self) -> None:
@@ -198,7 +199,9 @@ class PolicyEngine:
                 tenant_quotas=config.tenant_quotas,
                 pin_fraction=config.pin_fraction,
                 position_tilt=ex.tilt,
-                leaves_first=ex.leaves_first,
+                # Where a hit saves prefill the tier holds the last copy: a block without its
+                # parent there is useless, so no expert may evict a parent before its children.
+                leaves_first=ex.leaves_first or kind == "compute",
             )
             pool.record = False
             self.experts.append(pool)
