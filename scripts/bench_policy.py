@@ -28,12 +28,14 @@ import numpy as np
 from controller.policy.engine import PolicyConfig, PolicyEngine
 from controller.sim.caches import POLICIES, replay
 from controller.sim.config import ClusterConfig
+from controller.sim.experiments.common import TRACE_NAME, find_trace
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy
 from controller.sim.timing import replay_time
 from kvpool.trace import SyntheticSpec, generate, read_jsonl
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
+#: the shared trace next to (or above) the checkout, or where KVPOOL_MOONCAKE_TRACE points
+MOONCAKE = find_trace() or Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / TRACE_NAME
 
 
 def bench_mooncake(path: Path, budget_s: float) -> bool:
