@@ -79,12 +79,15 @@ def test_q3_value_recovery(tmp_path: Path) -> None:
 def test_q4_scale(tmp_path: Path) -> None:
     res = execute("q4", True, tmp_path)
     _files(tmp_path, "q4")
-    for p in res["points"] + res["map"]:
+    for p in res["points"] + res["map"] + res["switch_map"]:
         assert p["coalesce"]["holder_gib"] <= p["holder"]["holder_gib"] + 1e-9  # coalescing only removes bytes
         assert p["pool"]["holder_gib"] <= p["holder"]["holder_gib"] + 1e-9
         assert p["none"]["holder_gib"] == 0.0
         assert p["holder"]["coalesced"] == 0
     assert len(res["map"]) == len({g["load"] for g in res["map"]}) * len({g["gbps"] for g in res["map"]})
+    # against one slow holder, coalescing (and more so a pool) takes bytes off its link
+    slow = [g for g in res["switch_map"] if g["gbps"] == min(x["gbps"] for x in res["switch_map"])]
+    assert all(g["coalesce"]["coalesced"] > 0 for g in slow)
     nodes = sorted((p for p in res["points"] if p["sweep"] == "nodes"), key=lambda p: p["nodes"])
     assert nodes[-1]["requests_per_s"] > nodes[0]["requests_per_s"]  # load grows with the cluster
 

@@ -4,7 +4,8 @@ The boundary studied is a node's GPU HBM and its host DRAM: when HBM is full, th
 evicts is demoted to DRAM (every one, or only chunks that node used more than once) or
 dropped. Recovered value is what later hits in DRAM give back: chunks not fetched again from
 the pool (bytes and time on the network) or, without a pool, tokens not recomputed. Its cost
-is the copies HBM -> DRAM (PCIe bytes) and the DRAM it occupies. Each family runs with the
+is the copies HBM -> DRAM (PCIe bytes) and the DRAM it occupies. A DRAM hit promotes the chunk back
+to HBM, so a demotion yields at most one DRAM hit: hits per demotion is the share that paid. Each family runs with the
 holders' pool (sharing; no switch, to isolate the node tiers) and without it (each node alone),
 at 64 nodes with Llama-3-8B (64 MiB chunks; 8 GiB of HBM is 128 chunks), for two DRAM sizes.
 """
@@ -49,7 +50,7 @@ def run(ctx: Context) -> dict[str, Any]:
                             "demote": mode,
                             "demoted_blocks": p.demoted_blocks,
                             "dram_hits": dram_hits,
-                            "useful_share": dram_hits / p.demoted_blocks if p.demoted_blocks else 0.0,
+                            "hits_per_demotion": dram_hits / p.demoted_blocks if p.demoted_blocks else 0.0,
                             "gib_demoted": p.demoted_blocks * cfg.chunk_bytes / 2**30,
                             "gib_recovered": float(p.dram_tokens.sum()) * kvb / 2**30,
                             "pcie_s": (p.demoted_blocks * cfg.chunk_bytes + float(p.dram_tokens.sum()) * kvb)
@@ -82,7 +83,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "network_gib_saved": d["gib_from_network"] - r["gib_from_network"],
                 "prefill_mtokens_saved": d["prefill_mtokens"] - r["prefill_mtokens"],
                 "gib_demoted": r["gib_demoted"],
-                "useful_share": r["useful_share"],
+                "hits_per_demotion": r["hits_per_demotion"],
                 "ttft_p50_change": r["ttft_p50_ms"] / d["ttft_p50_ms"] - 1.0 if d["ttft_p50_ms"] else 0.0,
                 "ttft_p99_change": r["ttft_p99_ms"] / d["ttft_p99_ms"] - 1.0 if d["ttft_p99_ms"] else 0.0,
             }
@@ -95,7 +96,7 @@ def table(res: dict[str, Any]) -> str:
     head = (
         f"q3: {res['nodes']} nodes, {res['model']} (64 MiB chunks, 8 GiB HBM = 128 chunks per node). Against "
         "dropping HBM evictions: blocks later hit in DRAM, network GiB and prefill tokens they saved, GiB copied "
-        "HBM->DRAM, share of demoted chunks ever used again, TTFT change.\n\n"
+        "HBM->DRAM, DRAM hits per demotion, TTFT change.\n\n"
     )
     rows = []
     for s in res["summary"]:
@@ -109,19 +110,19 @@ def table(res: dict[str, Any]) -> str:
                 f"{s['network_gib_saved']:.0f}",
                 f"{s['prefill_mtokens_saved']:.2f}",
                 f"{s['gib_demoted']:.0f}",
-                f"{100 * s['useful_share']:.0f}%",
+                f"{s['hits_per_demotion']:.2f}",
                 f"{100 * s['ttft_p50_change']:+.1f}% / {100 * s['ttft_p99_change']:+.1f}%",
             ]
         )
     return head + md_table(
         ["family", "sharing", "DRAM GiB", "demote", "blocks recovered", "network GiB saved", "Mtokens not recomputed",
-         "GiB demoted", "demoted later used", "TTFT p50 / p99 vs drop"],
+         "GiB demoted", "DRAM hits per demotion", "TTFT p50 / p99 vs drop"],
         rows,
     )
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
-    """Recovered blocks per GiB demoted, and TTFT p50 change, per family (32 GiB DRAM, with and without pool)."""
+    """DRAM hits per demotion, and TTFT p50 change, per family (32 GiB DRAM, with and without pool)."""
     plt = pyplot()
     fams = list(dict.fromkeys(s["family"] for s in res["summary"]))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -133,10 +134,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
                    and s["dram_gib"] == max(DRAM_GIB)}
             xs = [i + k * width for i in range(len(fams))]
             label = f"{mode}, {'pool' if pool else 'no pool'}"
-            a1.bar(xs, [100 * sel[f]["useful_share"] for f in fams], width, label=label)
+            a1.bar(xs, [100 * sel[f]["hits_per_demotion"] for f in fams], width, label=label)
             a2.bar(xs, [100 * sel[f]["ttft_p50_change"] for f in fams], width, label=label)
             k += 1
-    for ax, title in ((a1, "demoted chunks used again (%)"), (a2, "TTFT p50 vs dropping (%)")):
+    for ax, title in ((a1, "DRAM hits per 100 demotions"), (a2, "TTFT p50 vs dropping (%)")):
         ax.set_xticks([i + 1.5 * width for i in range(len(fams))])
         ax.set_xticklabels(fams, fontsize=8)
         ax.set_title(f"{title}, {max(DRAM_GIB):g} GiB DRAM", fontsize=9)

@@ -12,9 +12,15 @@ Every point runs five configurations on the same requests:
 - ``sram``: plus a 16 MiB switch pool (a Tofino's SRAM: two 6 MiB Qwen chunks, no Llama chunk);
 - ``pool``: plus a 24 GiB switch-attached pool (value policy).
 
-Scaling nodes keeps the load per node: at N nodes the trace is tiled N/64 times with fresh ids
-and played N/64 times faster. Leaf-spine: one leaf per 32 nodes, each leaf with its own pool and
-its own coalescing, holders behind the spine (two more switch traversals, 2 us, on a holder fetch).
+Load and scale add sessions, not speed: x load at N nodes plays ``load x N / 64`` copies of the
+trace at once (fresh ids, each copy at its own phase; :func:`kvpool.trace.overlay`), so think
+times stay real (compressing time instead would bring a conversation's next turn before its
+previous one finished); below one copy the trace is slowed down instead. Leaf-spine: one leaf
+per 32 nodes, each leaf with its own pool and its own coalescing, holders behind the spine (two
+more switch traversals, 2 us, on a holder fetch).
+
+Two maps: where the holders' pool pays at all (conversation trace, load x link speed), and where
+the switch adds to it (bursty tool traffic against a single holder, nodes x link speed).
 
 Coalescing in the simulator: a holder fetch of chunk k behind switch s is outstanding from when
 it may start (the request's arrival, or the end of the prefill that produced k) until its last
@@ -34,7 +40,7 @@ from controller.sim.config import MODELS, ClusterConfig
 from controller.sim.experiments.common import Context, head, md_table, pyplot
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy
-from kvpool.trace import Trace, repeat, speed_up
+from kvpool.trace import Trace, overlay, speed_up
 
 BASE: dict[str, Any] = {
     "family": "conversation",
@@ -55,8 +61,11 @@ SWEEPS: dict[str, list[Any]] = {
     "family": ["conversation", "tool"],
 }
 QUICK_SWEEPS: dict[str, list[Any]] = {"nodes": [16, 64], "load": [1.0, 30.0], "family": ["conversation", "tool"]}
-MAP_LOADS = (1.0, 3.0, 10.0, 30.0, 100.0)
+MAP_LOADS = (1.0, 3.0, 10.0, 30.0)
 MAP_GBPS = (10.0, 25.0, 100.0, 400.0)
+SWITCH_MAP_NODES = (64, 256, 1024)
+#: base requests of every trace (the conversation trace's first 800 span about four minutes)
+BASE_REQUESTS = 800
 CONFIGS = ("none", "holder", "coalesce", "sram", "pool")
 POOL_MIB = 24576.0
 SRAM_MIB = 16.0
@@ -66,16 +75,19 @@ CTRL_MSG_US = 50.0
 SPINE_EXTRA_US = 2.0
 
 
-def _trace(base: Trace, nodes: int, load: float) -> Trace:
+def _trace(base: Trace, nodes: int, load: float, seed: int = 0) -> Trace:
     """``base`` at ``load`` x its rate per node, for ``nodes`` nodes (the base trace is for 64)."""
-    copies = max(1, nodes // 64)
-    return repeat(speed_up(base, load * nodes / 64.0), copies)
+    factor = load * nodes / 64.0
+    if factor < 1.0:
+        return speed_up(base, factor)
+    copies = int(factor)
+    return speed_up(overlay(base, copies, seed=seed), factor / copies)
 
 
 def point(ctx: Context, traces: dict[str, Trace], pt: dict[str, Any], configs: tuple[str, ...] = CONFIGS
           ) -> dict[str, Any]:
     """Run every configuration at one point; returns benefit and cost metrics per configuration."""
-    trace = _trace(traces[pt["family"]], pt["nodes"], pt["load"])
+    trace = _trace(traces[pt["family"]], pt["nodes"], pt["load"], ctx.seed)
     leaf = pt["topology"] == "leaf-spine"
     cfg0 = ClusterConfig(
         nodes=pt["nodes"],
@@ -128,10 +140,10 @@ def point(ctx: Context, traces: dict[str, Trace], pt: dict[str, Any], configs: t
 
 def run(ctx: Context) -> dict[str, Any]:
     """The one-at-a-time sweeps and the load x link-speed map."""
-    reqs = 400 if ctx.quick else 1200
+    reqs = 300 if ctx.quick else BASE_REQUESTS
     traces: dict[str, Trace] = {}
     sweeps = QUICK_SWEEPS if ctx.quick else SWEEPS
-    fams = {*sweeps.get("family", []), BASE["family"]}
+    fams = {*sweeps.get("family", []), BASE["family"], "tool"}
     for fam in fams:
         if fam == "conversation" and ctx.trace_path is None:
             continue
@@ -155,7 +167,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 ctx.log(f"q4: {dim}={v} done")
             points.append(dict(done[key], sweep=dim))
     grid: list[dict[str, Any]] = []
-    map_loads = (1.0, 30.0) if ctx.quick else MAP_LOADS
+    map_loads = (1.0, 10.0) if ctx.quick else MAP_LOADS
     map_gbps = (10.0, 100.0) if ctx.quick else MAP_GBPS
     for load in map_loads:
         for g in map_gbps:
@@ -163,8 +175,14 @@ def run(ctx: Context) -> dict[str, Any]:
             key = tuple(sorted(pt.items()))
             res = done.get(key) or point(ctx, traces, pt, ("none", "holder", "coalesce", "pool"))
             grid.append(res)
-        ctx.log(f"q4: map at {load:g}x done")
-    return {"question": "q4", "base": base, "points": points, "map": grid}
+        ctx.log(f"q4: pool map at {load:g}x done")
+    smap: list[dict[str, Any]] = []
+    for n in (16, 64) if ctx.quick else SWITCH_MAP_NODES:
+        for g in map_gbps:
+            pt = dict(base, family="tool", holders=1, nodes=n, gbps=g)
+            smap.append(point(ctx, traces, pt, ("none", "holder", "coalesce", "pool")))
+        ctx.log(f"q4: switch map at {n} nodes done")
+    return {"question": "q4", "base": base, "points": points, "map": grid, "switch_map": smap}
 
 
 def _fmt_ms(v: float) -> str:
@@ -225,7 +243,31 @@ def table(res: dict[str, Any]) -> str:
          "x pool vs coalesce", "coalesced"],
         mrows,
     )
-    return head + t + "\n\nMap (TTFT p50 speed-up factors, > 1 = faster):\n\n" + m
+    srows = []
+    for g in res["switch_map"]:
+        srows.append(
+            [
+                str(g["nodes"]),
+                f"{g['gbps']:g}",
+                " / ".join(_fmt_ms(g[c]["ttft_p50_ms"]) for c in ("none", "holder", "coalesce", "pool")),
+                " / ".join(_fmt_ms(g[c]["ttft_p99_ms"]) for c in ("none", "holder", "coalesce", "pool")),
+                f"{100 * g['holder']['holder_link_load']:.0f}% / {100 * g['coalesce']['holder_link_load']:.0f}% / "
+                f"{100 * g['pool']['holder_link_load']:.0f}%",
+                f"{g['holder']['peak_incast']} / {g['coalesce']['peak_incast']} / {g['pool']['peak_incast']}",
+                f"{g['coalesce']['coalesced']} "
+                f"({100 * g['coalesce']['coalesced'] / max(g['coalesce']['fetches'], 1):.0f}%)",
+                f"{_gain(g, 'coalesce', 'holder'):.2f} / {_gain(g, 'pool', 'holder'):.2f}",
+            ]
+        )
+    sm = md_table(
+        ["nodes", "Gbit/s", "TTFT p50 none/holder/coalesce/pool", "TTFT p99", "holder link (holder/coalesce/pool)",
+         "peak incast", "coalesced (share of fetches)", "x p50 coalesce, pool vs holder"],
+        srows,
+    )
+    return (
+        head + t + "\n\nWhere the pool pays (conversation trace, 64 nodes; TTFT p50 speed-up factors, > 1 = faster):"
+        "\n\n" + m + "\n\nWhere the switch adds (tool traffic, 1 holder):\n\n" + sm
+    )
 
 
 def _gain(g: dict[str, Any], better: str, than: str) -> float:
@@ -242,25 +284,25 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     import numpy as np
 
-    loads = sorted({g["load"] for g in res["map"]})
-    gbps = sorted({g["gbps"] for g in res["map"]})
-    at = {(g["load"], g["gbps"]): g for g in res["map"]}
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for ax, (better, than, title) in zip(
-        axes[:2],
-        (("holder", "none", "pool pays: TTFT p50 none / holder"), ("pool", "holder", "switch adds: holder / switch")),
-        strict=True,
-    ):
-        z = np.array([[_gain(at[ld, g], better, than) for ld in loads] for g in gbps])
+    panels = (
+        (res["map"], "load", "holder", "none", "pool pays (conversation): TTFT p50 none / holder"),
+        (res["switch_map"], "nodes", "pool", "holder", "switch adds (tool, 1 holder): TTFT p50 holder / switch"),
+    )
+    for ax, (grid, xkey, better, than, title) in zip(axes[:2], panels, strict=True):
+        xs = sorted({g[xkey] for g in grid})
+        gbps = sorted({g["gbps"] for g in grid})
+        at = {(g[xkey], g["gbps"]): g for g in grid}
+        z = np.array([[_gain(at[x, g], better, than) for x in xs] for g in gbps])
         im = ax.imshow(np.log2(z), origin="lower", cmap="RdYlGn", vmin=-3, vmax=3, aspect="auto")
         for i in range(len(gbps)):
-            for j in range(len(loads)):
+            for j in range(len(xs)):
                 ax.text(j, i, f"{z[i, j]:.2f}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(loads)), [f"{v:g}x" for v in loads])
+        ax.set_xticks(range(len(xs)), [f"{v:g}x" if xkey == "load" else str(v) for v in xs])
         ax.set_yticks(range(len(gbps)), [f"{v:g}" for v in gbps])
-        ax.set_xlabel("load")
+        ax.set_xlabel(xkey)
         ax.set_ylabel("link Gbit/s")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=8)
         fig.colorbar(im, ax=ax, label="log2 factor")
     ax = axes[2]
     pts = sorted((p for p in res["points"] if p["sweep"] == "nodes"), key=lambda p: p["nodes"])
