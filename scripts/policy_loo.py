@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.policy.engine import DEFAULT_EXPERTS, PolicyConfig, PolicyEngine
+from controller.policy.pool import ValuePool
 from controller.sim.caches import replay
 from controller.sim.config import MODELS, ClusterConfig
 from controller.sim.experiments.common import Context, find_trace
@@ -91,7 +92,7 @@ class Tracker:
             h = False
         self.hits += h
 
-    def end_epoch(self, pools: list[object], epoch_hits: list[int]) -> None:
+    def end_epoch(self, pools: list[ValuePool], epoch_hits: list[int]) -> None:
         """Fold the epoch's hits (per expert, of all) in and maybe hand over (as PolicyEngine._epoch)."""
         d = self.decay
         self.scores = [s * d + epoch_hits[i] for s, i in zip(self.scores, self.experts, strict=True)]
@@ -99,8 +100,8 @@ class Tracker:
         sb, sl = self.scores[best], self.scores[self.leader]
         if best == self.leader or not (sb > sl * (1 + self.margin) and sb - sl > self.z * math.sqrt(sb + sl)):
             return
-        new = pools[self.experts[best]].residents  # type: ignore[attr-defined]
-        old = pools[self.experts[self.leader]].residents  # type: ignore[attr-defined]
+        new = pools[self.experts[best]].residents
+        old = pools[self.experts[self.leader]].residents
         if self.fill_cost > 0:
             fills = len(new.keys() - old.keys()) + len(self.unfilled & new.keys())
             if sb - sl <= self.fill_cost * fills:
@@ -144,8 +145,8 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
         est = sketch.add(k)
         parent = p if p >= 0 else None
         hit = [pool.access(k, parent, q, cfg.chunk_bytes, 0, est) for pool in pools]
-        for i, h in enumerate(hit):
-            epoch_hits[i] += h
+        for i, was_hit in enumerate(hit):
+            epoch_hits[i] += was_hit
         for tr in trackers:
             tr.see(k, hit)
         if t % 512 == 511:
@@ -155,11 +156,12 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
     out = {tr.name: tr.hits / max(n, 1) for tr in trackers}
     if check:
         real = PolicyEngine(replace(engine.config))
-        h = sum(
-            real.access(k, p if p >= 0 else None, q, cfg.chunk_bytes) for k, p, q in zip(keys, par, pos, strict=True)
+        served = sum(
+            int(real.access(k, p if p >= 0 else None, q, cfg.chunk_bytes))
+            for k, p, q in zip(keys, par, pos, strict=True)
         )
-        if abs(h / max(n, 1) - out[default_name()]) > 1e-12:
-            raise SystemExit(f"tracker {default_name()} {out[default_name()]} != engine {h / max(n, 1)}")
+        if abs(served / max(n, 1) - out[default_name()]) > 1e-12:
+            raise SystemExit(f"tracker {default_name()} {out[default_name()]} != engine {served / max(n, 1)}")
     return out
 
 
@@ -199,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _shown(name: str) -> str:
+    """A candidate's name for a markdown table cell (its '|' separators would split the cell)."""
+    return name.replace("|", ", ")
+
+
 def _share(row: dict[str, float], name: str) -> float:
     return row[name] / row["belady"] if row["belady"] > 0 else 1.0
 
@@ -227,10 +234,10 @@ def report(cells: dict[str, dict[str, float]], fams: list[str]) -> str:
     for label, fset in rows:
         best = max(names, key=lambda n: rank(n, fset))
         cells_txt = [f"{mean_share(best, [f]):.3f} ({below(best, f)})" for f in fams]
-        lines.append(f"| {label} | {best} | " + " | ".join(cells_txt) + " |")
+        lines.append(f"| {label} | {_shown(best)} | " + " | ".join(cells_txt) + " |")
     d = default_name()
-    lines.append(f"| engine default | {d} | " + " | ".join(f"{mean_share(d, [f]):.3f} ({below(d, f)})" for f in fams)
-                 + " |")
+    lines.append(f"| engine default | {_shown(d)} | "
+                 + " | ".join(f"{mean_share(d, [f]):.3f} ({below(d, f)})" for f in fams) + " |")
     for b in BASELINES:
         lines.append(f"| baseline | {b} | " + " | ".join(f"{mean_share(b, [f]):.3f}" for f in fams) + " |")
     head = ("Mean share of Belady's hit ratio over the pool sizes (cells below the best of LRU/LFU/GDSF/S3-FIFO "

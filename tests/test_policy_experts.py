@@ -72,26 +72,9 @@ def test_tilt_values_deep_blocks_more() -> None:
         _engine(2, Expert(10.0, tilt=-1.0))
 
 
-def test_without_leaves_first_a_parent_may_go_before_its_child() -> None:
-    for leaves_first, first_out in ((True, 12), (False, 10)):
-        e = _engine(3, Expert(1e6, leaves_first=leaves_first))
-        e.access(10, None, 0, CHUNK)  # the parent is the coldest chunk
-        for _ in range(3):
-            e.access(11, 10, 1, CHUNK)
-        for _ in range(5):
-            e.access(12, 11, 2, CHUNK)
-        e.drain()
-        for _ in range(20):
-            e.access(50, None, 0, CHUNK)
-        evicted = [c.key for c in e.drain() if isinstance(c, Evict)]
-        assert evicted[0] == first_out
-
-
-def test_a_last_copy_tier_keeps_leaves_first_whatever_the_expert_says() -> None:
-    from controller.policy import Tier
-
-    e = _engine(3, Expert(1e6, leaves_first=False), tier=Tier.POOL, hit_saving="compute")
-    e.access(10, None, 0, CHUNK)  # the parent is the coldest chunk, as above
+def _first_evicted_from_a_chain(e: PolicyEngine) -> int:
+    """Chain 10 <- 11 <- 12 with the root the coldest, then a hot newcomer: which chunk goes first?"""
+    e.access(10, None, 0, CHUNK)
     for _ in range(3):
         e.access(11, 10, 1, CHUNK)
     for _ in range(5):
@@ -99,8 +82,19 @@ def test_a_last_copy_tier_keeps_leaves_first_whatever_the_expert_says() -> None:
     e.drain()
     for _ in range(20):
         e.access(50, None, 0, CHUNK)
-    evicted = [c.key for c in e.drain() if isinstance(c, Evict)]
-    assert evicted[0] == 12  # the leaf: there a block without its parent is useless
+    return next(c.key for c in e.drain() if isinstance(c, Evict))
+
+
+def test_without_leaves_first_a_parent_may_go_before_its_child() -> None:
+    assert _first_evicted_from_a_chain(_engine(3, Expert(1e6, leaves_first=True))) == 12
+    assert _first_evicted_from_a_chain(_engine(3, Expert(1e6, leaves_first=False))) == 10
+
+
+def test_a_last_copy_tier_keeps_leaves_first_whatever_the_expert_says() -> None:
+    from controller.policy import Tier
+
+    e = _engine(3, Expert(1e6, leaves_first=False), tier=Tier.POOL, hit_saving="compute")
+    assert _first_evicted_from_a_chain(e) == 12  # the leaf: there a block without its parent is useless
 
 
 def test_default_experts_span_recency_to_frequency_with_and_without_tree_features() -> None:

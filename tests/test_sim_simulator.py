@@ -9,12 +9,11 @@ import pytest
 
 from controller.sim.caches import replay
 from controller.sim.config import MODELS, ClusterConfig, ConfigError
-from controller.sim.experiments.common import TRACE_NAME, find_trace
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy, sweep, sweep_steps
 from kvpool.trace import SyntheticSpec, Trace, TraceRequest, generate, read_jsonl
 
-MOONCAKE = find_trace() or Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / TRACE_NAME
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
 SMALL = ClusterConfig(nodes=16, holders=2, switch_mib=96.0, hbm_gib=1.0, dram_gib=2.0)
 
 

@@ -20,7 +20,7 @@ def family(request: pytest.FixtureRequest) -> str:
 
 
 def _ids(trace: Trace, i: int) -> list[int]:
-    return trace.blocks[trace.offsets[i] : trace.offsets[i + 1]].tolist()
+    return [int(h) for h in trace.blocks[trace.offsets[i] : trace.offsets[i + 1]]]
 
 
 def test_same_seed_same_trace_other_seed_other_trace(family: str) -> None:

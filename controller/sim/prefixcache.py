@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +51,11 @@ def _usable(trace: Trace, i: int) -> tuple[list[int], int]:
     return ids, int(trace.input_lengths[i])
 
 
-def _prefix_tokens(j: int, inp: int) -> int:
+def _reused_tokens(ids: list[int], inp: int, held: Callable[[int], bool]) -> int:
+    """Tokens of the longest prefix of ``ids`` whose blocks are all ``held`` (what the request reuses)."""
+    j = 0
+    while j < len(ids) and held(ids[j]):
+        j += 1
     return min(inp, j * BLOCK_TOKENS)
 
 
@@ -60,10 +65,7 @@ def infinite(trace: Trace) -> PrefixResult:
     out = np.zeros(len(trace), dtype=np.int64)
     for i in range(len(trace)):
         ids, inp = _usable(trace, i)
-        j = 0
-        while j < len(ids) and ids[j] in seen:
-            j += 1
-        out[i] = _prefix_tokens(j, inp)
+        out[i] = _reused_tokens(ids, inp, seen.__contains__)
         seen.update(ids)
     return PrefixResult("infinite", -1, out, int(trace.input_lengths.sum()))
 
@@ -73,10 +75,7 @@ def _lru(trace: Trace, cap: int) -> npt.NDArray[np.int64]:
     out = np.zeros(len(trace), dtype=np.int64)
     for i in range(len(trace)):
         ids, inp = _usable(trace, i)
-        j = 0
-        while j < len(ids) and ids[j] in od:
-            j += 1
-        out[i] = _prefix_tokens(j, inp)
+        out[i] = _reused_tokens(ids, inp, od.__contains__)
         for h in reversed(ids):  # deepest first: the root ends most recent, leaves go first
             od[h] = None
             od.move_to_end(h)
@@ -93,10 +92,7 @@ def _lfu(trace: Trace, cap: int) -> npt.NDArray[np.int64]:
     tick = 0
     for i in range(len(trace)):
         ids, inp = _usable(trace, i)
-        j = 0
-        while j < len(ids) and ids[j] in count:
-            j += 1
-        out[i] = _prefix_tokens(j, inp)
+        out[i] = _reused_tokens(ids, inp, count.__contains__)
         for h in reversed(ids):
             tick += 1
             c = count.get(h, 0) + 1
@@ -119,10 +115,7 @@ def _value(trace: Trace, cap: int, cost: PrefillCost, chunk_bytes: int) -> npt.N
     access, holds = engine.access, engine.serves
     for i in range(len(trace)):
         ids, inp = _usable(trace, i)
-        j = 0
-        while j < len(ids) and holds(ids[j]):
-            j += 1
-        out[i] = _prefix_tokens(j, inp)
+        out[i] = _reused_tokens(ids, inp, holds)
         parent: int | None = None
         for pos, h in enumerate(ids):
             access(h, parent, pos, chunk_bytes)
