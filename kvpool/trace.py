@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -311,3 +313,127 @@ def generate(spec: SyntheticSpec) -> Trace:
         offsets,
         np.asarray(blocks, dtype=np.int64),
     )
+
+
+def speed_up(trace: Trace, factor: float) -> Trace:
+    """``trace`` played ``factor`` times faster: arrival times divided by ``factor`` (same requests).
+
+    Load (requests per second) scales by ``factor``; what requests share does not change.
+    """
+    if not factor > 0 or not math.isfinite(factor):
+        raise TraceError(f"speed-up factor must be a positive number, got {factor!r}")
+    t0 = float(trace.timestamps[0]) if len(trace) else 0.0
+    return Trace(
+        t0 + (trace.timestamps - t0) / factor,
+        trace.input_lengths,
+        trace.output_lengths,
+        trace.offsets,
+        trace.blocks,
+    )
+
+
+def repeat(trace: Trace, copies: int, *, shared_ids: bool = False) -> Trace:
+    """``copies`` back-to-back copies of ``trace`` in time, each shifted by the trace's span.
+
+    Copy ``k`` starts one mean inter-arrival gap after copy ``k - 1`` ends. With
+    ``shared_ids=False`` (the default) copy ``k`` gets fresh block ids (``id + k * (max id + 1)``),
+    so copies share nothing: the same traffic shape from new users, which keeps hit ratios
+    comparable while the trace gets longer. With ``shared_ids=True`` copies keep the ids, as if
+    the same users came back: everything the first copy computed is reusable by the next.
+    Combined with :func:`speed_up` by the same factor, a repeated trace keeps its duration
+    and carries ``copies`` times the load.
+    """
+    if copies < 1:
+        raise TraceError(f"repeat count must be at least 1, got {copies}")
+    if copies == 1:
+        return trace
+    n = len(trace)
+    span = trace.duration_ms
+    gap = span / (n - 1) if n > 1 else 1.0
+    stride = span + gap
+    id_stride = int(trace.blocks.max()) + 1 if trace.n_blocks else 1
+    if not shared_ids and id_stride * copies - 1 > _MAX_ID:
+        raise TraceError(f"repeat: {copies} copies of ids up to {id_stride - 1} overflow 64-bit ids; use fewer copies")
+    ts = np.concatenate([trace.timestamps + k * stride for k in range(copies)])
+    blocks = np.concatenate([trace.blocks + (0 if shared_ids else k * id_stride) for k in range(copies)])
+    nb = trace.n_blocks
+    offsets = np.concatenate([trace.offsets[:-1] + k * nb for k in range(copies)] + [np.array([copies * nb])])
+    return Trace(
+        ts,
+        np.tile(trace.input_lengths, copies),
+        np.tile(trace.output_lengths, copies),
+        offsets.astype(np.int64),
+        blocks.astype(np.int64),
+    )
+
+
+def overlay(trace: Trace, copies: int, *, seed: int = 0) -> Trace:
+    """``copies`` copies of ``trace`` played at once, each with fresh block ids and its own phase.
+
+    Copy ``k > 0`` is shifted by a random offset within the trace's span and wrapped around it,
+    so the load is ``copies`` times the original over the same span while every session keeps
+    its own pace (think times are not compressed, unlike :func:`speed_up`). A session that
+    straddles a copy's wrap point has its later turns moved to the start of the span.
+    """
+    if copies < 1:
+        raise TraceError(f"overlay count must be at least 1, got {copies}")
+    if copies == 1:
+        return trace
+    span = trace.duration_ms
+    if span <= 0:
+        raise TraceError("overlay: the trace spans no time; use repeat instead")
+    rng = np.random.default_rng(seed)
+    t0 = float(trace.timestamps[0])
+    id_stride = int(trace.blocks.max()) + 1 if trace.n_blocks else 1
+    if id_stride * copies - 1 > _MAX_ID:
+        raise TraceError(f"overlay: {copies} copies of ids up to {id_stride - 1} overflow 64-bit ids")
+    offsets = [0.0, *rng.uniform(0.0, span, size=copies - 1).tolist()]
+    ts = np.concatenate([t0 + np.mod(trace.timestamps - t0 + off, span + 1e-9) for off in offsets])
+    req_len = np.diff(trace.offsets)
+    lens = np.tile(req_len, copies)
+    blocks_per_copy = [trace.blocks + k * id_stride for k in range(copies)]
+    order = np.argsort(ts, kind="stable")
+    starts = np.concatenate([trace.offsets[:-1] + k * trace.n_blocks for k in range(copies)])
+    all_blocks = np.concatenate(blocks_per_copy)
+    new_lens = lens[order]
+    new_off = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(new_lens, out=new_off[1:])
+    idx = np.concatenate([np.arange(starts[i], starts[i] + lens[i]) for i in order.tolist()]) if new_off[-1] else (
+        np.zeros(0, dtype=np.int64))
+    return Trace(
+        ts[order],
+        np.tile(trace.input_lengths, copies)[order],
+        np.tile(trace.output_lengths, copies)[order],
+        new_off,
+        all_blocks[idx].astype(np.int64),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The shared real trace (never copied into the repository)
+# --------------------------------------------------------------------------------------
+
+SHARED_TRACE_NAME: Final = "conversation_trace_first_half.jsonl"
+"""The real prefix-reuse trace in ``../shared/data/mooncake/`` beside the checkout."""
+SHARED_TRACE_ENV: Final = "KVPOOL_MOONCAKE_TRACE"
+"""Names the trace file when it is not in ``shared/data/mooncake/`` beside or above the checkout."""
+
+
+def shared_trace_path() -> Path:
+    """Where the shared trace is expected: ``$KVPOOL_MOONCAKE_TRACE``, else the first
+    ``shared/data/mooncake/`` beside the checkout or above it (a git worktree lives deeper)."""
+    env = os.environ.get(SHARED_TRACE_ENV)
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[1]
+    for parent in checkout.parents:
+        candidate = parent / "shared" / "data" / "mooncake" / SHARED_TRACE_NAME
+        if candidate.is_file():
+            return candidate
+    return checkout.parent / "shared" / "data" / "mooncake" / SHARED_TRACE_NAME
+
+
+def find_shared_trace() -> Path | None:
+    """The shared trace, or None when it is not on this machine."""
+    path = shared_trace_path()
+    return path if path.is_file() else None

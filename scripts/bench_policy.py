@@ -31,9 +31,10 @@ from controller.sim.config import ClusterConfig
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy
 from controller.sim.timing import replay_time
-from kvpool.trace import SyntheticSpec, generate, read_jsonl
+from kvpool.trace import SyntheticSpec, generate, read_jsonl, shared_trace_path
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
+#: the shared trace next to (or above) the checkout, or where KVPOOL_MOONCAKE_TRACE points
+MOONCAKE = shared_trace_path()
 
 
 def bench_mooncake(path: Path, budget_s: float) -> bool:

@@ -1,4 +1,7 @@
-"""Regenerate the tables of docs/simulator.md (markdown on stdout).
+"""The simulator's older tables (markdown on stdout), now superseded by ``kvpool experiment``.
+
+docs/research.md answers the questions these tables were for (q1 admission, q4 scale) with one
+command each; this script keeps the older layout, computed with the current code.
 
 Parts:
   policies   policies x switch-pool sizes on the Mooncake trace (64 nodes, Qwen2.5-0.5B)
@@ -19,9 +22,10 @@ from pathlib import Path
 
 from controller.sim.config import MODELS, ClusterConfig
 from controller.sim.simulator import SimResult, sweep
-from kvpool.trace import SyntheticSpec, generate, read_jsonl
+from kvpool.trace import SyntheticSpec, generate, read_jsonl, shared_trace_path
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace_first_half.jsonl"
+#: the shared trace next to (or above) the checkout, or where KVPOOL_MOONCAKE_TRACE points
+MOONCAKE = shared_trace_path()
 ONLINE = ["value", "lru", "lfu", "gdsf", "s3fifo"]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Final
+
+from kvpool.trace import shared_trace_path
 
 REPO: Final = Path(__file__).resolve().parents[1]
 """The checkout's root."""
@@ -14,8 +15,5 @@ SCRIPTS: Final = REPO / "scripts"
 P4RT_MINI: Final = DATA / "p4rt_mini.p4info.txtpb"
 """A small P4Info covering every match kind, for the codec, driver and server tests."""
 
-SHARED_DATA_ENV: Final = "KVPOOL_SHARED_DATA"
-"""Names the shared data folder when it is not ``../shared/data`` beside the checkout."""
-SHARED_DATA: Final = Path(os.environ.get(SHARED_DATA_ENV) or REPO.parent / "shared" / "data")
-MOONCAKE_TRACE: Final = SHARED_DATA / "mooncake" / "conversation_trace_first_half.jsonl"
-"""The real prefix-reuse trace (never copied into the repository)."""
+MOONCAKE_TRACE: Final = shared_trace_path()
+"""The real prefix-reuse trace (never copied into the repository; ``$KVPOOL_MOONCAKE_TRACE`` overrides)."""

@@ -10,7 +10,20 @@ half-life: LRU-like) from frequency (long half-life: LFU-like), and the right an
 on the pool size and the workload. So the engine runs several :class:`ValuePool` experts
 with half-lives on a geometric grid over the same fetches, as shadows (keys only, no table
 writes), and lets the one with the most recent hits drive the switch (follow the leader, with
-hysteresis). Switching leaders costs table writes, which the engine emits and counts.
+hysteresis). Switching leaders costs table writes, which the engine emits and counts; chunks
+the new leader holds that the switch does not yet have count as misses until their first
+fetch fills them on its way past.
+
+Besides the half-life, experts differ in what they take from the prefix tree: how much a
+block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
+conversations and documents, whose blocks come back together; with leaves evicted first a
+tilted pool keeps whole chains instead of the heads of many), and whether a block with
+resident children is protected (``leaves_first``; a copy tier above a pool that keeps every
+chunk may do without). Which combination wins depends on the workload and the pool size, so
+it is the leader race, not a constant, that decides. The expert grid and the leader's
+thresholds were chosen on the four generated workload families (tool, docqa, chat,
+synthetic) with the Mooncake conversation trace held out; docs/research.md has the
+leave-one-family-out table.
 """
 
 from __future__ import annotations
@@ -43,6 +56,11 @@ class Expert:
     probation_fraction: float = 0.0
     #: what one hit saves (see :attr:`PolicyConfig.hit_saving`); "auto" follows the config
     saving: str = "auto"
+    #: weight of log2(1 + position in the prefix) in the chunk's value (0: position plays no part)
+    tilt: float = 0.0
+    #: a chunk whose children are resident is not a victim until they are gone (always so in a tier
+    #: holding the last copy, where a hit saves prefill)
+    leaves_first: bool = True
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -54,17 +72,27 @@ class Expert:
             raise ValueError(f"expert probation_fraction must be within [0, 1), got {self.probation_fraction}")
         if self.saving not in ("auto", "fetch", "compute"):
             raise ValueError(f"expert saving must be auto, fetch or compute, got {self.saving!r}")
+        if not self.tilt >= 0:
+            raise ValueError(f"expert tilt must be non-negative, got {self.tilt}")
 
 
-#: the default experts: half-lives from recency to frequency, one every factor of four from
-#: 1024 fetches up, and one whose gate keeps first sightings out
+#: the default experts: half-lives from recency (16 fetches) to frequency (65536), each plain and
+#: tilted towards deep blocks, one whose gate keeps first sightings out, and one recency expert
+#: without the leaves-first rule. The first one drives the switch until the evidence says otherwise:
+#: a middle of the grid (moderate half-life, moderate tilt) loses least while the race is open.
 DEFAULT_EXPERTS: tuple[Expert, ...] = (
+    Expert(256.0, tilt=0.5),
     Expert(16.0),
     Expert(1024.0),
     Expert(4096.0),
     Expert(16384.0),
     Expert(65536.0),
     Expert(4096.0, probation_hits=2),
+    Expert(1024.0, tilt=0.5),
+    Expert(4096.0, tilt=0.5),
+    Expert(16384.0, tilt=0.5),
+    Expert(65536.0, tilt=1.0),
+    Expert(256.0, leaves_first=False),
 )
 
 
@@ -99,9 +127,14 @@ class PolicyConfig:
     experts: tuple[Expert, ...] = DEFAULT_EXPERTS
     #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
     leader_half_life: float = 10_000.0
-    leader_margin: float = 0.05
-    #: ... and by this many standard deviations of the (Poisson) hit counts, so noise never switches
-    leader_z: float = 3.0
+    leader_margin: float = 0.0
+    #: ... and by this many standard deviations of the (Poisson) hit counts, so noise rarely switches
+    leader_z: float = 1.0
+    #: ... and by this many hits per chunk the hand-over must fill (a chunk the new leader holds and
+    #: the switch does not is a miss at its next fetch, whose pass fills it). 0: the race ignores
+    #: the refill, which the leave-one-family-out selection preferred on the generated families by
+    #: a hair; the conversation trace alone would have chosen 1 (docs/research.md)
+    leader_fill_cost: float = 0.0
     epoch_fetches: int = 512
     demote_min_hits: float = 1.0
     sketch_width: int = 1 << 16
@@ -124,8 +157,8 @@ class PolicyConfig:
             raise ValueError("at least one expert (half-life, probation hits, probation fraction) is needed")
         for ex in self.experts:
             ex.validate()
-        if self.leader_half_life <= 0 or self.leader_margin < 0:
-            raise ValueError("leader_half_life must be positive and leader_margin non-negative")
+        if self.leader_half_life <= 0 or self.leader_margin < 0 or self.leader_fill_cost < 0:
+            raise ValueError("leader_half_life must be positive, leader_margin and leader_fill_cost non-negative")
         if self.epoch_fetches <= 0:
             raise ValueError(f"epoch_fetches must be positive, got {self.epoch_fetches}")
         if self.demote_min_hits < 0:
@@ -165,11 +198,15 @@ class PolicyEngine:
                 demote_min_hits=config.demote_min_hits,
                 tenant_quotas=config.tenant_quotas,
                 pin_fraction=config.pin_fraction,
+                position_tilt=ex.tilt,
+                # Where a hit saves prefill the tier holds the last copy: a block without its
+                # parent there is useless, so no expert may evict a parent before its children.
+                leaves_first=ex.leaves_first or kind == "compute",
             )
             pool.record = False
             self.experts.append(pool)
         self.sketch = sketch
-        self.leader = 0  # start from recency: the safe choice before there is any evidence
+        self.leader = 0  # the first expert drives the switch until another is clearly better
         self.experts[0].record = True
         self.scores = [0.0] * len(self.experts)
         self._decay = 0.5 ** (config.epoch_fetches / config.leader_half_life)
@@ -177,6 +214,8 @@ class PolicyEngine:
         self._until_epoch = config.epoch_fetches
         self.clock = 0
         self.leader_switches = 0
+        #: chunks handed over to the switch by a leader switch and not filled yet (no fetch passed)
+        self._unfilled: set[int] = set()
         self._changes: list[Change] = []
 
     @property
@@ -218,6 +257,11 @@ class PolicyEngine:
                 eh[i] += 1
                 if i == lead:
                     hit = True
+        if self._unfilled and key in self._unfilled:
+            # Installed by a hand-over but never filled: this fetch goes to the holder, and its
+            # DATA fills the slots on the way back (from now on the switch has it).
+            self._unfilled.discard(key)
+            hit = False
         self._until_epoch -= 1
         if self._until_epoch <= 0:
             self._epoch()
@@ -231,8 +275,14 @@ class PolicyEngine:
         self._epoch_hits = [0] * len(self.experts)
         best = max(range(len(self.scores)), key=self.scores.__getitem__)
         sb, sl = self.scores[best], self.scores[self.leader]
-        clearly = sb > sl * (1.0 + self.config.leader_margin) and sb - sl > self.config.leader_z * math.sqrt(sb + sl)
+        cfg = self.config
+        clearly = sb > sl * (1.0 + cfg.leader_margin) and sb - sl > cfg.leader_z * math.sqrt(sb + sl)
         if best != self.leader and clearly:
+            if cfg.leader_fill_cost > 0:
+                new, old = self.experts[best].residents, self.pool.residents
+                fills = len(new.keys() - old.keys()) + len(self._unfilled & new.keys())
+                if sb - sl <= cfg.leader_fill_cost * fills:
+                    return
             self._hand_over(best)
 
     def _hand_over(self, new: int) -> None:
@@ -246,10 +296,16 @@ class PolicyEngine:
             nr = new_pool.residents.get(key)
             if nr is None or nr.base_slot != old.base_slot:
                 self._changes.append(Evict(key, self.tier, EvictAction.DROP, None, 0.0, why))
+        unfilled = set()
         for key, new_r in new_pool.residents.items():
             o = old_pool.residents.get(key)
-            if o is None or o.base_slot != new_r.base_slot:
-                self._changes.append(Admit(key, self.tier, new_r.base_slot, new_r.n_slots, new_pool.value_of(key), why))
+            if o is None or o.base_slot != new_r.base_slot or key in self._unfilled:
+                if o is None or o.base_slot != new_r.base_slot:
+                    self._changes.append(
+                        Admit(key, self.tier, new_r.base_slot, new_r.n_slots, new_pool.value_of(key), why)
+                    )
+                unfilled.add(key)
+        self._unfilled = unfilled
         new_pool.record = True
         self.leader = new
         self.leader_switches += 1
@@ -269,3 +325,7 @@ class PolicyEngine:
     def holds(self, key: int) -> bool:
         """Whether the switch (the leader) holds ``key``."""
         return key in self.pool.residents
+
+    def serves(self, key: int) -> bool:
+        """Whether a fetch of ``key`` now would be served: held, and filled since any hand-over."""
+        return key in self.pool.residents and key not in self._unfilled

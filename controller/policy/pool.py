@@ -46,6 +46,8 @@ class ValuePool:
         demote_min_hits: float = 1.0,
         tenant_quotas: dict[int, int] | None = None,
         pin_fraction: float = 0.25,
+        position_tilt: float = 0.0,
+        leaves_first: bool = True,
     ) -> None:
         if half_life <= 0:
             raise ValueError(f"half_life must be positive, got {half_life}")
@@ -59,6 +61,10 @@ class ValuePool:
         self.saving = saving
         self.layout = layout
         self.demote_min_hits = demote_min_hits
+        #: weight of log2(1 + position) in a chunk's value (0: position only through ``saving``)
+        self.position_tilt = position_tilt
+        #: a chunk with resident children is no victim (False: every chunk competes on value alone)
+        self.leaves_first = leaves_first
         self._demote_to = layout.demotion_target(tier)
         self.allocator = SlotAllocator(n_slots)
         self.quotas = QuotaBook(n_slots, dict(tenant_quotas or {}), pin_fraction)
@@ -129,7 +135,7 @@ class ValuePool:
     # ----------------------------------------------------------------- admission
 
     def _gain(self, position: int, n_slots: int) -> float:
-        return math.log2(self.saving(position) / n_slots)
+        return math.log2(self.saving(position) / n_slots) + self.position_tilt * math.log2(1.0 + position)
 
     def _worth(self, r: Resident) -> float:
         """Expected hits x saving per hit, now (the quantity victims are weighed by)."""
@@ -263,7 +269,7 @@ class ValuePool:
         r.children = self._kids.get(key, 0)
         self.residents[key] = r
         self.quotas.charge(tenant, n)
-        if parent is not None:
+        if parent is not None and self.leaves_first:
             self._kids[parent] = self._kids.get(parent, 0) + 1
             p = self.residents.get(parent)
             if p is not None:
@@ -295,7 +301,7 @@ class ValuePool:
         self.quotas.charge(r.tenant, -r.n_slots)
         if r.pinned:
             self.quotas.pinned_slots -= r.n_slots
-        if r.parent is not None:
+        if r.parent is not None and self.leaves_first:
             left = self._kids[r.parent] - 1
             if left:
                 self._kids[r.parent] = left

@@ -25,6 +25,8 @@ ONLINE = ("value", "lru", "lfu", "gdsf", "s3fifo")
 POLICIES = (*ONLINE, "belady")
 #: baselines without a switch pool: no sharing at all, and the holders' pool without a switch
 NO_SWITCH = ("none", "holder")
+#: policies that may admit a chunk as it passes on its way to the holders (fill on write)
+WRITE_AWARE = ("lru", "value", "belady")
 
 _NEVER = 1 << 62
 
@@ -39,14 +41,14 @@ class CacheResult:
     demotions: int = 0
 
 
-def _lru(keys: list[int], cap: int) -> CacheResult:
+def _lru(keys: list[int], cap: int, writes: list[bool] | None = None) -> CacheResult:
     hits = np.zeros(len(keys), dtype=np.bool_)
     od: OrderedDict[int, None] = OrderedDict()
     adm = ev = 0
     for i, k in enumerate(keys):
         if k in od:
             od.move_to_end(k)
-            hits[i] = True
+            hits[i] = writes is None or not writes[i]
             continue
         od[k] = None
         adm += 1
@@ -195,7 +197,7 @@ def next_use(keys: list[int]) -> list[int]:
     return nxt
 
 
-def _belady(keys: list[int], cap: int) -> CacheResult:
+def _belady(keys: list[int], cap: int, writes: list[bool] | None = None) -> CacheResult:
     hits = np.zeros(len(keys), dtype=np.bool_)
     nxt = next_use(keys)
     resident: dict[int, int] = {}  # key -> its next use
@@ -204,7 +206,7 @@ def _belady(keys: list[int], cap: int) -> CacheResult:
     for i, k in enumerate(keys):
         nu = nxt[i]
         if k in resident:
-            hits[i] = True
+            hits[i] = writes is None or not writes[i]
             resident[k] = nu
             heapq.heappush(heap, (-nu, k))
             continue
@@ -236,6 +238,7 @@ def _value(
     slot_bytes: int,
     cost: PrefillCost,
     progress: Callable[[float], None] | None = None,
+    writes: list[bool] | None = None,
 ) -> CacheResult:
     slots = -(-chunk_bytes // slot_bytes)
     engine = PolicyEngine(PolicyConfig(capacity_bytes=cap * slots * slot_bytes, slot_bytes=slot_bytes, cost=cost))
@@ -243,7 +246,7 @@ def _value(
     access = engine.access
     for i, k in enumerate(keys):
         p = parents[i]
-        if access(k, p if p >= 0 else None, positions[i], chunk_bytes):
+        if access(k, p if p >= 0 else None, positions[i], chunk_bytes) and (writes is None or not writes[i]):
             hits[i] = True
         if i & 16383 == 16383:
             engine.drain()  # the simulator only counts the changes (in stats)
@@ -264,23 +267,34 @@ def replay(
     slot_bytes: int,
     cost: PrefillCost,
     progress: Callable[[float], None] | None = None,
+    writes: list[bool] | None = None,
 ) -> CacheResult:
     """Replay one switch's fetch sequence through ``policy`` with a pool of ``capacity_chunks``.
 
     ``progress`` gets the fraction done now and then (only the slow ``value`` replay reports).
+    ``writes`` marks entries that are chunks passing the switch on their way to the holders
+    (fill on write): ``lru``, ``value`` and ``belady`` may admit them then, never count them as
+    hits; the other baselines do not admit on write (they see only the fetches).
     """
     if policy in NO_SWITCH or capacity_chunks <= 0:
         return CacheResult(np.zeros(len(keys), dtype=np.bool_), 0, 0)
+    if writes is not None and policy not in WRITE_AWARE:
+        fetch = [i for i, w in enumerate(writes) if not w]
+        sub = replay(policy, [keys[i] for i in fetch], [parents[i] for i in fetch], [positions[i] for i in fetch],
+                     capacity_chunks, chunk_bytes, slot_bytes, cost, progress)
+        hits = np.zeros(len(keys), dtype=np.bool_)
+        hits[fetch] = sub.hits
+        return CacheResult(hits, sub.admissions, sub.evictions, sub.demotions)
     if policy == "lru":
-        return _lru(keys, capacity_chunks)
+        return _lru(keys, capacity_chunks, writes)
+    if policy == "belady":
+        return _belady(keys, capacity_chunks, writes)
+    if policy == "value":
+        return _value(keys, parents, positions, capacity_chunks, chunk_bytes, slot_bytes, cost, progress, writes)
     if policy == "lfu":
         return _lfu(keys, capacity_chunks)
     if policy == "gdsf":
         return _gdsf(keys, positions, capacity_chunks, cost)
     if policy == "s3fifo":
         return _s3fifo(keys, capacity_chunks)
-    if policy == "belady":
-        return _belady(keys, capacity_chunks)
-    if policy == "value":
-        return _value(keys, parents, positions, capacity_chunks, chunk_bytes, slot_bytes, cost, progress)
     raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES + NO_SWITCH)})")

@@ -70,6 +70,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefixes", type=int, default=200, help="synthetic trace: number of shared prefixes")
     g.add_argument("--turns", type=float, default=3.0, help="synthetic trace: mean turns per session")
     g.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the routing (default 0)")
+    g.add_argument(
+        "--workload",
+        choices=("tool", "docqa", "chat", "synthetic"),
+        help="no --trace: generate this family (kvpool workload) with --requests and --seed instead",
+    )
+    g.add_argument("--speedup", type=float, default=1.0, help="play the trace this many times faster (load x X)")
+    g.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="tile the trace K times in time with fresh block ids (with --speedup K: K x the load, same duration)",
+    )
+    g.add_argument("--repeat-shared", action="store_true", help="with --repeat: copies keep their block ids")
+    g.add_argument(
+        "--overlay",
+        type=int,
+        default=1,
+        help="play K copies at once, fresh ids, random phases: K x the load, think times kept (default 1)",
+    )
     g = parser.add_argument_group("cluster (lists sweep)")
     g.add_argument(
         "--nodes",
@@ -92,7 +111,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pool-gib", type=float, default=0.0, help="holders' pool GiB, 0 = unbounded (default 0)")
     g.add_argument("--node-gbps", type=float, default=100.0, help="node link Gbit/s (default 100)")
     g.add_argument("--holder-gbps", type=float, default=100.0, help="holder link Gbit/s (default 100)")
-    g.add_argument("--routing", choices=("random", "round_robin"), default="random")
+    g.add_argument(
+        "--routing",
+        choices=("random", "round_robin", "affinity"),
+        default="random",
+        help="affinity: to the node that last used the prompt's deepest block, unless busy (default random)",
+    )
+    g.add_argument(
+        "--demote",
+        choices=("all", "reused", "none"),
+        default="all",
+        help="what HBM evictions do: demote to DRAM, demote only chunks used twice, drop (default all)",
+    )
+    g.add_argument(
+        "--promote-after",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="keep a fetched chunk in HBM from its first or only its second use at a node (default 1)",
+    )
+    g.add_argument(
+        "--fill-on-write",
+        action="store_true",
+        help="the switch may admit chunks as they pass on their way to the holders (prefetch the next turn)",
+    )
     g.add_argument("--no-coalesce", action="store_true", help="switch does not coalesce identical fetches")
     g = parser.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print one JSON object (a list for sweeps) instead of a table")
@@ -101,10 +143,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_trace(args: argparse.Namespace) -> Any:
+    from kvpool.trace import overlay, repeat, speed_up
+
+    trace = overlay(_base_trace(args), args.overlay, seed=args.seed)
+    return repeat(speed_up(trace, args.speedup), args.repeat, shared_ids=args.repeat_shared)
+
+
+def _base_trace(args: argparse.Namespace) -> Any:
     from kvpool.trace import SyntheticSpec, TraceError, generate, read_jsonl
 
     if args.trace is not None:
         return read_jsonl(args.trace)
+    if args.workload is not None:
+        from kvpool.workloads import build
+
+        return build(args.workload, n_requests=args.requests, seed=args.seed)
     spec = SyntheticSpec(
         n_requests=args.requests,
         rate_per_s=args.rate,
@@ -182,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
             holder_gbps=args.holder_gbps,
             model=MODELS[args.model[0]],
             routing=args.routing,
+            demote=args.demote,
+            promote_after=args.promote_after,
+            fill_on_write=args.fill_on_write,
             coalesce=not args.no_coalesce,
             seed=args.seed,
         )
@@ -230,7 +286,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=None))
     else:
-        src = str(args.trace) if args.trace else f"synthetic ({len(trace)} requests, seed {args.seed})"
+        name = args.workload or "synthetic"
+        src = str(args.trace) if args.trace else f"{name} ({len(trace)} requests, seed {args.seed})"
+        if args.speedup != 1.0 or args.repeat != 1 or args.overlay != 1:
+            src += f", x{args.speedup:g} speed, {args.repeat} in time, {args.overlay} at once"
         print(f"trace: {src}; {len(trace)} requests, {trace.n_blocks} block refs")
         print(format_table(rows))
     return 0

@@ -42,7 +42,10 @@ MODELS: dict[str, ModelSpec] = {
     "llama3-70b": ModelSpec("llama3-70b", 2 * 80 * 8 * 128 * 2, 70.6e9, 80, 8192, 1_200.0),
 }
 
-ROUTINGS = ("random", "round_robin")
+ROUTINGS = ("random", "round_robin", "affinity")
+#: what a node does with a chunk its GPU memory evicts: demote every one to host DRAM, only those
+#: it used more than once, or none (drop)
+DEMOTE_MODES = ("all", "reused", "none")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,17 @@ class ClusterConfig:
     block_tokens: int = BLOCK_TOKENS
     slot_bytes: int = FRAG_PAYLOAD
     routing: str = "random"
+    #: HBM evictions: "all" demoted to host DRAM, "reused" only chunks the node used twice, "none" dropped
+    demote: str = "all"
+    #: a chunk fetched from the pool or the switch is kept in the node's HBM after its first use (1)
+    #: or only from its second use at that node on (2); chunks a node computes are always kept
+    promote_after: int = 1
+    #: chunks a request computes pass the switch on their way to the holders; with ``fill_on_write``
+    #: the switch policy may admit them then (the pass fills them), so a session's next turn on
+    #: another node can find them in the switch (Mooncake-style prefetch of the next turn)
+    fill_on_write: bool = False
+    #: affinity routing: the share of recent requests one node may take above its fair share
+    affinity_slack: float = 1.0
     coalesce: bool = True
     #: controller CPU time per control message (table write, directory update), for the overhead model
     ctrl_msg_us: float = 50.0
@@ -91,6 +105,12 @@ class ClusterConfig:
             raise ConfigError(f"--switches ({self.switches}) cannot exceed --nodes ({self.nodes})")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"--routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        if self.demote not in DEMOTE_MODES:
+            raise ConfigError(f"--demote must be one of {', '.join(DEMOTE_MODES)}, got {self.demote!r}")
+        if self.promote_after not in (1, 2):
+            raise ConfigError(f"--promote-after must be 1 or 2, got {self.promote_after!r}")
+        if self.affinity_slack < 0:
+            raise ConfigError(f"--affinity-slack must be non-negative, got {self.affinity_slack!r}")
         if self.hbm_gib * 2**30 < self.chunk_bytes:
             raise ConfigError(f"--hbm-gib {self.hbm_gib} holds not even one {self.chunk_bytes}-byte chunk")
         if self.pool_gib and self.pool_gib * 2**30 < self.chunk_bytes:

@@ -8,7 +8,7 @@ the cluster does) that every switch policy, and Belady, is then replayed on.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +53,11 @@ class FetchPlan:
     fetch_holder: I64
     fetch_producer: I64  # request that computed the chunk (its completion gates availability)
     block_refs: int
+    demoted_blocks: int = 0  # HBM -> DRAM demotions over all nodes
+    write_off: I64 | None = None  # CSR by request: chunks each request computed (they pass the switch)
+    write_key: I64 | None = None
+    write_parent: I64 | None = None
+    write_pos: I64 | None = None
 
     @property
     def n_requests(self) -> int:
@@ -71,18 +76,31 @@ class FetchPlan:
 
 
 class _NodeTiers:
-    """One node's HBM and DRAM as LRU lists; HBM evictions are demoted to DRAM."""
+    """One node's HBM and DRAM as LRU lists; HBM evictions are demoted to DRAM (all, reused ones, or none)."""
 
-    __slots__ = ("dram", "dram_cap", "hbm", "hbm_cap")
+    __slots__ = ("demote", "demoted", "dram", "dram_cap", "hbm", "hbm_cap", "uses")
 
-    def __init__(self, hbm_cap: int, dram_cap: int) -> None:
+    def __init__(self, hbm_cap: int, dram_cap: int, demote: str = "all", track_uses: bool = False) -> None:
         self.hbm: OrderedDict[int, None] = OrderedDict()
         self.dram: OrderedDict[int, None] = OrderedDict()
         self.hbm_cap = hbm_cap
-        self.dram_cap = dram_cap
+        self.dram_cap = dram_cap if demote != "none" else 0
+        self.demote = demote
+        #: uses of each chunk at this node (only kept when a mode needs it: it grows with the trace)
+        self.uses: dict[int, int] | None = {} if track_uses or demote == "reused" else None
+        self.demoted = 0
+
+    def use(self, key: int) -> int:
+        """Count one use of ``key`` by this node; returns the uses so far (0 when not tracked)."""
+        uses = self.uses
+        if uses is None:
+            return 0
+        n = uses.get(key, 0) + 1
+        uses[key] = n
+        return n
 
     def put(self, key: int) -> None:
-        """Hold ``key`` in HBM (most recent), demoting the LRU chunk to DRAM when full."""
+        """Hold ``key`` in HBM (most recent), demoting (or dropping) the LRU chunk when full."""
         hbm = self.hbm
         if key in hbm:
             hbm.move_to_end(key)
@@ -91,10 +109,51 @@ class _NodeTiers:
         hbm[key] = None
         if len(hbm) > self.hbm_cap:
             old, _ = hbm.popitem(last=False)
-            if self.dram_cap:
+            if self.dram_cap and (self.demote == "all" or (self.uses is not None and self.uses.get(old, 0) >= 2)):
                 self.dram[old] = None
+                self.demoted += 1
                 if len(self.dram) > self.dram_cap:
                     self.dram.popitem(last=False)
+
+
+class _Affinity:
+    """Route a request to the node that last used the deepest block of its prompt, unless that node is busy.
+
+    Busy: it took more than ``(1 + slack)`` times its fair share of the prompt tokens routed in
+    the last ``8 x nodes`` requests (tokens stand in for prefill work, which phase 1 cannot time).
+    Mooncake's conductor routes by prefix match and load in the same spirit.
+    """
+
+    def __init__(self, nodes: int, slack: float) -> None:
+        self.last_user: dict[int, int] = {}
+        self.window: deque[tuple[int, int]] = deque()
+        self.size = 8 * nodes
+        self.nodes = nodes
+        self.slack = slack
+        self.recent = [0] * nodes
+        self.total = 0
+
+    def route(self, ids: list[int], tokens: int, fallback: int) -> int:
+        """The node for a request of ``tokens`` tokens with block ids ``ids`` (``fallback``: its random node)."""
+        node = fallback
+        lu = self.last_user
+        limit = (1.0 + self.slack) * self.total / self.nodes
+        for h in reversed(ids):
+            cand = lu.get(h)
+            if cand is not None:
+                if self.recent[cand] + tokens <= limit + tokens / self.nodes:
+                    node = cand
+                break
+        self.window.append((node, tokens))
+        self.recent[node] += tokens
+        self.total += tokens
+        if len(self.window) > self.size:
+            old, t = self.window.popleft()
+            self.recent[old] -= t
+            self.total -= t
+        for h in ids:
+            lu[h] = node
+        return node
 
 
 def plan(
@@ -107,10 +166,19 @@ def plan(
     n = len(trace)
     rng = np.random.default_rng(cfg.seed)
     nodes_arr = (
-        rng.integers(0, cfg.nodes, size=n) if cfg.routing == "random" else np.arange(n, dtype=np.int64) % cfg.nodes
+        np.arange(n, dtype=np.int64) % cfg.nodes if cfg.routing == "round_robin" else rng.integers(0, cfg.nodes, size=n)
     ).astype(np.int64)
-    switch_arr = (nodes_arr * cfg.switches) // cfg.nodes
-    tiers = [_NodeTiers(cfg.blocks_in(cfg.hbm_gib), cfg.blocks_in(cfg.dram_gib)) for _ in range(cfg.nodes)]
+    affinity = _Affinity(cfg.nodes, cfg.affinity_slack) if cfg.routing == "affinity" else None
+    promote2 = cfg.promote_after == 2
+    tiers = [
+        _NodeTiers(cfg.blocks_in(cfg.hbm_gib), cfg.blocks_in(cfg.dram_gib), cfg.demote, promote2)
+        for _ in range(cfg.nodes)
+    ]
+    writes = cfg.fill_on_write
+    w_off = [0]
+    w_key: list[int] = []
+    w_par: list[int] = []
+    w_pos: list[int] = []
     bt = cfg.block_tokens
     pool_cap = cfg.blocks_in(cfg.pool_gib) if cfg.pool_gib else 0
     produced: dict[int, int] = {}  # chunk -> request that computed it (the holder pool's directory)
@@ -118,7 +186,7 @@ def plan(
     blocks = trace.blocks.tolist()
     offsets = trace.offsets.tolist()
     inputs = trace.input_lengths.tolist()
-    nodes = nodes_arr.tolist()
+    nodes = nodes_arr.tolist()  # random draws; affinity routing overrides them request by request
 
     hbm_b = np.zeros(n, np.int64)
     dram_b = np.zeros(n, np.int64)
@@ -138,6 +206,8 @@ def plan(
         if progress is not None and i % 4096 == 0:
             progress(i)
         ids = blocks[offsets[i] : offsets[i + 1]]
+        if affinity is not None:
+            nodes[i] = affinity.route(ids, inputs[i], nodes[i])
         node = tiers[nodes[i]]
         hbm, dram = node.hbm, node.dram
         inp = inputs[i]
@@ -145,6 +215,7 @@ def plan(
         lprefix = 0
         still_local_prefix = True
         usable_end = len(ids)
+        fetched_at: list[int] = []  # positions fetched (for promote_after=2)
         for j, h in enumerate(ids):
             tok = min(bt, inp - j * bt)
             if tok <= 0:
@@ -168,6 +239,8 @@ def plan(
                 f_pos.append(j)
                 f_tok.append(tok)
                 f_prod.append(p)
+                if promote2:
+                    fetched_at.append(j)
                 if pool_cap:
                     pool_lru.move_to_end(h)
                 continue
@@ -180,13 +253,29 @@ def plan(
             if h not in produced:
                 produced[h] = i
                 nc += 1
+                if writes:
+                    w_key.append(h)
+                    w_par.append(ids[j - 1] if j else -1)
+                    w_pos.append(j)
                 if pool_cap:
                     pool_lru[h] = None
                     if len(pool_lru) > pool_cap:
                         old, _ = pool_lru.popitem(last=False)
                         del produced[old]
-        for h in ids:
-            node.put(h)
+        if promote2:
+            fetched = set(fetched_at)
+            for j, h in enumerate(ids):
+                if node.use(h) < 2 and j in fetched:
+                    continue  # first use here: streamed through HBM for this prefill, not kept
+                node.put(h)
+        else:
+            track = node.uses is not None
+            for h in ids:
+                if track:
+                    node.use(h)
+                node.put(h)
+        if writes:
+            w_off.append(len(w_key))
         usable_tokens = min(inp, usable_end * bt)
         hbm_b[i], dram_b[i], dram_t[i], local_t[i] = hb, db, dt, lt
         lprefix_t[i] = lprefix
@@ -195,6 +284,8 @@ def plan(
         f_off.append(len(f_key))
     if progress is not None:
         progress(n)
+    nodes_arr = np.asarray(nodes, dtype=np.int64)
+    switch_arr = (nodes_arr * cfg.switches) // cfg.nodes
     keys = np.asarray(f_key, dtype=np.int64)
     holders = np.fromiter((holder_of(k, n_holders) for k in f_key), dtype=np.int64, count=len(f_key))
     return FetchPlan(
@@ -217,4 +308,9 @@ def plan(
         fetch_holder=holders,
         fetch_producer=np.asarray(f_prod, dtype=np.int64),
         block_refs=trace.n_blocks,
+        demoted_blocks=sum(t.demoted for t in tiers),
+        write_off=np.asarray(w_off, dtype=np.int64) if writes else None,
+        write_key=np.asarray(w_key, dtype=np.int64) if writes else None,
+        write_parent=np.asarray(w_par, dtype=np.int64) if writes else None,
+        write_pos=np.asarray(w_pos, dtype=np.int64) if writes else None,
     )

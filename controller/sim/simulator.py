@@ -93,20 +93,45 @@ def _switch_replay(
         idx = p.switch_fetches(s) if cfg.switches > 1 else np.arange(p.n_fetches)
         if idx.size == 0:
             continue
+        key, par, pos = p.fetch_key[idx], p.fetch_parent[idx], p.fetch_pos[idx]
+        is_write = None
+        if cfg.fill_on_write and p.write_off is not None:
+            key, par, pos, is_write = _with_writes(p, idx, s)
         res: CacheResult = replay(
             policy,
-            p.fetch_key[idx].tolist(),
-            p.fetch_parent[idx].tolist(),
-            p.fetch_pos[idx].tolist(),
+            key.tolist(),
+            par.tolist(),
+            pos.tolist(),
             cfg.switch_chunks,
             cfg.chunk_bytes,
             cfg.slot_bytes,
             cost,
             None if progress is None else _shifted(progress, s, cfg.switches),
+            None if is_write is None else is_write.tolist(),
         )
-        hits[idx] = res.hits
+        hits[idx] = res.hits if is_write is None else res.hits[~is_write]
         writes += res.admissions + res.evictions
     return hits, writes
+
+
+def _with_writes(p: FetchPlan, idx: np.ndarray, switch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fetches ``idx`` behind ``switch`` merged with the chunks its nodes computed, in request order.
+
+    A request's writes follow its fetches (it computes after fetching); the fetches keep their order.
+    """
+    assert p.write_off is not None and p.write_key is not None
+    assert p.write_parent is not None and p.write_pos is not None
+    n_req = p.n_requests
+    f_req = np.repeat(np.arange(n_req), np.diff(p.fetch_off))[idx]
+    w_req_all = np.repeat(np.arange(n_req), np.diff(p.write_off))
+    w_sel = np.flatnonzero(p.switch[w_req_all] == switch)
+    req = np.concatenate([f_req, w_req_all[w_sel]])
+    kind = np.concatenate([np.zeros(idx.size, np.int64), np.ones(w_sel.size, np.int64)])
+    order = np.lexsort((kind, req))  # stable: fetches and writes keep their own order
+    key = np.concatenate([p.fetch_key[idx], p.write_key[w_sel]])[order]
+    par = np.concatenate([p.fetch_parent[idx], p.write_parent[w_sel]])[order]
+    pos = np.concatenate([p.fetch_pos[idx], p.write_pos[w_sel]])[order]
+    return key, par, pos, kind[order].astype(np.bool_)
 
 
 def run_policy(
@@ -146,6 +171,11 @@ def run_policy(
     fetches = p.n_fetches if sharing else 0
     hbm = int(p.hbm_blocks.sum())
     dram = int(p.dram_blocks.sum())
+    # Where blocks came from counts the fetches the timing made (a chunk not yet stored when its
+    # request arrived was recomputed instead); the hit ratio stays the policy's, over the plan.
+    made = ~tm.skipped if tm.skipped is not None and sharing else np.ones(p.n_fetches, dtype=np.bool_)
+    fetches_made = int(made.sum()) if sharing else 0
+    hits_made = int((hits & made).sum()) if sharing else 0
     duration_s = max(trace.duration_ms / 1e3, 1e-3)
     msgs = 0
     if sharing:
@@ -171,9 +201,9 @@ def run_policy(
         of_belady=(n_hits / fetches) / belady_ratio if fetches and belady_ratio > 0 else 0.0,
         hbm_ratio=hbm / refs,
         dram_ratio=dram / refs,
-        switch_ratio=n_hits / refs,
-        pool_ratio=(fetches - n_hits) / refs,
-        recompute_ratio=max(0.0, 1.0 - (hbm + dram + fetches) / refs),
+        switch_ratio=hits_made / refs,
+        pool_ratio=(fetches_made - hits_made) / refs,
+        recompute_ratio=max(0.0, 1.0 - (hbm + dram + fetches_made) / refs),
         prefill_tokens_total=total_tokens,
         prefill_tokens_saved=total_tokens - int(tm.compute_tokens.sum()),
         gpu_s_saved=gpu_none - tm.compute_s,

@@ -1,11 +1,18 @@
 """Phase 3: turn hits and misses into time: link queues, coalescing, incast, prefill, TTFT.
 
 Each holder link and each node's GPU is a FIFO server. A chunk fetch served by the switch
-costs one switch round trip plus its bytes on the node's link; one served by a holder queues
-on that holder's link (N nodes pulling from one holder is the N-to-1 incast), unless the
-switch already has a transfer of the same chunk outstanding, in which case the request joins
-it (coalescing; the response is multicast) and no holder bytes move. What is neither local
-nor fetched is prefilled; a chunk is fetchable only once the request that computed it is done.
+costs one switch round trip plus its bytes on the node's link (and waits for the chunk's fill
+if the holder transfer that brings it into the switch is still under way: the data plane holds
+such a GET as a coalesced waiter); one served by a holder queues on that holder's link (N
+nodes pulling from one holder is the N-to-1 incast), unless the switch already has a transfer
+of the same chunk outstanding, in which case the request joins it (coalescing; the response is
+multicast) and no holder bytes move. What is neither local nor fetched is prefilled.
+
+A chunk enters the directory when the request that computed it is done. A request that
+arrives before then does not find it: its reusable prefix ends at that block and it prefills
+from there (under heavy load the producer may still sit in a GPU queue). Phase 1 could not know
+this (it has no clock), so such fetches are planned, and replayed by the switch policies, but
+never made.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ class Timing:
     coalesced: int
     peak_incast: int
     transfer_s: float
+    #: fetches planned but not made: their chunk was not stored yet when the request arrived
+    skipped: npt.NDArray[np.bool_] | None = None
 
 
 def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_] | None, sharing: bool) -> Timing:
@@ -67,25 +76,40 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
     holder_free = [0.0] * cfg.holders
     flows: list[list[float]] = [[] for _ in range(cfg.holders)]  # end times of live flows per holder
     inflight: dict[int, float] = {}
+    filled: dict[int, float] = {}  # (chunk, switch) tag -> when the holder transfer that fills it ends
+    f_pos = plan.fetch_pos.tolist()
+    bt = cfg.block_tokens
     finish = [0.0] * n
+    compute_tok = np.empty(n, dtype=np.int64)
+    skipped = np.zeros(plan.n_fetches, dtype=np.bool_)
     ttft = np.empty(n, dtype=np.float64)
     holder_bytes = fetch_bytes = switch_bytes = coalesced = peak = 0
     compute_s = transfer_s = 0.0
     for i in range(n):
         t = arrival[i]
         ready_at = t
+        usable_i = usable_l[i]
         if sharing and off[i + 1] > off[i]:
             node_bytes = 0
             flow_end: dict[int, tuple[float, float]] = {}
             for f in range(off[i], off[i + 1]):
+                if finish[f_prod[f]] > t:
+                    # not in the directory yet: the reusable prefix ends here
+                    usable_i = min(usable_i, f_pos[f] * bt)
+                    skipped[f : off[i + 1]] = True
+                    break
                 b = f_tok[f] * kvb
                 node_bytes += b
-                start = max(t, finish[f_prod[f]])
+                start = t
+                tag = f_key[f] * n_sw + switch[i]
                 if f_hit is not None and f_hit[f]:
                     end = start + sw_rtt
+                    fill = filled.get(tag, 0.0)
+                    if fill > end:  # admitted on a miss whose DATA is still on its way: wait for it
+                        end = fill
+                        coalesced += 1
                     switch_bytes += b
                 else:
-                    tag = f_key[f] * n_sw + switch[i]
                     if coalesce:
                         e = inflight.get(tag)
                         if e is not None and e > start:
@@ -100,6 +124,7 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                     holder_bytes += b
                     if coalesce:
                         inflight[tag] = end
+                    filled[tag] = end
                     # The flow is outstanding from when the request asks (not when the FIFO
                     # link gets to it) until its last byte: queued requests count as incast.
                     fb, fe = flow_end.get(h, (start, end))
@@ -117,7 +142,8 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                 peak = max(peak, len(live))
         ready_at += dram_t[i] * kvb / pcie_bps * 1e3
         inp = inputs[i]
-        u = usable_l[i]
+        u = usable_i
+        compute_tok[i] = inp - u
         flops = cost.prefix_flops(inp) - cost.prefix_flops(u)
         c_s = flops / flops_per_s
         compute_s += c_s
@@ -128,7 +154,7 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
         ttft[i] = end - t
     return Timing(
         ttft_ms=ttft,
-        compute_tokens=(plan.input_tokens - usable).astype(np.int64),
+        compute_tokens=compute_tok,
         compute_s=compute_s,
         holder_bytes=holder_bytes,
         fetch_bytes=fetch_bytes,
@@ -136,4 +162,5 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
         coalesced=coalesced,
         peak_incast=peak,
         transfer_s=transfer_s,
+        skipped=skipped,
     )

@@ -1,0 +1,106 @@
+"""Expert options (position tilt, leaves first) and the leader race's hand-over costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.policy import Evict, Expert, PolicyConfig, PolicyEngine
+from controller.policy.engine import DEFAULT_EXPERTS
+
+SLOT = 1000
+CHUNK = 3 * SLOT
+
+
+def _engine(chunks: int, *experts: Expert, **kw: object) -> PolicyEngine:
+    cfg = PolicyConfig(capacity_bytes=chunks * CHUNK, slot_bytes=SLOT, experts=experts, **kw)  # type: ignore[arg-type]
+    return PolicyEngine(cfg)
+
+
+HOT = (0, 1, 2, 3)
+
+
+def _race(e: PolicyEngine, rounds: int) -> None:
+    """A hot set of 4 then a scan of 4 one-shots, per round (8 fetches; epochs of 16 end after a scan).
+
+    The frequency expert keeps the hot set, the recency one holds the last scan at every epoch's end.
+    """
+    fresh = 1000 + 4 * e.clock
+    for _ in range(rounds):
+        for k in (*HOT, fresh, fresh + 1, fresh + 2, fresh + 3):
+            e.access(k, None, 0, CHUNK)
+        fresh += 4
+
+
+def test_a_handed_over_chunk_is_a_miss_until_a_fetch_fills_it() -> None:
+    e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=16, leader_half_life=5000.0, leader_fill_cost=0.0)
+    for _ in range(200):
+        _race(e, 2)
+        if e.leader_switches:
+            break
+    assert e.leader == 1
+    unfilled = [k for k in HOT if e.holds(k) and not e.serves(k)]
+    assert len(unfilled) >= 2  # the hot set came with the new leader, not through the switch
+    k = unfilled[0]
+    assert e.access(k, None, 0, CHUNK) is False  # this fetch goes to the holder and fills it
+    assert e.serves(k)
+    assert e.access(k, None, 0, CHUNK) is True
+
+
+def test_fill_cost_keeps_a_leader_whose_challenger_would_refill_too_much() -> None:
+    free = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=16, leader_half_life=5000.0, leader_fill_cost=0.0)
+    dear = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=16, leader_half_life=5000.0, leader_fill_cost=1e6)
+    _race(free, 80)
+    _race(dear, 80)
+    assert free.leader == 1 and free.leader_switches >= 1
+    assert dear.leader == 0 and dear.leader_switches == 0
+    assert dear.experts[1].stats["hits"] > dear.experts[0].stats["hits"]  # it did lead, by too little
+
+
+def test_tilt_values_deep_blocks_more() -> None:
+    flat = _engine(2, Expert(1e6))
+    tilted = _engine(2, Expert(1e6, tilt=1.0))
+    for e in (flat, tilted):
+        e.access(1, None, 0, CHUNK)
+        e.access(2, None, 15, CHUNK)
+    assert flat.pool.value_of(2) == pytest.approx(flat.pool.value_of(1))
+    assert tilted.pool.value_of(2) == pytest.approx(16 * tilted.pool.value_of(1))  # 2 ** log2(1 + 15)
+    # full pool: a newcomer displaces the shallow chunk, not the deep one
+    for _ in range(6):
+        tilted.access(3, None, 0, CHUNK)
+    assert tilted.holds(2) and tilted.holds(3) and not tilted.holds(1)
+    with pytest.raises(ValueError, match="tilt"):
+        _engine(2, Expert(10.0, tilt=-1.0))
+
+
+def _first_evicted_from_a_chain(e: PolicyEngine) -> int:
+    """Chain 10 <- 11 <- 12 with the root the coldest, then a hot newcomer: which chunk goes first?"""
+    e.access(10, None, 0, CHUNK)
+    for _ in range(3):
+        e.access(11, 10, 1, CHUNK)
+    for _ in range(5):
+        e.access(12, 11, 2, CHUNK)
+    e.drain()
+    for _ in range(20):
+        e.access(50, None, 0, CHUNK)
+    return next(c.key for c in e.drain() if isinstance(c, Evict))
+
+
+def test_without_leaves_first_a_parent_may_go_before_its_child() -> None:
+    assert _first_evicted_from_a_chain(_engine(3, Expert(1e6, leaves_first=True))) == 12
+    assert _first_evicted_from_a_chain(_engine(3, Expert(1e6, leaves_first=False))) == 10
+
+
+def test_a_last_copy_tier_keeps_leaves_first_whatever_the_expert_says() -> None:
+    from controller.policy import Tier
+
+    e = _engine(3, Expert(1e6, leaves_first=False), tier=Tier.POOL, hit_saving="compute")
+    assert _first_evicted_from_a_chain(e) == 12  # the leaf: there a block without its parent is useless
+
+
+def test_default_experts_span_recency_to_frequency_with_and_without_tree_features() -> None:
+    hls = [x.half_life for x in DEFAULT_EXPERTS]
+    assert min(hls) <= 16 and max(hls) >= 65536
+    assert any(x.tilt > 0 for x in DEFAULT_EXPERTS) and any(x.tilt == 0 for x in DEFAULT_EXPERTS)
+    assert any(not x.leaves_first for x in DEFAULT_EXPERTS)
+    with pytest.raises(ValueError, match="leader_fill_cost"):
+        PolicyEngine(PolicyConfig(capacity_bytes=10 * CHUNK, slot_bytes=SLOT, leader_fill_cost=-1.0))
