@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,11 @@ class SwitchHandle:
 
 
 def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int, str],
-                   log_path: Path, bmv2_json: Path | None = None) -> list[str]:
-    """The command line that starts one switch of ``target`` on ``ports``."""
+                   log_path: Path, bmv2_json: Path | None = None, impair_file: Path | None = None) -> list[str]:
+    """The command line that starts one switch of ``target`` on ``ports``.
+
+    ``impair_file`` (model only) is the file of link impairments the switch watches.
+    """
     if target == "bmv2":
         exe = shutil.which("simple_switch_grpc")
         if exe is None:
@@ -95,6 +99,8 @@ def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int,
         cmd = [sys.executable, "-m", "switchmodel.cli", "--device-id", str(device_id), "--grpc-addr", grpc_addr]
         for port, intf in ports.items():
             cmd += ["--interface", f"{port}@{intf}"]
+        if impair_file is not None:
+            cmd += ["--impair-file", str(impair_file)]
         return cmd
     raise NetworkError(f"unknown target {target!r}; choose one of {TARGETS}")
 
@@ -115,6 +121,8 @@ class EmulatedNetwork:
         self.switch_timeout = switch_timeout
         #: Static ARP entries every host gets besides the other hosts (e.g. the fill sink).
         self.extra_neighbours = dict(extra_neighbours or {})
+        #: Per switch, the file of link impairments a model switch watches (``set_impairment``).
+        self.impair_files: dict[str, Path] = {}
         self.switches: dict[str, SwitchHandle] = {}
         self.net: Any = None
 
@@ -192,7 +200,12 @@ class EmulatedNetwork:
         grpc_addr = f"127.0.0.1:{port}"
         ports = {p: f"{name}-eth{p}" for p in self.topo.switch_ports(name)}
         log_path = self.log_dir / f"{name}.log"
-        cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path)
+        impair_file = None
+        if self.target == "model":
+            impair_file = (self.log_dir / f"{name}.impair").resolve()
+            impair_file.unlink(missing_ok=True)  # a previous run's file would impair this one
+            self.impair_files[name] = impair_file
+        cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path, impair_file=impair_file)
         log.info("starting %s (%s): %s", name, self.target, " ".join(cmd))
         with log_path.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -231,6 +244,25 @@ class EmulatedNetwork:
         self.stop()
 
     # ------------------------------------------------------------------ helpers
+    def set_impairment(self, switch: str, specs: Sequence[str]) -> None:
+        """Impair ``switch``'s links with ``specs`` (``switchmodel.impair`` syntax); ``[]`` stops it.
+
+        Takes effect within about 0.1 s.  Only the model target can: BMv2 has no such
+        option and this kernel has no ``sch_netem`` for ``tc``.
+        """
+        path = self.impair_files.get(switch)
+        if path is None:
+            if not specs:
+                return
+            raise NetworkError(f"switch {switch}: link impairment needs the model target (target is {self.target})")
+        from switchmodel.impair import parse_specs
+
+        text = "".join(f"{s}\n" for s in specs)
+        parse_specs(text.splitlines())  # a bad spec fails here, not silently in the switch
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # atomic: the switch never reads half a file
+
     def host(self, name: str) -> Any:
         """The Mininet host object (``.cmd``, ``.popen``) for ``name``."""
         return self.net.get(name)

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         specs = dataplane.port_specs(args)
+        impair = dataplane.impair_specs(args)
     except ValueError as e:
         print(f"kvpool-switch: {e}", file=sys.stderr)
         return 2
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvpool-switch: {e}", file=sys.stderr)
         return 1
     try:
-        plane = dataplane.start(state, specs, keep_offloads=args.keep_offloads)
+        plane = dataplane.start(state, specs, keep_offloads=args.keep_offloads, impair=impair,
+                                impair_file=args.impair_file)
     except PortError as e:
         server.stop()
         print(f"kvpool-switch: {e}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 ``--interface 1@s1-eth1 --interface 2@s1-eth2`` (or ``-i``) binds switch ports to Linux
 interfaces like simple_switch's ``-i``; the pipeline runs every frame read from them
-against the switch state the P4Runtime server writes.
+against the switch state the P4Runtime server writes.  ``--impair`` and ``--impair-file``
+impair the ports' links (``switchmodel.impair``), which the model can do and BMv2 cannot.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import argparse
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from switchmodel.impair import Impairer, ImpairFile, ImpairSpec, parse_specs
 from switchmodel.pipeline import KvpoolPipeline
 from switchmodel.ports import PortError, PortIO, PortSpec, check_unique, disable_offloads
 from switchmodel.state import SwitchState
@@ -27,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-offloads", action="store_true",
                         help="leave checksum/segmentation offloads on the interfaces as they are "
                              "(default: turn them off, as BMv2 setups must)")
+    parser.add_argument("--impair", action="append", default=[], metavar="PORT:DIR:K=V,...",
+                        help="impair frames of a port (or * for all) in direction in, out or both; keys "
+                             "loss, dup, reorder, delay_ms, corrupt (probabilities, delay in ms) and seed; "
+                             "repeatable; e.g. --impair 2:in:loss=0.1,seed=7")
+    parser.add_argument("--impair-file", type=Path, metavar="PATH",
+                        help="while this file exists, its specs (one per line) replace --impair; "
+                             "rewrite it to change them at run time, an empty file stops all impairment")
 
 
 def port_specs(args: argparse.Namespace) -> list[PortSpec]:
@@ -34,6 +44,11 @@ def port_specs(args: argparse.Namespace) -> list[PortSpec]:
     specs = [PortSpec.parse(text) for text in args.interface]
     check_unique(specs)
     return specs
+
+
+def impair_specs(args: argparse.Namespace) -> list[ImpairSpec]:
+    """The ``--impair`` options as specs; ``ValueError`` with a one-line message if one is bad."""
+    return parse_specs(args.impair)
 
 
 @dataclass
@@ -44,20 +59,30 @@ class DataPlane:
     ports: PortIO | None
 
     def stop(self) -> None:
-        """Stop the port loop and close the sockets."""
+        """Stop the port loop and close the sockets (logging what the impairment did, if any)."""
         if self.ports is not None:
             self.ports.close()
+            if self.ports.impairer is not None:
+                log.warning("impairment counters: %s", self.ports.impairer.stats())
 
 
-def start(state: SwitchState, specs: Sequence[PortSpec], keep_offloads: bool = False) -> DataPlane:
-    """Build the pipeline on ``state`` and start forwarding between ``specs``; ``PortError`` if one fails."""
+def start(state: SwitchState, specs: Sequence[PortSpec], keep_offloads: bool = False,
+          impair: Sequence[ImpairSpec] = (), impair_file: Path | None = None) -> DataPlane:
+    """Build the pipeline on ``state`` and start forwarding between ``specs``; ``PortError`` if one fails.
+
+    ``impair`` and ``impair_file`` impair the ports' links (see ``switchmodel.impair``).
+    """
     pipeline = KvpoolPipeline(state)
     if not specs:
         return DataPlane(pipeline, None)
     if not keep_offloads:
         for spec in specs:
             disable_offloads(spec.ifname)
-    ports = PortIO(specs, pipeline)
+    watcher = ImpairFile(impair_file, impair) if impair_file is not None else None
+    impairer = Impairer(impair) if impair or watcher is not None else None
+    if impair:
+        log.warning("impairing links: %s", "; ".join(map(str, impair)))
+    ports = PortIO(specs, pipeline, impairer=impairer, impair_file=watcher)
     try:
         ports.open()
     except PortError:

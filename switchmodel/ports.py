@@ -12,6 +12,11 @@ the AF_PACKET auxdata; ``PortIO`` completes the checksum before the pipeline see
 frame, so receivers behind the model never drop it silently.  ``disable_offloads``
 turns the offloads off altogether (as p4lang/tutorials' P4Host does), which BMv2
 needs and which the CLI does for the model's own interfaces by default.
+
+Impairment: given an ``Impairer`` (``switchmodel.impair``), ``PortIO`` passes every
+received frame through its ``in`` channel before the pipeline and every frame it sends
+through its ``out`` channel, and releases held (reordered) frames when they are due; an
+``ImpairFile`` changes the specs at run time.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from switchmodel.checksum import complete_l4_checksum
+from switchmodel.impair import Impairer, ImpairFile
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +182,19 @@ class PortIO:
     """Runs a frame processor between Linux interfaces, one AF_PACKET socket per port."""
 
     def __init__(self, specs: Sequence[PortSpec], processor: FrameProcessor,
-                 *, lock: threading.Lock | None = None) -> None:
-        """Bind nothing yet; ``open`` creates the sockets.  ``lock`` serialises ``process`` calls."""
+                 *, lock: threading.Lock | None = None, impairer: Impairer | None = None,
+                 impair_file: ImpairFile | None = None) -> None:
+        """Bind nothing yet; ``open`` creates the sockets.  ``lock`` serialises ``process`` calls.
+
+        ``impairer`` impairs frames in and out of the ports; ``impair_file`` (which needs
+        an ``impairer``, one is made if missing) changes its specs while running.
+        """
         check_unique(specs)
         self.specs = tuple(specs)
         self.processor = processor
         self.stats = PortStats()
+        self.impair_file = impair_file
+        self.impairer = impairer if impairer is not None or impair_file is None else Impairer(impair_file.fallback)
         self._lock = lock or threading.Lock()
         self._socks: dict[int, socket.socket] = {}
         self._selector: selectors.BaseSelector | None = None
@@ -221,6 +235,18 @@ class PortIO:
         self.close()
 
     def send(self, port: int, frame: bytes) -> bool:
+        """Write ``frame`` out of ``port`` (through the impairment, if any); False if it could not leave.
+
+        A frame the impairment drops or holds back counts as sent.
+        """
+        if self.impairer is not None and self.impairer.active:
+            ok = True
+            for copy in self.impairer.egress(port, frame, time.monotonic()):
+                ok = self._send_now(port, copy) and ok
+            return ok
+        return self._send_now(port, frame)
+
+    def _send_now(self, port: int, frame: bytes) -> bool:
         """Write ``frame`` out of ``port``; False (and counted) if the port is unknown or the write fails."""
         sock = self._socks.get(port)
         if sock is None:
@@ -248,6 +274,14 @@ class PortIO:
         if checksum_not_ready:
             frame = complete_l4_checksum(frame)
             self.stats.checksums_completed += 1
+        if self.impairer is not None and self.impairer.active:
+            for copy in self.impairer.ingress(port, frame, time.monotonic()):
+                self._process(port, copy)
+            return
+        self._process(port, frame)
+
+    def _process(self, port: int, frame: bytes) -> None:
+        """Run one frame through the processor and send what comes out."""
         try:
             with self._lock:
                 outputs = self.processor.process(port, frame)
@@ -264,6 +298,16 @@ class PortIO:
         """Wait up to ``timeout`` seconds for frames and handle what arrived; returns how many."""
         if self._selector is None:
             raise PortError("ports are not open")
+        imp = self.impairer
+        if imp is not None:
+            if self.impair_file is not None:
+                specs = self.impair_file.poll(time.monotonic())
+                if specs is not None:
+                    imp.configure(specs)
+                timeout = min(timeout, ImpairFile.CHECK_INTERVAL)
+            due = imp.next_due()
+            if due is not None:
+                timeout = max(0.0, min(timeout, due - time.monotonic()))
         handled = 0
         for key, _mask in self._selector.select(timeout):
             sock = key.fileobj
@@ -274,7 +318,17 @@ class PortIO:
                     break
                 self.handle(int(key.data), got[0], got[1])
                 handled += 1
+        if imp is not None and imp.next_due() is not None:
+            self._release_held(imp)
         return handled
+
+    def _release_held(self, imp: Impairer) -> None:
+        """Pass on the frames the impairment held back whose time has come."""
+        for direction, port, frame in imp.due(time.monotonic()):
+            if direction == "in":
+                self._process(port, frame)
+            else:
+                self._send_now(port, frame)
 
     def run(self, poll_interval: float = 0.2) -> None:
         """Loop until ``stop`` is called."""

@@ -27,6 +27,8 @@ def test_switch_commands_for_both_targets(tmp_path: Path) -> None:
                        "--interface", "1@s1-eth1", "--interface", "2@s1-eth2"]
     with pytest.raises(NetworkError, match="unknown target"):
         switch_command("tofino", 1, "127.0.0.1:1", {}, tmp_path / "x.log")
+    watched = switch_command("model", 1, "127.0.0.1:1", {}, tmp_path / "x.log", impair_file=tmp_path / "s1.impair")
+    assert watched[-2:] == ["--impair-file", str(tmp_path / "s1.impair")]
 
 
 @pytest.mark.root
