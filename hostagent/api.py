@@ -28,6 +28,8 @@ Endpoints:
     says why it stopped early.
     ``"local": false`` bypasses the local tiers: nothing is answered from them and
     nothing fetched is kept (for experiments that measure every transfer).
+    ``502`` when a chunk of the prefix failed its integrity checks on every try (the JSON
+    error names the chunk and what failed): wrong bytes are never answered.
 ``POST /v1/push``
     JSON ``{"keys": [hex, ...], "to": "ip:port"}``: send every fragment of each chunk held
     here to ``to``, unasked.  A holder fills switch pools this way (the controller names
@@ -64,7 +66,7 @@ from typing import Any, Final, Protocol
 
 from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
-from hostagent.transport import Address, parse_address
+from hostagent.transport import Address, ChunkIntegrityError, parse_address
 from kvpool import wire
 from kvpool.auth import Token
 from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
@@ -253,8 +255,11 @@ class AgentApi:
         if not isinstance(local, bool):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"local must be true or false, got {local!r}")
         t0 = time.perf_counter()
-        blobs, stopped = self.agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout),
-                                                 local=local)
+        try:
+            blobs, stopped = self.agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout),
+                                                     local=local)
+        except ChunkIntegrityError as exc:
+            raise ApiError(HTTPStatus.BAD_GATEWAY, "integrity", str(exc)) from None
         seconds = time.perf_counter() - t0
         if not bundle:
             return Response.json({"found": len(blobs), "requested": len(keys), "bytes": sum(len(b) for b in blobs),

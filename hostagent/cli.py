@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retransmit-timeout", dest="retransmit_timeout_s", type=float,
                         help="seconds of silence before re-asking for missing fragments")
     parser.add_argument("--give-up", dest="give_up_s", type=float, help="seconds of silence before a fetch fails")
+    parser.add_argument("--integrity-retries", dest="integrity_retries", type=int,
+                        help="rounds of re-asking for a chunk that failed its integrity checks before the fetch "
+                        "fails (default 3)")
     parser.add_argument("--api-socket", help="also serve the API on this Unix socket path (reachable from other "
                         "network namespaces)")
     parser.add_argument("--single-gets", action="store_true", default=None,
@@ -94,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "burst_bytes", "hold_s", "window_fragments",
         "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
-        "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s")}
+        "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s",
+        "integrity_retries")}
     if overrides["rate_bytes_per_s"] is not None:
         overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])
     cfg = cfg.replace(**overrides)

@@ -32,7 +32,7 @@ from hostagent.dirsync import DirectorySync
 from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
-from hostagent.transport import Address, FetchResult, Transport, TransportConfig
+from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
 from kvpool import auth, config, wire
 from kvpool.config import ConfigError
 from kvpool.httpjson import ApiError, ApiServer
@@ -83,6 +83,8 @@ class AgentConfig:
     """Silence before re-asking for missing fragments."""
     give_up_s: float = 3.0
     """Silence before a fetch fails."""
+    integrity_retries: int = 3
+    """Rounds of re-asking for a chunk that failed its integrity checks before the fetch fails."""
     sock_buf_bytes: int = 32 << 20
     """UDP socket buffer size asked for."""
     single_gets: bool = False
@@ -119,7 +121,7 @@ class AgentConfig:
             window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
-            single_fragment_gets=self.single_gets,
+            single_fragment_gets=self.single_gets, integrity_retries=self.integrity_retries,
         )
 
     def validate(self) -> None:
@@ -318,6 +320,11 @@ class Agent:
 
         With ``local=False`` the tiers are neither read nor written: every chunk crosses
         the network (experiments that measure transfers use this).
+
+        Fetched chunks passed the transport's integrity checks before they are stored or
+        returned.  A chunk of the prefix that failed them on every try raises
+        ``ChunkIntegrityError`` (the API answers 502): an answer never ends quietly short
+        where bytes were wrong.
         """
         found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
         missing = [i for i, blob in enumerate(found) if blob is None]
@@ -339,11 +346,13 @@ class Agent:
                     except TierError:
                         log.warning("fetched chunk %#x does not fit any tier; not kept", keys[i])
         out: list[Blob] = []
+        broken: FetchResult | None = None
         for i, held in enumerate(found):
             if held is None:
                 failed = results.get(i)
                 reason = (failed.error if failed is not None and failed.error
                           else f"chunk {keys[i]:#018x} not held locally")
+                broken = failed if failed is not None and failed.integrity else None
                 break
             out.append(held)
         remote = sum(1 for i in results if i < len(out))  # fetched chunks that are part of the answer
@@ -351,6 +360,8 @@ class Agent:
             self.fetch_remote += remote
             self.fetch_local_hits += len(out) - remote
             self.fetch_failed += sum(1 for r in results.values() if r.data is None)
+        if broken is not None:
+            raise ChunkIntegrityError(broken.key, reason or "integrity check failed")
         return out, reason
 
     def holder_from_directory(self, key: int) -> Address | None:

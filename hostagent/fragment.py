@@ -1,13 +1,15 @@
 """Serialized chunks to kvpool DATA records and back, vectorised over whole chunks.
 
 A chunk of ``chunk_len`` bytes becomes ``wire.fragment_count(chunk_len)`` DATA datagrams,
-each exactly ``wire.DATA_DATAGRAM_LEN`` bytes (32-byte header + ``FRAG_PAYLOAD`` bytes of
-payload, the last one zero-padded).  Both directions work on numpy arrays of
+each exactly ``wire.DATA_DATAGRAM_LEN`` bytes (``wire.HEADER_LEN``-byte header +
+``FRAG_PAYLOAD`` bytes of payload, the last one zero-padded), each with its writer's
+``check`` (``wire.fragment_check``).  Both directions work on numpy arrays of
 ``wire.DATA_PACKET_DTYPE`` records laid end to end, so a transport can hand the array's
 buffer to ``sendmmsg`` / receive into one and no Python object is created per packet:
 
 * ``fragment`` / ``fragment_into`` fill the records' headers with a few array-wide
-  assignments and copy the payload with one reshape-copy.
+  assignments and copy the payload with one reshape-copy; the checks come from
+  ``fragment_checks``, which a holder computes once per chunk and keeps.
 * ``Reassembler.add_batch`` takes a whole array of received records: an in-order run
   into empty slots (the common case) is copied into place with one reshape-copy and
   validated with one masked XOR over the header words; anything else is validated
@@ -15,9 +17,12 @@ buffer to ``sendmmsg`` / receive into one and no Python object is created per pa
   the same for one datagram (control path, tests).
 
 The reassembler never writes outside its buffer, never changes a fragment it has
-stored and never marks as received a fragment whose record failed validation; content
-integrity is the serialization checksum's job (``hostagent.serialize``), checked once
-the chunk is complete.
+stored and never marks as received a fragment whose record failed validation.  It keeps
+each stored fragment's ``check`` (and flags); ``bad_fragments`` recomputes the checks
+and ``forget`` un-stores the fragments that failed, so a receiver can ask for exactly
+those again.  Content integrity is checked by the receiver once the chunk is complete
+(``hostagent.transport``): the whole serialized chunk against its own checksum, and
+fragment by fragment where that fails or the chunk is not a serialized one.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from kvpool import wire
 
@@ -36,6 +42,10 @@ BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
 _HEADER_WORDS: Final = wire.HEADER_LEN // 8
 _RECORD_WORDS: Final = wire.DATA_DATAGRAM_LEN // 8
 assert wire.DATA_DATAGRAM_LEN % 8 == 0 and wire.HEADER_LEN % 8 == 0
+_CMP_WORDS: Final = 4
+"""Header words validation compares: the fifth holds only ``check``, which varies per fragment."""
+assert wire.FIELD_BY_NAME["check"].offset == 8 * _CMP_WORDS and _HEADER_WORDS == _CMP_WORDS + 1
+_SWITCH_SERVED: Final = int(wire.Flag.SWITCH_SERVED)
 
 
 def _as_u8(data: BufferLike) -> npt.NDArray[np.uint8]:
@@ -80,19 +90,19 @@ def _check_header_values(chunk_key: int, generation: int, request_id: int, flags
 
 def _template_header(chunk_key: int, frag_count: int, chunk_len: int, generation: int,
                      request_id: int, flags: int, payload_len: int = wire.FRAG_PAYLOAD) -> npt.NDArray[np.uint8]:
-    """The 32 header bytes shared by the full fragments of a chunk (frag_index zero).
+    """The header bytes shared by the full fragments of a chunk (frag_index and check zero).
 
     Values must have been range-checked (``_check_header_values``, ``fragment_count``).
     """
     return np.frombuffer(wire.HEADER_STRUCT.pack(
         wire.KVPOOL_VERSION, wire.Opcode.DATA, flags, chunk_key, 0, frag_count, request_id,
-        generation, payload_len, wire.Status.OK, chunk_len), dtype=np.uint8)
+        generation, payload_len, wire.Status.OK, chunk_len, 0), dtype=np.uint8)
 
 
 def _validation_mask() -> npt.NDArray[np.uint64]:
-    """Header words mask: every bit must match except frag_index, request_id and known flags."""
+    """Header words mask: every bit must match except frag_index, request_id, check and known flags."""
     mask = np.full(wire.HEADER_LEN, 0xFF, dtype=np.uint8)
-    for name in ("frag_index", "request_id"):
+    for name in ("frag_index", "request_id", "check"):
         f = wire.FIELD_BY_NAME[name]
         mask[f.offset : f.offset + f.bits // 8] = 0
     flags = wire.FIELD_BY_NAME["flags"]
@@ -104,6 +114,7 @@ def _validation_mask() -> npt.NDArray[np.uint64]:
 
 _MASK_WORDS: Final = _validation_mask()
 _MASK_BYTES: Final = _MASK_WORDS.view(np.uint8)
+assert not _MASK_WORDS[_CMP_WORDS:].any()
 _INDEX: Final = np.arange(wire.MAX_FRAGMENTS, dtype=np.intp)
 _BE_INDEX: Final = _INDEX.astype(">u2")
 """Every fragment index in wire byte order: a slice of it fills frag_index without a cast."""
@@ -117,7 +128,7 @@ def _index_words() -> tuple[int, npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
     raw[:, offset : offset + 2] = _BE_INDEX.view(np.uint8).reshape(-1, 2)
     run_mask = _MASK_BYTES.copy()
     run_mask[f.offset : f.offset + 2] = 0xFF  # in a run, frag_index is checked too
-    return word, raw.view(np.uint64).reshape(-1), run_mask.view(np.uint64)
+    return word, raw.view(np.uint64).reshape(-1), run_mask.view(np.uint64)[:_CMP_WORDS]
 
 
 _INDEX_WORD, _INDEX_WORDS, _MASK_RUN_WORDS = _index_words()
@@ -150,14 +161,51 @@ def empty_records(count: int) -> npt.NDArray[np.void]:
     return np.empty(count, dtype=wire.DATA_PACKET_DTYPE)
 
 
+_CHECK_BUF: Final = wire.IDENTITY_STRUCT.size + wire.FRAG_PAYLOAD
+
+
+def fragment_checks(chunk_bytes: BufferLike, chunk_key: int, *, generation: int = 0, first: int = 0,
+                    count: int | None = None) -> npt.NDArray[np.uint64]:
+    """``wire.fragment_check`` of fragments ``first .. first+count-1`` (default: all) of a chunk.
+
+    One xxh3 call per fragment over its identity and valid bytes (copied next to each
+    other in one reused buffer): a holder computes them once per chunk and generation
+    and passes them to ``fragment_into`` for every answer; a receiver computes them only
+    to find the fragments of a chunk that failed its whole-chunk check.
+    """
+    src = _as_u8(chunk_bytes)
+    chunk_len = int(src.size)
+    total, count = _fragment_range(chunk_len, first, count)
+    _check_header_values(chunk_key, generation, 0, 0)
+    out = np.empty(count, dtype=np.uint64)
+    buf = bytearray(_CHECK_BUF)
+    view = memoryview(buf)
+    data = src.data
+    pack_into = wire.IDENTITY_STRUCT.pack_into
+    ident = wire.IDENTITY_STRUCT.size
+    digest = xxhash.xxh3_64_intdigest
+    seed = wire.CHECK_SEED
+    payload = wire.FRAG_PAYLOAD
+    for k in range(count):
+        i = first + k
+        start = i * payload
+        plen = min(payload, chunk_len - start)
+        pack_into(buf, 0, chunk_key, generation, i, total, chunk_len, plen)
+        view[ident : ident + plen] = data[start : start + plen]
+        out[k] = digest(view[: ident + plen], seed)
+    return out
+
+
 def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key: int, *,
                   generation: int = 0, request_id: int = 0, flags: int = 0, first: int = 0,
-                  count: int | None = None) -> npt.NDArray[np.void]:
+                  count: int | None = None, checks: npt.NDArray[np.uint64] | None = None) -> npt.NDArray[np.void]:
     """Write fragments ``first .. first+count-1`` of a chunk into ``out[:count]``; return that slice.
 
     ``out`` must be a C-contiguous ``DATA_PACKET_DTYPE`` array with at least ``count``
-    records (see ``empty_records``); nothing is allocated per call beyond the 32-byte
-    header template.  Each record's bytes equal ``wire.data_packet`` for the same fragment.
+    records (see ``empty_records``); nothing is allocated per call beyond the header
+    template.  Each record's bytes equal ``wire.data_packet`` for the same fragment.
+    ``checks`` are the chunk's ``fragment_checks`` for this generation (all of them,
+    indexed by fragment); without them the selected fragments' checks are computed here.
     """
     src = _as_u8(chunk_bytes)
     chunk_len = int(src.size)
@@ -166,6 +214,8 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
         raise ValueError("out must be a 1-D C-contiguous array of wire.DATA_PACKET_DTYPE records")
     if out.size < count:
         raise ValueError(f"out holds {out.size} records, {count} fragments requested")
+    if checks is not None and checks.shape != (total,):
+        raise ValueError(f"checks for {checks.shape} fragments, the chunk has {total}")
     _check_header_values(chunk_key, generation, request_id, flags)
     recs = out[:count]
     raw = recs.view(np.uint8).reshape(count, wire.DATA_DATAGRAM_LEN)
@@ -186,12 +236,16 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
         payload[full, tail_len:] = 0
 
     # Headers after the payload, while the records' cache lines are still warm: the
-    # shared 32 bytes broadcast as four 64-bit words (a byte-wise broadcast is several
-    # times slower), then the per-fragment index and the tail's payload_len.
+    # shared bytes broadcast as 64-bit words (a byte-wise broadcast is several times
+    # slower), then the per-fragment index, check and the tail's payload_len.
     tmpl = _template_header(chunk_key, total, chunk_len, generation, request_id, flags)
     recs.view(np.uint64).reshape(count, _RECORD_WORDS)[:, :_HEADER_WORDS] = tmpl.view(np.uint64)
     hdr = recs["hdr"]
     hdr["frag_index"] = _BE_INDEX[first : first + count]
+    if checks is None:
+        hdr["check"] = fragment_checks(src, chunk_key, generation=generation, first=first, count=count)
+    else:
+        hdr["check"] = checks[first : first + count]
 
     if last_is_tail:
         hdr["payload_len"][full] = tail_len
@@ -199,11 +253,12 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
 
 
 def fragment(chunk_bytes: BufferLike, chunk_key: int, *, generation: int = 0, request_id: int = 0,
-             flags: int = 0, first: int = 0, count: int | None = None) -> npt.NDArray[np.void]:
+             flags: int = 0, first: int = 0, count: int | None = None,
+             checks: npt.NDArray[np.uint64] | None = None) -> npt.NDArray[np.void]:
     """Fragments ``first .. first+count-1`` (default: all) of a serialized chunk as new DATA records."""
     _, n = _fragment_range(int(_as_u8(chunk_bytes).size), first, count)
     return fragment_into(empty_records(n), chunk_bytes, chunk_key, generation=generation,
-                         request_id=request_id, flags=flags, first=first, count=n)
+                         request_id=request_id, flags=flags, first=first, count=n, checks=checks)
 
 
 class Reassembler:
@@ -249,14 +304,18 @@ class Reassembler:
         self._tail_len = chunk_len - (self.frag_count - 1) * wire.FRAG_PAYLOAD
         self.received = np.zeros(self.frag_count, dtype=np.bool_)
         """Per-fragment flag: True once that fragment has been stored."""
+        self.checks = np.zeros(self.frag_count, dtype=np.uint64)
+        """Per fragment, the ``check`` its stored copy carried (undefined where not received)."""
+        self.flags = np.zeros(self.frag_count, dtype=np.uint16)
+        """Per fragment, the header flags its stored copy carried (``SWITCH_SERVED``...)."""
         self.received_count = 0
         self.rejected = 0
         """Invalid records skipped by non-strict ``add_batch`` calls."""
         self.rejected_reasons: Counter[str] = Counter()
         """Those skipped records by ``WireError.reason`` (``wrong_key``, ``bad_length``...)."""
-        # One masked compare of the four header words checks version, opcode, unknown flag
-        # bits, key, frag_count, generation, status, chunk_len and a full payload_len; only
-        # frag_index and request_id (and the known flags) may vary.  The tail fragment,
+        # One masked compare of the first four header words checks version, opcode, unknown
+        # flag bits, key, frag_count, generation, status, chunk_len and a full payload_len;
+        # only frag_index, request_id and check (and the known flags) may vary.  The tail fragment,
         # whose payload_len may be shorter, has its own expectation.
         self._set_expectations()
 
@@ -277,8 +336,8 @@ class Reassembler:
         full = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0)
         tail = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0,
                                 self._tail_len)
-        self._expect_words = (full & _MASK_BYTES).view(np.uint64)
-        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)
+        self._expect_words = (full & _MASK_BYTES).view(np.uint64)[:_CMP_WORDS]
+        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)[:_CMP_WORDS]
         # XOR-ed into a full fragment's difference, turns it into the tail's.
         self._tail_delta = self._expect_words ^ self._expect_tail
 
@@ -313,6 +372,31 @@ class Reassembler:
         ends = missing[np.concatenate((breaks - 1, [missing.size - 1]))]
         ranges = [(int(s), int(e - s + 1)) for s, e in zip(starts, ends, strict=True)]
         return ranges if max_ranges is None else ranges[:max_ranges]
+
+    def bad_fragments(self) -> npt.NDArray[np.intp]:
+        """Indices of stored fragments whose bytes do not give the ``check`` they arrived with.
+
+        Recomputes ``wire.fragment_check`` of every stored fragment (one xxh3 call each):
+        the slow path a receiver takes when the whole chunk failed its own check, or
+        when the chunk has none.
+        """
+        stored = np.flatnonzero(self.received)
+        if stored.size == 0:
+            return stored
+        want = fragment_checks(self._buf[: self.chunk_len], self.chunk_key, generation=self.generation)
+        bad: npt.NDArray[np.intp] = stored[want[stored] != self.checks[stored]]
+        return bad
+
+    def forget(self, indices: npt.NDArray[np.intp] | list[int]) -> int:
+        """Un-store fragments (e.g. ones that failed their check), so they can be received again; how many."""
+        idx = np.asarray(indices, dtype=np.intp)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.frag_count):
+            raise IndexError(f"fragment index outside 0..{self.frag_count - 1}")
+        idx = np.unique(idx)
+        idx = idx[self.received[idx]]
+        self.received[idx] = False
+        self.received_count -= int(idx.size)
+        return int(idx.size)
 
     # ----------------------------------------------------------------------------- input
 
@@ -355,21 +439,23 @@ class Reassembler:
         if self.received[idx]:
             return False
         self._store(idx, view[wire.HEADER_LEN :])
+        self.checks[idx] = hdr.check
+        self.flags[idx] = hdr.flags
         self.received[idx] = True
         self.received_count += 1
         return True
 
     @staticmethod
     def _header_words(recs: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
-        """The records' headers as an ``(n, 4)`` array of 64-bit words (a view when possible)."""
+        """The records' compared header words as an ``(n, 4)`` array of 64-bit words (a view when possible)."""
         n = recs.size
         if recs.flags.c_contiguous:
-            return recs.view(np.uint64).reshape(n, _RECORD_WORDS)[:, :_HEADER_WORDS]
-        return np.ascontiguousarray(recs["hdr"]).view(np.uint64).reshape(n, _HEADER_WORDS)
+            return recs.view(np.uint64).reshape(n, _RECORD_WORDS)[:, :_CMP_WORDS]
+        return np.ascontiguousarray(recs["hdr"]).view(np.uint64).reshape(n, _HEADER_WORDS)[:, :_CMP_WORDS]
 
     def _invalid(self, recs: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
         """Per record, True where it is not a valid DATA fragment of this chunk; and the indices."""
-        masked = self._header_words(recs) & _MASK_WORDS
+        masked = self._header_words(recs) & _MASK_WORDS[:_CMP_WORDS]
         # The (n, 4) bool result viewed as one uint32 per record avoids a slow any(axis=1).
         bad: npt.NDArray[np.bool_] = (masked != self._expect_words).view(np.uint32).reshape(recs.size) != 0
         idx = recs["hdr"]["frag_index"].astype(np.intp)
@@ -424,6 +510,9 @@ class Reassembler:
             if first + n == self.frag_count:  # the run ends with the tail fragment
                 diff[-1] ^= self._tail_delta
             if not np.count_nonzero(diff):
+                hdr = records["hdr"]
+                self.checks[first : first + n] = hdr["check"]
+                self.flags[first : first + n] = hdr["flags"]
                 self.received[first : first + n] = True
                 self.received_count += n
                 return n
@@ -436,7 +525,7 @@ class Reassembler:
             for i in bad_at.tolist():  # per bad record only: the reason each one failed
                 self.rejected_reasons[self._record_error(records, i).reason] += 1
             keep = ~bad
-            idx, payload = idx[keep], payload[keep]
+            idx, payload, records = idx[keep], payload[keep], records[keep]
             if idx.size == 0:
                 return 0
         # Out of order or with duplicates: keep the first copy of each fragment not yet seen.
@@ -447,6 +536,9 @@ class Reassembler:
         _rows(self._grid)[uniq[in_grid]] = _rows(payload)[pos[in_grid]]
         for i, j in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
             self._store(int(i), payload[int(j)])
+        hdr = records["hdr"]
+        self.checks[uniq] = hdr["check"][pos]
+        self.flags[uniq] = hdr["flags"][pos]
         self.received[uniq] = True
         self.received_count += int(uniq.size)
         return int(uniq.size)

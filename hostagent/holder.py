@@ -10,20 +10,32 @@ Range rule: a GET whose range *starts* inside the chunk but runs past its end is
 up to the chunk's last fragment, so a requester that does not know a chunk's length yet
 can ask for its first window in one packet; a range that starts at or past the end is
 ``BAD_RANGE``.
+
+Checks: the holder is the *writer* of every DATA it sends, so it computes each
+fragment's ``check`` (``hostagent.fragment.fragment_checks``).  It does so once per chunk
+content and generation and keeps the result (bounded, least recently used first out):
+the content is told apart by the checksum a serialized chunk carries (O(1)), or by an
+xxh3 of the whole chunk for bytes that are not a serialized chunk.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
+from hostagent import envelope
 from hostagent.backend import BackendError
-from hostagent.fragment import empty_records, fragment_into
+from hostagent.fragment import empty_records, fragment_checks, fragment_into
 from kvpool import wire
+
+CHECK_CACHE_FRAGMENTS: Final = 1 << 22
+"""Fragment checks a holder keeps (8 bytes each: 32 MiB, the checks of about 5.9 GB of chunks)."""
 
 
 class ChunkSource(Protocol):
@@ -36,7 +48,8 @@ class ChunkSource(Protocol):
 class Holder:
     """Turns GETs into DATA records (or a NACK status) and counts what it served."""
 
-    def __init__(self, source: ChunkSource, *, max_fragments_per_get: int = 4096) -> None:
+    def __init__(self, source: ChunkSource, *, max_fragments_per_get: int = 4096,
+                 check_cache_fragments: int = CHECK_CACHE_FRAGMENTS) -> None:
         if max_fragments_per_get <= 0:
             raise ValueError(f"max_fragments_per_get must be positive, got {max_fragments_per_get}")
         self._source = source
@@ -46,6 +59,12 @@ class Holder:
         self.fragments_served = 0
         self.bytes_served = 0
         self.nacks: dict[str, int] = {}
+        # key -> (generation, chunk_len, content tag, checks); LRU order.
+        self._checks: OrderedDict[int, tuple[int, int, int, npt.NDArray[np.uint64]]] = OrderedDict()
+        self._checks_held = 0
+        self._checks_max = check_cache_fragments
+        self.checks_computed = 0
+        """Chunks whose fragment checks were computed (a cache miss)."""
 
     def serve(self, chunk_key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
               alloc: Callable[[int], npt.NDArray[np.void]] = empty_records) -> npt.NDArray[np.void] | wire.Status:
@@ -74,12 +93,38 @@ class Holder:
         if first >= total or count <= 0:
             return self._nack(wire.Status.BAD_RANGE)
         n = min(count, total - first, self._max)
+        checks = self.checks(chunk_key, data, held_generation)
         records = fragment_into(alloc(n), data, chunk_key, generation=held_generation, request_id=request_id,
-                                first=first, count=n)
+                                first=first, count=n, checks=checks)
         with self._lock:
             self.fragments_served += n
             self.bytes_served += int(records["hdr"]["payload_len"].sum())
         return records
+
+    def checks(self, chunk_key: int, data: bytes | memoryview, generation: int) -> npt.NDArray[np.uint64]:
+        """Every fragment's ``check`` of ``data`` as chunk ``chunk_key`` at ``generation`` (kept for reuse)."""
+        tag = envelope.embedded_checksum(data)
+        if tag is None:  # not a serialized chunk: its content is known only by hashing all of it
+            tag = xxhash.xxh3_64_intdigest(data)
+        size = len(data)
+        with self._lock:
+            hit = self._checks.get(chunk_key)
+            if hit is not None and hit[:3] == (generation, size, tag):
+                self._checks.move_to_end(chunk_key)
+                return hit[3]
+        checks = fragment_checks(data, chunk_key, generation=generation)
+        with self._lock:
+            self.checks_computed += 1
+            old = self._checks.pop(chunk_key, None)
+            if old is not None:
+                self._checks_held -= old[3].size
+            if checks.size <= self._checks_max:
+                self._checks[chunk_key] = (generation, size, tag, checks)
+                self._checks_held += checks.size
+            while self._checks_held > self._checks_max:
+                _, (_, _, _, gone) = self._checks.popitem(last=False)
+                self._checks_held -= gone.size
+        return checks
 
     def _nack(self, status: wire.Status) -> wire.Status:
         with self._lock:
@@ -94,4 +139,5 @@ class Holder:
                 "fragments_served": self.fragments_served,
                 "bytes_served": self.bytes_served,
                 "nacks": dict(self.nacks),
+                "checks_computed": self.checks_computed,
             }

@@ -29,7 +29,8 @@ Payload by quantization mode:
 The checksum covers the header as well as the payload, so a flipped dtype or shape
 byte is caught like a flipped payload byte.  Any malformed blob raises
 ``ChunkFormatError`` (``ChecksumError`` for a checksum mismatch); a corrupt tensor is
-never returned.
+never returned.  The fixed fields and the checksum are defined in ``hostagent.envelope``,
+which needs no torch: the agent's transport checks every fetched chunk with it.
 """
 
 from __future__ import annotations
@@ -43,19 +44,19 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 import torch
-import xxhash
 
-MAGIC: Final = b"KVPC"
-FORMAT_VERSION: Final = 1
-MAX_NDIM: Final = 8
-_FIXED: Final = struct.Struct("<4sBBBBQQ")
-_FIXED_LEN: Final = _FIXED.size
-_CHECKSUM_OFFSET: Final = 16
-_ALIGN: Final = 16
+from hostagent.envelope import CHECKSUM_OFFSET as _CHECKSUM_OFFSET
+from hostagent.envelope import FIXED as _FIXED
+from hostagent.envelope import FIXED_LEN as _FIXED_LEN
+from hostagent.envelope import FORMAT_VERSION as FORMAT_VERSION
+from hostagent.envelope import MAGIC as MAGIC
+from hostagent.envelope import MAX_NDIM as MAX_NDIM
+from hostagent.envelope import checksum as _checksum
+from hostagent.envelope import header_len as header_len
+
 INT8_LEVELS: Final = 127
 """Largest int8 magnitude used: symmetric quantization keeps -128 unused."""
 
-assert _FIXED_LEN == 24
 
 
 class ChunkFormatError(ValueError):
@@ -123,12 +124,6 @@ class ChunkHeader:
         return self.header_len + self.payload_len
 
 
-def header_len(ndim: int) -> int:
-    """Header bytes for a tensor of ``ndim`` dimensions (padded for alignment)."""
-    raw = _FIXED_LEN + 8 * ndim
-    return -(-raw // _ALIGN) * _ALIGN
-
-
 def _payload_len(dtype: torch.dtype, shape: tuple[int, ...], quant: Quant) -> int:
     """Payload bytes of a tensor with this dtype and shape under ``quant``."""
     numel = 1
@@ -192,15 +187,6 @@ def _encode_header(dtype: torch.dtype, shape: tuple[int, ...], quant: Quant, pay
     struct.pack_into(f"<{len(shape)}Q", out, _FIXED_LEN, *shape)
     out[_FIXED_LEN + 8 * len(shape) : hlen] = bytes(hlen - _FIXED_LEN - 8 * len(shape))
     return hlen
-
-
-def _checksum(header: memoryview, payload: memoryview) -> int:
-    """xxh3_64 over the header minus its checksum field, then the payload."""
-    h = xxhash.xxh3_64()
-    h.update(header[:_CHECKSUM_OFFSET])
-    h.update(header[_FIXED_LEN:])
-    h.update(payload)
-    return int(h.intdigest())
 
 
 def quantize_int8(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,6 +34,18 @@ chunk, the holder and how far it got.  A NACK fails the request with the holder'
 ``single_fragment_gets`` the requester sends one GET per fragment (the only GETs a switch
 can serve or coalesce), asking for fragment 0 first to learn the chunk's length.
 
+Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
+once every fragment is in, a serialized chunk is checked as a whole against the checksum
+it carries (``hostagent.envelope``, one xxh3 pass, the common case), and where that fails,
+or the bytes are not a serialized chunk, every fragment is checked against the ``check``
+its writer put in its header.  Fragments that fail are dropped (counted, ``bad_check``),
+and asked for again; with ``NO_CACHE`` (so the holder, not a switch, answers) when one of
+them was served by a switch, and on every later round.  A chunk whose fragments all pass
+but which fails as a whole (fragments of two contents under one identity, or a holder
+whose copy is damaged) is fetched again from the holder with ``NO_CACHE``.  After
+``integrity_retries`` such rounds the request fails with an error that names the chunk
+(``FetchResult.integrity``), never with wrong bytes.
+
 Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA records
 built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a send job;
 jobs are served round robin in quanta, paced by a token bucket (bytes/s) when a rate is
@@ -68,6 +80,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from hostagent import envelope
 from hostagent.fragment import Reassembler
 from hostagent.holder import Holder
 from kvpool import wire
@@ -81,7 +94,7 @@ _MSG_TRUNC: Final = getattr(socket, "MSG_TRUNC", 0x20)
 _RECENT_REQUESTS: Final = 4096
 _POOL_RECORDS: Final = 1 << 15
 """Most DATA records (about 47 MB) a holder keeps in its pool of free send arrays."""
-_DATA_V1: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
+_DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 """version and opcode bytes of a DATA header read as one big-endian u16."""
 _SKB_BYTES: Final = 2304
 """Kernel memory one queued 1440-byte datagram costs against SO_RCVBUF (measured on Linux loopback)."""
@@ -99,6 +112,18 @@ def parse_address(text: str) -> Address:
 
 class TransferError(RuntimeError):
     """A chunk could not be fetched (NACK, no progress, timeout, transport stopped)."""
+
+
+class ChunkIntegrityError(TransferError):
+    """A chunk failed its integrity checks on every try: nothing is returned for it.
+
+    ``key`` is the chunk; the message names it, the holder and what failed.  The agent
+    raises it for the first such chunk of a prefix; its API answers 502.
+    """
+
+    def __init__(self, key: int, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +166,8 @@ class TransportConfig:
     """Ask with one GET per fragment (what a switch can serve or coalesce) instead of range GETs."""
     max_queued_fragments: int = 65536
     """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
+    integrity_retries: int = 3
+    """Rounds of re-asking for a chunk (or its fragments) that failed its checks before the fetch fails."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -159,6 +186,7 @@ class TransportConfig:
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
             "hold_s": 0 <= self.hold_s <= 1.0,
             "max_queued_fragments": self.max_queued_fragments >= 1,
+            "integrity_retries": self.integrity_retries >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -175,6 +203,8 @@ class FetchResult:
     error: str | None = None
     status: wire.Status | None = None
     retransmit_rounds: int = 0
+    integrity: bool = False
+    """The chunk failed its integrity checks on every try (``error`` says how)."""
 
     @property
     def ok(self) -> bool:
@@ -200,6 +230,10 @@ class _Request:
     rto: float = 0.0
     refused: bool = False
     """The holder answered BUSY: re-ask after the timeout even while it streams to others."""
+    check_rounds: int = 0
+    """Times the chunk failed its checks and was (partly) asked for again."""
+    no_cache: bool = False
+    """Ask with NO_CACHE from now on: a switch's copy failed, or a retry must reach the holder."""
     call: _Call | None = None
     """The ``fetch`` call this request belongs to (its turn in the admission round robin)."""
 
@@ -245,6 +279,11 @@ class _Counters:
     requests_completed: int = 0
     requests_failed: int = 0
     goodput_bytes: int = 0
+    chunks_verified: int = 0
+    chunks_check_failed: int = 0
+    fragments_check_failed: int = 0
+    switch_fragments_check_failed: int = 0
+    integrity_failures: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
 
@@ -486,6 +525,13 @@ class Transport:
             "requests_active": len(self._active),
             "requests_waiting": sum(len(c.waiting) for c in list(self._pending)),
             "goodput_bytes": c.goodput_bytes,
+            "integrity": {
+                "chunks_verified": c.chunks_verified,
+                "chunks_check_failed": c.chunks_check_failed,
+                "fragments_check_failed": c.fragments_check_failed,
+                "switch_fragments_check_failed": c.switch_fragments_check_failed,
+                "integrity_failures": c.integrity_failures,
+            },
             "drops": drops,
             "drops_total": sum(drops.values()),
             "send_queue": len(self._jobs),
@@ -645,6 +691,8 @@ class Transport:
         """Ask for fragments ``first .. first+count-1``: one range GET, or one GET each in single mode."""
         assert self._rsock is not None
         count = min(count, wire.MAX_FRAGMENTS - first)
+        if r.no_cache:
+            flags |= wire.Flag.NO_CACHE
         if self.config.single_fragment_gets:
             # Only single-fragment GETs can be served from switch memory or coalesced by the
             # switch (p4/README.md), at the price of one request packet per fragment; each
@@ -652,7 +700,7 @@ class Transport:
             # answers (a switch cannot grow a packet by a whole fragment).
             pack = wire.HEADER_STRUCT.pack
             room = bytes(wire.FRAG_PAYLOAD)
-            pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0)
+            pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0, 0)
                     + room for i in range(first, first + count)]
         else:
             pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
@@ -700,7 +748,7 @@ class Transport:
         hdr = recs["hdr"]
         lens = self._lens[:n]
         # version and opcode as one big-endian 16-bit word: one compare instead of two.
-        fast = self._ring_vo[:n] == _DATA_V1
+        fast = self._ring_vo[:n] == _DATA_VO
         if not (min(lens) == _L == max(lens)):
             fast &= np.fromiter(lens, dtype=np.int64, count=n) == _L
         all_fast = bool(fast.all())
@@ -755,13 +803,65 @@ class Transport:
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
         r.next_retx = now + r.rto
-        if reasm.complete:
+        if reasm.complete and self._verified(r, reasm, now):
             self._c.goodput_bytes += reasm.chunk_len
             self._c.requests_completed += 1
             r.result.generation = reasm.generation
             self._finish(r, data=reasm.data)
             return
         self._grant(r)
+
+    def _verified(self, r: _Request, reasm: Reassembler, now: float) -> bool:
+        """Check a complete chunk; if it fails, drop what failed and ask again (or fail the request).
+
+        True when the chunk may be handed out.  Otherwise its bad fragments (or all of
+        them) are forgotten and asked for again, or, past ``integrity_retries``, the
+        request is finished with an error.
+        """
+        whole = envelope.verify(reasm.buffer)
+        if whole:
+            self._c.chunks_verified += 1
+            return True
+        bad = reasm.bad_fragments()
+        if whole is None and bad.size == 0:
+            self._c.chunks_verified += 1  # not a serialized chunk: each fragment passed its own check
+            return True
+        from_switch = int(np.count_nonzero(reasm.flags[bad] & wire.Flag.SWITCH_SERVED))
+        if bad.size:
+            self._drop("bad_check", int(bad.size))
+            self._c.fragments_check_failed += int(bad.size)
+            self._c.switch_fragments_check_failed += from_switch
+            why = (f"{bad.size} fragment(s) failed their check, {from_switch} of them served by a switch "
+                   f"(first: fragment {int(bad[0])})")
+        else:
+            self._c.chunks_check_failed += 1
+            why = "every fragment passed its check but the chunk failed its own checksum"
+        r.check_rounds += 1
+        log.warning("chunk %#018x from %s:%d, try %d: %s", r.key, r.holder[0], r.holder[1], r.check_rounds, why)
+        if r.check_rounds > self.config.integrity_retries:
+            self._c.integrity_failures += 1
+            self._c.requests_failed += 1
+            r.result.integrity = True
+            self._finish(r, error=f"chunk {r.key:#018x} from {r.holder[0]}:{r.holder[1]}: content check failed "
+                                  f"{r.check_rounds} times ({why}); no bytes returned")
+            return False
+        # Later tries, and any after a switch's copy failed, must reach the holder.
+        if from_switch or r.check_rounds >= 2 or not bad.size:
+            r.no_cache = True
+        if bad.size:
+            reasm.forget(bad)
+            runs = np.split(bad, np.flatnonzero(np.diff(bad) != 1) + 1)
+            for run in runs:
+                self._send_get(r, int(run[0]), int(run.size), wire.Flag.RETRANSMIT)
+            self._inflight += int(bad.size)
+        else:
+            # Which fragments are wrong is unknowable: fetch the whole chunk again.
+            reasm.reset()
+            r.asked_hi = 0
+        r.last_progress = now
+        r.rto = self.config.retransmit_timeout_s
+        r.next_retx = now + r.rto
+        return False
 
     def _open_reassembler(self, r: _Request, recs: npt.NDArray[np.void]) -> Reassembler | None:
         """Size the reassembly buffer from the first valid DATA record of the request."""

@@ -20,6 +20,10 @@ payload``.  The header is fixed-size, big-endian (network order)::
     +---------------+---------------+-------------------------------+
     |  payload_len  |    status     |           chunk_len           |
     +---------------+---------------+-------------------------------+
+    32                                                              40
+    +---------------------------------------------------------------+
+    |                             check                             |
+    +---------------------------------------------------------------+
 
 Field meanings by opcode:
 
@@ -39,6 +43,17 @@ Field meanings by opcode:
   generation.  No payload.
 * ``NACK``: the answer to a GET that cannot be served; ``status`` says why.
 
+``check`` (DATA only; 0 on every other opcode, where receivers ignore it) is the
+*writer's* integrity check of the fragment: ``fragment_check`` of the fields that say
+which fragment this is (``chunk_key``, ``generation``, ``frag_index``, ``frag_count``,
+``chunk_len``, ``payload_len``) and the ``payload_len`` valid payload bytes.  The holder
+computes it; a switch stores it with the slot and returns it as it is (a switch never
+computes over a payload); every receiver recomputes it.  It is xxh3-64, so a corrupted
+fragment (payload or identity) passes with probability about 2^-64, and a fragment
+served as the wrong one (another chunk, generation or index) fails it.  It protects
+against faults, not against a forger: the writer model keeps forgers out of switch
+memory (docs/correctness.md).
+
 ``request_id`` is chosen by the requester and echoed in DATA/NACK so it can match
 answers to its own transfer; a switch answering many waiters from one response rewrites
 it per replica.
@@ -52,18 +67,19 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+import xxhash
 
 # --------------------------------------------------------------------------------------
 # Constants (mirrored in p4/include/constants.p4; tests/kvpool/test_wire.py checks they agree)
 # --------------------------------------------------------------------------------------
 
-KVPOOL_VERSION: Final = 1
-"""Header version this code speaks; anything else is dropped."""
+KVPOOL_VERSION: Final = 2
+"""Header version this code speaks; anything else is dropped (2: the 40-byte header with ``check``)."""
 
 KVPOOL_UDP_PORT: Final = 7470
 """UDP port of kvpool traffic (destination for requests, source for responses)."""
 
-HEADER_LEN: Final = 32
+HEADER_LEN: Final = 40
 """Bytes in the kvpool header."""
 
 SLICE_BYTES: Final = 128
@@ -73,7 +89,7 @@ SLICES_PER_FRAGMENT: Final = 11
 """Register slices that make up one fragment payload in switch memory."""
 
 FRAG_PAYLOAD: Final = SLICE_BYTES * SLICES_PER_FRAGMENT
-"""Payload bytes of a DATA packet: 1408, so IPv4 + UDP + header + payload = 1468 <= 1500."""
+"""Payload bytes of a DATA packet: 1408, so IPv4 + UDP + header + payload = 1476 <= 1500."""
 
 IPV4_HEADER_LEN: Final = 20
 UDP_HEADER_LEN: Final = 8
@@ -165,6 +181,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("payload_len", 16, 24),
     Field("status", 16, 26),
     Field("chunk_len", 32, 28),
+    Field("check", 64, 32),
 )
 FIELD_BY_NAME: Final = {f.name: f for f in FIELDS}
 
@@ -223,6 +240,7 @@ class Header:
     chunk_len: int = 0
     flags: int = 0
     version: int = KVPOOL_VERSION
+    check: int = 0
 
     def pack(self) -> bytes:
         """Encode this header; raises ``WireError`` for a value that does not fit."""
@@ -246,6 +264,7 @@ class Header:
             self.payload_len,
             self.status,
             self.chunk_len,
+            self.check,
         )
 
 
@@ -253,7 +272,7 @@ def unpack_header(datagram: bytes | bytearray | memoryview) -> Header:
     """Decode the header at the start of ``datagram`` without validating it."""
     if len(datagram) < HEADER_LEN:
         raise WireError("truncated", f"{len(datagram)} bytes, a header needs {HEADER_LEN}")
-    v, op, fl, key, idx, cnt, rid, gen, plen, st, clen = HEADER_STRUCT.unpack_from(datagram)
+    v, op, fl, key, idx, cnt, rid, gen, plen, st, clen, check = HEADER_STRUCT.unpack_from(datagram)
     return Header(
         version=v,
         opcode=op,
@@ -266,6 +285,7 @@ def unpack_header(datagram: bytes | bytearray | memoryview) -> Header:
         payload_len=plen,
         status=st,
         chunk_len=clen,
+        check=check,
     )
 
 
@@ -360,15 +380,38 @@ def invalidate_packet(chunk_key: int, generation: int) -> bytes:
     return Header(Opcode.INVALIDATE, chunk_key, generation=generation).pack()
 
 
+CHECK_SEED: Final = 0x6B76_706F_6F6C_0002
+"""xxh3-64 seed of ``fragment_check`` ("kvpool" and the version): part of the wire format."""
+
+IDENTITY_STRUCT: Final = struct.Struct("!QIHHIH")
+"""What ``fragment_check`` hashes before the payload: chunk_key, generation, frag_index,
+frag_count, chunk_len, payload_len (22 bytes, big-endian)."""
+
+
+def fragment_check(chunk_key: int, generation: int, frag_index: int, frag_count: int, chunk_len: int,
+                   payload: bytes | bytearray | memoryview) -> int:
+    """The writer's check of one DATA fragment: xxh3-64 (``CHECK_SEED``) of its identity, then its payload.
+
+    ``payload`` is exactly the fragment's valid bytes (``payload_len`` of them), not the
+    zero padding.  Receivers recompute it and drop a fragment whose ``check`` differs.
+    """
+    ident = IDENTITY_STRUCT.pack(chunk_key, generation, frag_index, frag_count, chunk_len, len(payload))
+    h = xxhash.xxh3_64(ident, seed=CHECK_SEED)
+    h.update(payload)
+    return int(h.intdigest())
+
+
 def data_packet(chunk_key: int, frag_index: int, chunk: bytes | memoryview, request_id: int = 0,
                 generation: int = 0, flags: int = 0) -> bytes:
-    """Encode fragment ``frag_index`` of serialized ``chunk`` as one padded DATA datagram."""
+    """Encode fragment ``frag_index`` of serialized ``chunk`` as one padded DATA datagram (with its check)."""
     chunk_len = len(chunk)
     count = fragment_count(chunk_len)
     plen = expected_payload_len(chunk_len, frag_index)
     if plen == 0:
         raise WireError("bad_range", f"fragment {frag_index} of {count}")
     start = frag_index * FRAG_PAYLOAD
+    payload = bytes(chunk[start:start + plen])
+    check = fragment_check(chunk_key, generation, frag_index, count, chunk_len, payload)
     hdr = Header(Opcode.DATA, chunk_key, frag_index, count, request_id, generation, plen,
-                 chunk_len=chunk_len, flags=flags).pack()
-    return hdr + bytes(chunk[start:start + plen]) + bytes(FRAG_PAYLOAD - plen)
+                 chunk_len=chunk_len, flags=flags, check=check).pack()
+    return hdr + payload + bytes(FRAG_PAYLOAD - plen)

@@ -31,7 +31,7 @@ def _raw_header(**fields: int) -> bytearray:
     """A header with any field values, valid or not (``Header.pack`` refuses out-of-range ones)."""
     values = {"version": wire.KVPOOL_VERSION, "opcode": wire.Opcode.DATA, "flags": 0, "chunk_key": KEY,
               "frag_index": 0, "frag_count": 1, "request_id": 0, "generation": 0, "payload_len": 0,
-              "status": 0, "chunk_len": 0}
+              "status": 0, "chunk_len": 0, "check": 0}
     values.update(fields)
     return bytearray(wire.HEADER_STRUCT.pack(*(values[f.name] for f in wire.FIELDS)))
 
@@ -66,7 +66,7 @@ def test_garbage_during_a_live_transfer_is_dropped_counted_and_harmless() -> Non
         n = len(payload)
         garbage = {
             "truncated": [b"", b"\x01\x02", bytes(wire.HEADER_LEN - 1)],
-            "bad_version": [_data(rid, n, 5, version=2)],
+            "bad_version": [_data(rid, n, 5, version=1)],
             "bad_opcode": [bytes(_raw_header(opcode=9, request_id=rid))],
             "bad_flags": [_data(rid, n, 6, flags=0x8000)],
             "bad_range": [_data(rid, n, count + 7)],  # fragment index past the chunk's end

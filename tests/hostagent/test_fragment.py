@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from hostagent.fragment import Reassembler, empty_records, fragment, fragment_into, records_view
+from hostagent.fragment import Reassembler, empty_records, fragment, fragment_checks, fragment_into, records_view
 from hostagent.serialize import ChecksumError, deserialize, serialize
 from kvpool import wire
 
@@ -177,7 +177,7 @@ def _set(field: str, value: int) -> Mutator:
 
 
 MALFORMED: list[tuple[str, Mutator, str]] = [
-    ("version", _set("version", 2), "bad_version"),
+    ("version", _set("version", 1), "bad_version"),
     ("opcode_unknown", _set("opcode", 9), "bad_opcode"),
     ("unknown_flag", _set("flags", 0x4000), "bad_flags"),
     ("status", _set("status", 1), "bad_status"),
@@ -418,3 +418,45 @@ def test_strided_buffers_refused() -> None:
         Reassembler(KEY, 100, buffer=np.zeros(400, dtype=np.uint8)[::2])
     with pytest.raises(ValueError, match="C-contiguous"):
         fragment(np.zeros(400, dtype=np.uint8)[::2], KEY)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_checks_given_or_computed_are_the_same(length: int) -> None:
+    chunk = _chunk(length)
+    checks = fragment_checks(chunk, KEY, generation=3)
+    assert checks.shape == (wire.fragment_count(length),)
+    with_checks = fragment(chunk, KEY, generation=3, checks=checks)
+    assert with_checks.tobytes() == fragment(chunk, KEY, generation=3).tobytes()
+    assert [int(c) for c in with_checks["hdr"]["check"]] == [int(c) for c in checks]
+    part = fragment_checks(chunk, KEY, generation=3, first=checks.size - 1, count=1)
+    assert int(part[0]) == int(checks[-1])
+    with pytest.raises(ValueError, match="checks for"):
+        fragment(chunk, KEY, generation=3, checks=checks[:-1] if checks.size > 1 else np.zeros(2, np.uint64))
+
+
+def test_bad_fragments_finds_exactly_the_damaged_ones_and_forget_unstores_them() -> None:
+    chunk = _chunk(20 * P + 5)
+    recs = fragment(chunk, KEY, generation=2, flags=int(wire.Flag.SWITCH_SERVED))
+    recs["payload"][3, 17] ^= 0x40  # a flipped payload bit: the header still validates
+    recs["payload"][20, 4] ^= 0x01  # the tail fragment's valid bytes too
+    recs["payload"][5, P - 1] ^= 0xFF  # a full fragment's last byte
+    r = Reassembler(KEY, len(chunk), generation=2)
+    assert r.add_batch(recs[:10]) == 10 and r.add_batch(recs[10:][::-1].copy()) == 11
+    assert r.complete and [int(i) for i in r.bad_fragments()] == [3, 5, 20]
+    assert all(r.flags & wire.Flag.SWITCH_SERVED)
+    assert r.forget([3, 5, 20, 5]) == 3 and r.received_count == 18 and not r.complete
+    assert r.missing_ranges() == [(3, 1), (5, 1), (20, 1)]
+    good = fragment(chunk, KEY, generation=2)
+    assert r.add_batch(good[[3, 5, 20]]) == 3
+    assert r.complete and r.bad_fragments().size == 0 and bytes(r.data) == chunk
+    with pytest.raises(IndexError):
+        r.forget([21])
+
+
+def test_a_wrong_check_under_a_right_payload_is_found_too() -> None:
+    chunk = _chunk(3 * P)
+    recs = fragment(chunk, KEY)
+    recs["hdr"]["check"][1] ^= 1
+    r = Reassembler(KEY, len(chunk))
+    r.add_batch(recs)
+    assert [int(i) for i in r.bad_fragments()] == [1]

@@ -239,3 +239,18 @@ def test_numpy_buffers_in_and_out() -> None:
     assert back.data_ptr() == out.ctypes.data + header_len(t.dim())  # built on the array, no copy
     with pytest.raises(ValueError, match="C-contiguous"):
         deserialize(np.zeros((4, 200), dtype=np.uint8)[:, ::2])
+
+
+def test_envelope_checks_a_blob_without_torch_and_refuses_what_is_not_one() -> None:
+    from hostagent import envelope
+
+    blob = serialize(torch.randn(*CHUNK_SHAPE))
+    assert envelope.verify(blob) is True and envelope.verify(memoryview(blob)) is True
+    assert envelope.verify(np.frombuffer(bytes(blob), dtype=np.uint8)) is True
+    assert envelope.embedded_checksum(blob) == parse_header(blob).checksum
+    for pos in (0, 5, 17, 24, len(blob) - 1):  # magic, dtype code, checksum, shape, payload
+        bad = bytearray(blob)
+        bad[pos] ^= 0x04
+        assert envelope.verify(bad) is not True
+    assert envelope.verify(bytes(blob[:-1])) is None  # length does not match the header
+    assert envelope.verify(b"KVPC") is None and envelope.verify(b"not a chunk at all, just bytes") is None

@@ -109,11 +109,14 @@ def test_store_error_nack() -> None:
 
 
 class LossyProxy:
-    """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``."""
+    """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``
+    and rewrites the others with ``mangle(n, datagram)`` (n counts from 1)."""
 
-    def __init__(self, holder: Address, drop: Callable[[int], bool]) -> None:
+    def __init__(self, holder: Address, drop: Callable[[int], bool],
+                 mangle: Callable[[int, bytes], bytes] | None = None) -> None:
         self.holder = holder
         self.drop = drop
+        self.mangle = mangle
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.front.bind(("127.0.0.1", 0))
         self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -155,6 +158,8 @@ class LossyProxy:
                 self.dropped += 1
                 continue
             assert self.client is not None
+            if self.mangle is not None:
+                pkt = self.mangle(self.data_seen, pkt)
             self.front.sendto(pkt, self.client)
 
     def close(self) -> None:
@@ -314,3 +319,137 @@ def test_merge_gets_joins_adjacent_single_gets_of_one_request() -> None:
     assert merged == [(1, 0, 5, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a), (2, 10, 1, a)]
     capped = [(first, count) for _, first, count, _ in merge_gets([(g(i), a) for i in range(10)], cap=4)]
     assert capped == [(0, 4), (4, 4), (8, 2)]
+
+
+# ------------------------------------------------------------------ integrity
+
+
+def _blob(nbytes: int, seed: int = 0) -> bytes:
+    """A serialized chunk (what agents carry) of about ``nbytes`` bytes."""
+    import torch
+
+    from hostagent.serialize import serialize
+
+    gen = torch.Generator().manual_seed(seed)
+    return bytes(serialize(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)))
+
+
+def _flip_payload_bit(pkt: bytes, bit: int = 77) -> bytes:
+    """``pkt`` with one bit of its valid payload flipped (its header and check untouched)."""
+    out = bytearray(pkt)
+    out[wire.HEADER_LEN + bit // 8] ^= 0x80 >> (bit % 8)
+    return bytes(out)
+
+
+def _set_flags(pkt: bytes, flags: int) -> bytes:
+    out = bytearray(pkt)
+    off = wire.FIELD_BY_NAME["flags"].offset
+    out[off : off + 2] = flags.to_bytes(2, "big")
+    return bytes(out)
+
+
+@pytest.mark.parametrize("kind", ["serialized", "raw"])
+def test_corrupted_fragments_are_caught_dropped_and_asked_again(kind: str) -> None:
+    payload = _blob(400_000) if kind == "serialized" else os.urandom(400_000)
+    frags = wire.fragment_count(len(payload))
+    cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=0.05)
+    bad = {n for n in range(1, frags + 1) if n % 23 == 4}  # first pass only: the re-asked copies arrive intact
+    with Transport(TransportConfig(port=0), Holder(_store({7: payload}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: False,
+                           mangle=lambda n, pkt: _flip_payload_bit(pkt) if n in bad else pkt)
+        try:
+            (res,) = r.fetch([7], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert res.ok and bytes(res.data or b"") == payload
+    st = r.stats()
+    assert st["integrity"]["fragments_check_failed"] == len(bad) == st["drops"]["bad_check"]
+    assert st["integrity"]["switch_fragments_check_failed"] == 0 and st["integrity"]["chunks_verified"] == 1
+    # Exactly the failed fragments were asked for again; the holder's copies needed no NO_CACHE.
+    again = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
+    assert sum(g.frag_count for g in again) == len(bad)
+    assert not any(g.flags & wire.Flag.NO_CACHE for g in proxy.gets)
+
+
+def test_a_switch_served_fragment_that_fails_is_asked_for_with_no_cache() -> None:
+    payload = _blob(100_000)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05)
+    with Transport(TransportConfig(port=0), Holder(_store({5: payload}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: False,
+                           mangle=lambda n, pkt: _flip_payload_bit(_set_flags(pkt, wire.Flag.SWITCH_SERVED))
+                           if n == 3 else pkt)
+        try:
+            (res,) = r.fetch([5], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert res.ok and bytes(res.data or b"") == payload
+    assert r.stats()["integrity"]["switch_fragments_check_failed"] == 1
+    (again,) = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
+    assert again.flags & wire.Flag.NO_CACHE and (again.frag_index, again.frag_count) == (2, 1)
+
+
+def test_a_fragment_corrupted_on_every_try_fails_the_fetch_with_a_clear_error() -> None:
+    payload = os.urandom(50_000)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05, integrity_retries=2)
+
+    def always_fragment_4(_n: int, pkt: bytes) -> bytes:
+        return _flip_payload_bit(pkt, 5) if wire.unpack_header(pkt).frag_index == 4 else pkt
+
+    with Transport(TransportConfig(port=0), Holder(_store({9: payload}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: False, mangle=always_fragment_4)
+        try:
+            (res,) = r.fetch([9], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert not res.ok and res.data is None and res.integrity
+    assert res.error is not None and "chunk 0x0000000000000009" in res.error
+    assert "content check failed 3 times" in res.error and "fragment 4" in res.error
+    st = r.stats()
+    assert st["integrity"]["fragments_check_failed"] == 3 and st["integrity"]["integrity_failures"] == 1
+    assert st["requests_failed"] == 1 and st["requests_completed"] == 0
+    # First re-ask plain (the holder sent it), the next ones with NO_CACHE.
+    again = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
+    assert [bool(g.flags & wire.Flag.NO_CACHE) for g in again] == [False, True]
+
+
+def test_a_damaged_holder_copy_is_fetched_again_then_refused() -> None:
+    blob = bytearray(_blob(30_000))
+    blob[-100] ^= 0x01  # the holder's copy rotted: its fragment checks are computed over the damage
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05, integrity_retries=2)
+    with Transport(TransportConfig(port=0), Holder(_store({3: bytes(blob)}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: False)
+        try:
+            (res,) = r.fetch([3], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert not res.ok and res.integrity and res.error is not None
+    assert "every fragment passed its check but the chunk failed its own checksum" in res.error
+    st = r.stats()["integrity"]
+    assert st["chunks_check_failed"] == 3 and st["fragments_check_failed"] == 0
+    # Each retry asks for the whole chunk again, from the holder.
+    firsts = [g for g in proxy.gets if g.frag_index == 0]
+    assert len(firsts) == 3 and [bool(g.flags & wire.Flag.NO_CACHE) for g in firsts] == [False, True, True]
+
+
+def test_holder_computes_checks_once_per_content_and_generation() -> None:
+    blob = _blob(20_000)
+    store = _store({1: blob})
+    holder = Holder(store)
+    first = holder.serve(1, 0, 100)
+    assert not isinstance(first, wire.Status)
+    again = holder.serve(1, 2, 3)
+    assert not isinstance(again, wire.Status)
+    assert holder.checks_computed == 1
+    for rec in first:  # each record is what wire.data_packet sends, check included
+        raw = rec.tobytes()
+        assert raw == wire.data_packet(1, int(rec["hdr"]["frag_index"]), blob)
+    store.put(1, blob, generation=4)  # same bytes, new generation: new checks
+    assert not isinstance(holder.serve(1, 0, 1), wire.Status) and holder.checks_computed == 2
+    store.put(1, _blob(20_000, seed=1), generation=4)  # new bytes, same generation and size
+    out = holder.serve(1, 0, 1)
+    assert not isinstance(out, wire.Status) and holder.checks_computed == 3
+    raw_store = _store({2: os.urandom(5000)})
+    raw_holder = Holder(raw_store)
+    raw_holder.serve(2, 0, 4)
+    raw_holder.serve(2, 1, 1)
+    assert raw_holder.checks_computed == 1

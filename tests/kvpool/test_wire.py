@@ -10,9 +10,9 @@ from kvpool.wire import FRAG_PAYLOAD, HEADER_LEN, Header, Opcode, Status, WireEr
 
 
 def test_geometry_fits_mtu() -> None:
-    assert HEADER_LEN == 32
+    assert HEADER_LEN == 40
     assert FRAG_PAYLOAD == 1408
-    assert wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN == 1468
+    assert wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN + wire.DATA_DATAGRAM_LEN == 1476
 
 
 def test_header_round_trip_all_fields_at_max() -> None:
@@ -30,6 +30,33 @@ def test_header_layout_is_network_order() -> None:
     assert raw[4:12] == bytes(range(1, 9))
     assert raw[12:14] == b"\x0a\x0b"
     assert raw[16:20] == b"\xde\xad\xbe\xef"
+
+
+def test_check_covers_identity_and_valid_payload_bytes() -> None:
+    chunk = bytes(range(256)) * 20  # 5120 bytes: 4 fragments, the last 896 bytes long
+    pkt = wire.data_packet(7, 3, chunk, generation=5)
+    hdr = wire.parse(pkt)
+    payload = pkt[HEADER_LEN : HEADER_LEN + hdr.payload_len]
+    assert hdr.check == wire.fragment_check(7, 5, 3, 4, len(chunk), payload)
+    assert int.from_bytes(pkt[32:40], "big") == hdr.check  # at its documented offset
+    # Every identity field and every valid byte matters; padding and request id do not.
+    n = len(chunk)
+    others = [wire.fragment_check(8, 5, 3, 4, n, payload), wire.fragment_check(7, 6, 3, 4, n, payload),
+              wire.fragment_check(7, 5, 2, 4, n, payload), wire.fragment_check(7, 5, 3, 5, n, payload),
+              wire.fragment_check(7, 5, 3, 4, n + 1, payload), wire.fragment_check(7, 5, 3, 4, n, payload[:-1]),
+              wire.fragment_check(7, 5, 3, 4, n, bytes([payload[0] ^ 1]) + payload[1:])]
+    assert hdr.check not in others and len(set(others)) == len(others)
+    assert wire.parse(wire.data_packet(7, 3, chunk, generation=5, request_id=99)).check == hdr.check
+    assert wire.parse(wire.get_packet(7, 0)).check == 0
+
+
+def test_every_single_bit_flip_of_a_fragment_changes_its_check() -> None:
+    chunk = bytes((i * 31 + 7) % 256 for i in range(300))
+    hdr = wire.parse(wire.data_packet(0x1234, 0, chunk, generation=2))
+    for bit in range(len(chunk) * 8):
+        flipped = bytearray(chunk)
+        flipped[bit // 8] ^= 0x80 >> (bit % 8)
+        assert wire.fragment_check(0x1234, 2, 0, 1, len(chunk), flipped) != hdr.check
 
 
 def test_pack_rejects_out_of_range_value() -> None:
@@ -73,7 +100,7 @@ def _data(**changes: int) -> bytearray:
     ("datagram", "reason"),
     [
         (b"\x01\x01", "truncated"),
-        (bytes(_data(version=2)), "bad_version"),
+        (bytes(_data(version=1)), "bad_version"),
         (bytes(_data(opcode=99)), "bad_opcode"),
         (bytes(_data(flags=0x8000)), "bad_flags"),
         (bytes(_data(frag_index=3)), "bad_range"),
