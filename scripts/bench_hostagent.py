@@ -378,8 +378,8 @@ def bench_goodput(args: argparse.Namespace) -> Section:
     frags = count * wire.fragment_count(chunk_len)
     reps = max(3, args.reps // 2)  # paired reps; the median tames a busy machine
     sock_buf = AgentConfig().sock_buf_bytes
-    rng = np.random.default_rng(1)
-    blobs = [rng.integers(0, 256, chunk_len, dtype=np.uint8).tobytes() for _ in range(count)]
+    # Serialized chunks of exactly chunk_len bytes, as agents carry them (checked as a whole).
+    blobs = [c.tobytes() for c in _chunk_set(args)[0]]
     keys = [0x6B76_0000_0000_0000 + i for i in range(count)]
     _progress(f"goodput: {count} chunks x {chunk_len} B through two kvpool-agent processes, {reps} reps")
     agent_bps: list[float] = []
