@@ -67,11 +67,13 @@ class Holder:
         """Chunks whose fragment checks were computed (a cache miss)."""
 
     def serve(self, chunk_key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
+              flags: int = 0,
               alloc: Callable[[int], npt.NDArray[np.void]] = empty_records) -> npt.NDArray[np.void] | wire.Status:
         """DATA records for fragments ``first .. first+count-1`` (clamped), or the NACK status.
 
         ``generation`` 0 accepts whatever generation is held; any other value must match
         it, else ``STALE_GENERATION``.  A store failure is ``STORE_ERROR``, not a miss.
+        ``flags`` go into every record (the transport passes a GET's ``NO_CACHE`` on).
         ``alloc(n)`` gives a record array of at least ``n`` records to fill (a sender's
         pool, so a busy holder does not fault in fresh pages for every window).
         """
@@ -95,7 +97,7 @@ class Holder:
         n = min(count, total - first, self._max)
         checks = self.checks(chunk_key, data, held_generation)
         records = fragment_into(alloc(n), data, chunk_key, generation=held_generation, request_id=request_id,
-                                first=first, count=n, checks=checks)
+                                flags=flags, first=first, count=n, checks=checks)
         with self._lock:
             self.fragments_served += n
             self.bytes_served += int(records["hdr"]["payload_len"].sum())

@@ -312,7 +312,8 @@ def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tu
         while j < len(gets) and count < cap:
             nxt, naddr = gets[j]
             if (naddr != addr or nxt.chunk_key != hdr.chunk_key or nxt.request_id != hdr.request_id
-                    or nxt.generation != hdr.generation or nxt.frag_index != first + count):
+                    or nxt.generation != hdr.generation or nxt.frag_index != first + count
+                    or (nxt.flags ^ hdr.flags) & wire.Flag.NO_CACHE):
                 break
             count += min(nxt.frag_count, cap - count)
             j += 1
@@ -1067,8 +1068,10 @@ class Transport:
         if self._queued >= self.config.max_queued_fragments:
             self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
             return
+        # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         out = self.holder.serve(hdr.chunk_key, first, count, request_id=hdr.request_id,
-                                generation=hdr.generation, alloc=self._alloc_records)
+                                generation=hdr.generation, flags=hdr.flags & wire.Flag.NO_CACHE,
+                                alloc=self._alloc_records)
         if isinstance(out, wire.Status):
             self._send_nack(hdr, out, addr)
             return
@@ -1099,7 +1102,8 @@ class Transport:
 
     def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address) -> None:
         assert self._hsock is not None
-        pkt = wire.nack_packet(hdr.chunk_key, status, hdr.request_id, hdr.frag_index, hdr.frag_count)
+        pkt = wire.nack_packet(hdr.chunk_key, status, hdr.request_id, hdr.frag_index, hdr.frag_count,
+                               hdr.generation)
         try:
             self._hsock.sendto(pkt, addr)
             self._c.nacks_sent += 1

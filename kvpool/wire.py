@@ -41,7 +41,13 @@ Field meanings by opcode:
   ``FRAG_PAYLOAD`` bytes so a switch parser can extract it as fixed-width slices.
 * ``INVALIDATE``: a writer says the chunk's content changed; ``generation`` is the new
   generation.  No payload.
-* ``NACK``: the answer to a GET that cannot be served; ``status`` says why.
+* ``NACK``: the answer to a GET that cannot be served; ``status`` says why.  It echoes
+  the GET's ``frag_index``, ``frag_count``, ``request_id`` and ``generation`` (the one the
+  GET asked for, 0 for "current"), so a switch that coalesced identical GETs can match it.
+
+A holder's DATA carries ``NO_CACHE`` when it answers a GET that had it: the requester
+distrusted a cached copy, and a switch that holds the fragment rewrites it with these
+bytes (repair).
 
 ``check`` (DATA only; 0 on every other opcode, where receivers ignore it) is the
 *writer's* integrity check of the fragment: ``fragment_check`` of the fields that say
@@ -369,9 +375,9 @@ _ROOM: Final = bytes(FRAG_PAYLOAD)
 
 
 def nack_packet(chunk_key: int, status: Status, request_id: int = 0, frag_index: int = 0,
-                frag_count: int = 1) -> bytes:
-    """Encode a NACK for a request that cannot be served."""
-    return Header(Opcode.NACK, chunk_key, frag_index, frag_count, request_id,
+                frag_count: int = 1, generation: int = 0) -> bytes:
+    """Encode a NACK for a request that cannot be served (``generation`` echoes the GET's)."""
+    return Header(Opcode.NACK, chunk_key, frag_index, frag_count, request_id, generation,
                   status=int(status)).pack()
 
 

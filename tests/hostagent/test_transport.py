@@ -93,6 +93,18 @@ def test_bad_range_and_clamped_range(pair: tuple[Transport, Transport], chunks: 
     assert (data.opcode, data.frag_index, data.frag_count, data.request_id) == (wire.Opcode.DATA, 3, 4, 10)
 
 
+def test_holder_echoes_no_cache_in_data_and_the_asked_generation_in_nacks(
+        pair: tuple[Transport, Transport], chunks: dict[int, bytes]) -> None:
+    holder, _ = pair
+    key = 0x1000 + 3
+    data = _raw_exchange(holder.address, wire.get_packet(key, 1, 1, request_id=4, flags=wire.Flag.NO_CACHE))
+    assert data.opcode == wire.Opcode.DATA and data.flags == wire.Flag.NO_CACHE
+    plain = _raw_exchange(holder.address, wire.get_packet(key, 1, 1, request_id=5))
+    assert plain.flags == 0 and plain.check == data.check
+    nack = _raw_exchange(holder.address, wire.get_packet(key, 0, 1, request_id=6, generation=9))
+    assert (nack.status, nack.generation, nack.request_id) == (wire.Status.STALE_GENERATION, 9, 6)
+
+
 class _FailingBackend(MemoryBackend):
     def get(self, key: int) -> bytes | None:
         raise BackendError("store unreachable")
