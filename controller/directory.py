@@ -17,6 +17,17 @@ live) must present it, so nobody else can speak for a registered node. A method 
 always passes what the request carried.
 The clock is injectable so heartbeat expiry is tested without sleeping. Every method takes
 one short lock: the API's threads call it, and the controller's epoch loop sweeps it.
+
+Generations (docs/correctness.md): the directory issues each chunk's generation per
+content (:meth:`Directory.issue`): the same bytes (the same content digest) keep their
+generation, new bytes get the next one, and a generation is never issued twice for one
+key. So a holder that restarts and publishes its bytes again gets the generation every
+switch and requester already knows, and a republish with other bytes always moves it.
+Copies are published with the generation they hold, and only copies of the current
+generation are offered. After a controller restart the directory starts empty and
+relearns: agents re-register and republish their copies with their generations and
+digests (:meth:`Directory.note`), the first one known for a key becomes current, later
+different ones are stale, and nothing below the highest generation seen is issued again.
 """
 
 from __future__ import annotations
@@ -49,6 +60,9 @@ class DirectoryError(ValueError):
         self.code = code
 
 
+#: Largest generation (the wire's field is 32 bits); 0 is never issued ("no directory").
+MAX_GENERATION = 0xFFFF_FFFF
+
 #: DirectoryError codes.
 REFUSED = "refused"  # address not in the node list, or role differs from the configured one
 UNKNOWN_NODE = "unknown_node"
@@ -75,12 +89,27 @@ class Node:
     used: dict[str, int] = field(default_factory=dict)
     #: what every call for this node must present (see the module docstring)
     credential: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    #: chunk key -> generation of the copy this node holds (absent: not said)
+    generations: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         """JSON-friendly summary (no chunk list: that can be long)."""
         return {"node_id": self.node_id, "address": self.address, "role": str(self.role), "up": self.up,
                 "capacities": dict(self.capacities), "used": {t: self.used.get(t, 0) for t in self.capacities},
                 "chunks": len(self.chunks), "last_seen_s": round(now - self.last_seen, 3)}
+
+
+@dataclass(frozen=True)
+class Version:
+    """What the directory says a chunk is now: its generation, content digest and length."""
+
+    generation: int
+    digest: int
+    nbytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (the digest as hex: JSON numbers lose precision past 2**53)."""
+        return {"generation": self.generation, "digest": f"{self.digest:#018x}", "nbytes": self.nbytes}
 
 
 @dataclass(frozen=True)
@@ -112,6 +141,8 @@ class Directory:
         self.clock = clock
         self._nodes: dict[str, Node] = {}
         self._index: dict[int, set[str]] = {}  # chunk key -> node ids that published it
+        self._versions: dict[int, Version] = {}  # chunk key -> current version
+        self._highest: dict[int, int] = {}  # chunk key -> highest generation issued or seen
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ membership
@@ -180,9 +211,66 @@ class Directory:
                     gone.append(node.node_id)
         return gone
 
+    # ------------------------------------------------------------------ generations
+    def issue(self, key: int, digest: int, nbytes: int) -> tuple[Version, Version | None]:
+        """The version of ``key`` with content ``digest``: ``(current, previous)``.
+
+        ``previous`` is the version it replaced, or None when the content is unchanged
+        (same digest: same generation) or the key is new (generation 1, or one above the
+        highest generation seen for it).  The caller moves every switch and copy off
+        ``previous`` before it tells the publisher the publish is done.
+        """
+        if not 0 <= digest <= 0xFFFF_FFFF_FFFF_FFFF or nbytes <= 0:
+            raise DirectoryError(BAD_REQUEST, f"digest must be 64 bits and nbytes positive, got {digest}, {nbytes}")
+        with self._lock:
+            cur = self._versions.get(key)
+            if cur is not None and cur.digest == digest and cur.nbytes == nbytes:
+                return cur, None
+            gen = self._highest.get(key, 0) + 1
+            if gen > MAX_GENERATION:
+                raise DirectoryError(BAD_REQUEST, f"chunk {key:#x} has used every generation")
+            new = Version(gen, digest, nbytes)
+            self._versions[key] = new
+            self._highest[key] = gen
+            return new, cur
+
+    def note(self, key: int, generation: int, digest: int, nbytes: int) -> bool:
+        """Learn of a copy at ``generation`` with ``digest`` (an agent republishing after a restart).
+
+        Returns True if that copy is current: the key was unknown (the copy's version
+        becomes current) or the copy is exactly the current version.  False means stale:
+        its holder must drop it.  Either way no generation up to ``generation`` is issued
+        for ``key`` again.
+        """
+        if not 0 < generation <= MAX_GENERATION:
+            raise DirectoryError(BAD_REQUEST, f"generation must be 1..{MAX_GENERATION}, got {generation}")
+        with self._lock:
+            self._highest[key] = max(self._highest.get(key, 0), generation)
+            cur = self._versions.get(key)
+            if cur is None:
+                self._versions[key] = Version(generation, digest, nbytes)
+                return True
+            return cur == Version(generation, digest, nbytes)
+
+    def version(self, key: int) -> Version | None:
+        """The current version of ``key``, or None when the directory has issued none."""
+        with self._lock:
+            return self._versions.get(key)
+
+    def generations(self, keys: Iterable[int]) -> dict[int, int]:
+        """Current generation of each of ``keys`` the directory knows (unknown keys left out)."""
+        with self._lock:
+            return {k: v.generation for k in keys if (v := self._versions.get(k)) is not None}
+
     # ------------------------------------------------------------------ chunks
-    def publish(self, node_id: str, keys: Iterable[int], tier: str, nbytes: int, credential: str | None = None) -> int:
-        """``node_id`` holds each chunk of ``keys`` (``nbytes`` each) in ``tier``; returns how many were new."""
+    def publish(self, node_id: str, keys: Iterable[int], tier: str, nbytes: int, credential: str | None = None,
+                generations: Mapping[int, int] | None = None) -> int:
+        """``node_id`` holds each chunk of ``keys`` (``nbytes`` each) in ``tier``; returns how many were new.
+
+        ``generations`` (key -> generation of the copy) lets :meth:`holders` offer only
+        copies of the current generation; once the directory has issued one for a key, a
+        copy published without a generation is no longer offered.
+        """
         keys = list(keys)
         if nbytes < 0:
             raise DirectoryError(BAD_REQUEST, f"nbytes must be >= 0, got {nbytes}")
@@ -203,6 +291,8 @@ class Directory:
                 node.used[tier] = node.used.get(tier, 0) + nbytes - tiers.get(tier, 0)
                 tiers[tier] = nbytes
                 self._index.setdefault(k, set()).add(node_id)
+                if generations is not None and k in generations:
+                    node.generations[k] = generations[k]
             return new
 
     def withdraw(self, node_id: str, keys: Iterable[int], tier: str | None = None,
@@ -221,15 +311,22 @@ class Directory:
                         removed += 1
                 if not tiers:
                     del node.chunks[k]
+                    node.generations.pop(k, None)
                     self._unindex(k, node_id)
         return removed
 
     def holders(self, key: int) -> list[Holding]:
-        """Copies of ``key`` on nodes that are up, fastest tier first, then by node id."""
+        """Copies of ``key`` on nodes that are up and hold the current generation, fastest tier first, then by node id.
+
+        A copy published without a generation counts as current until the directory has
+        issued one for the key.
+        """
         with self._lock:
+            cur = self._versions.get(key)
             out = [Holding(nid, node.address, t, nb, node.role)
                    for nid in self._index.get(key, ())
                    if (node := self._nodes[nid]).up
+                   and (cur is None or node.generations.get(key) == cur.generation)
                    for t, nb in node.chunks[key].items()]
         return sorted(out, key=lambda h: (NODE_TIERS.index(h.tier), h.node_id))
 
@@ -302,6 +399,7 @@ class Directory:
             self._unindex(k, node.node_id)
         node.chunks.clear()
         node.used.clear()
+        node.generations.clear()
 
     def _unindex(self, key: int, node_id: str) -> None:
         nids = self._index.get(key)

@@ -159,3 +159,52 @@ def test_deregister(d: Directory) -> None:
     assert d.holders(1) == [] and d.nodes() == []
     with pytest.raises(DirectoryError):
         d.deregister("h0")
+
+
+def test_generations_follow_content_and_are_never_issued_twice(d: Directory) -> None:
+    first, prev = d.issue(7, digest=0xAAAA, nbytes=5000)
+    assert (first.generation, prev) == (1, None)
+    assert d.issue(7, 0xAAAA, 5000) == (first, None)  # same bytes (a holder restart): same generation
+    second, prev = d.issue(7, 0xBBBB, 5000)
+    assert second.generation == 2 and prev == first
+    third, prev = d.issue(7, 0xAAAA, 5000)  # the old bytes again are new content now
+    assert third.generation == 3 and prev == second
+    assert d.issue(7, 0xAAAA, 6000)[0].generation == 4  # another length is another content
+    assert d.generations([7, 8]) == {7: 4} and d.version(8) is None
+    assert d.version(7) == third.__class__(4, 0xAAAA, 6000)
+    with pytest.raises(DirectoryError) as err:
+        d.issue(7, -1, 10)
+    assert _code(err) == BAD_REQUEST
+
+
+def test_a_restarted_directory_relearns_from_copies_and_never_goes_back(d: Directory) -> None:
+    # An agent republishes what it held before the controller restarted.
+    assert d.note(9, generation=5, digest=0x55, nbytes=100) is True
+    assert d.generations([9]) == {9: 5}
+    assert d.note(9, 5, 0x55, 100) is True  # another copy of the same version
+    assert d.note(9, 4, 0x44, 100) is False  # an older copy: stale, its holder drops it
+    assert d.issue(9, 0x55, 100)[0].generation == 5  # the holder publishes the same bytes again
+    # A key published before the agent holding an older copy came back: that copy is stale,
+    # and its generation is never issued again for other bytes.
+    assert d.issue(10, 0x1, 100)[0].generation == 1
+    assert d.note(10, 3, 0x3, 100) is False
+    assert d.issue(10, 0x2, 100)[0].generation == 4
+    with pytest.raises(DirectoryError):
+        d.note(10, 0, 0x3, 100)
+
+
+def test_only_copies_of_the_current_generation_are_offered(d: Directory) -> None:
+    d.register("h0", "10.0.0.1", "holder", {"dram": 10 * MiB})
+    d.register("h2", "10.0.0.3", "holder", {"dram": 10 * MiB})
+    d.publish("h0", [1], "dram", 100)  # before the directory issued anything: offered
+    assert [h.node_id for h in d.holders(1)] == ["h0"]
+    v1, _ = d.issue(1, 0x11, 100)
+    d.publish("h0", [1], "dram", 100, generations={1: v1.generation})
+    d.publish("h2", [1], "dram", 100, generations={1: v1.generation})
+    assert [h.node_id for h in d.holders(1)] == ["h0", "h2"]
+    v2, _ = d.issue(1, 0x22, 100)
+    d.publish("h0", [1], "dram", 100, generations={1: v2.generation})
+    assert [h.node_id for h in d.holders(1)] == ["h0"]  # h2 still holds generation 1
+    d.withdraw("h2", [1])
+    d.publish("h2", [1], "dram", 100)  # no generation said: not offered once one was issued
+    assert [h.node_id for h in d.holders(1)] == ["h0"]
