@@ -3,7 +3,9 @@
  * Coalescing: absorb duplicate GETs for a fragment in flight, multicast the response.
  *
  * Pending state, indexed by crc32(chunk_key, frag_index) mod PENDING_SLOTS:
- *   pending_tag     {chunk_key, frag_index} the slot is waiting for
+ *   pending_key     chunk_key the slot is waiting for
+ *   pending_sub     {frag_index, generation}: the fragment, and the generation its GETs
+ *                   asked for (0: whatever is current)
  *   pending_ts      ingress_global_timestamp of the GET that opened it (us)
  *   pending_waiters bitmap over waiter ids; 0 = slot free
  * and, in egress, pending_reply[slot * MAX_WAITERS + waiter] = {request_id, UDP port}
@@ -18,18 +20,28 @@
  * rewrites the rest.  One group serves every subset: no group per subset.
  *
  * GET (single fragment, not answered by the pool), from a host with a waiter id:
- *   slot free or timed out  -> take it: tag, now, bitmap = {me}; forward to the holder.
- *   slot live, same tag     -> set my bit, record my reply; absorb (drop in egress),
+ *   slot free or timed out  -> take it: key, {fragment, asked generation}, now, bitmap =
+ *                              {me}; forward to the holder.
+ *   slot live, same key, fragment and asked generation
+ *                           -> set my bit, record my reply; absorb (drop in egress),
  *                              except a RETRANSMIT GET, which also goes upstream in case
  *                              the first GET or its answer was lost.
- *   slot live, other tag    -> collision: forward normally, no coalescing.
+ *   slot live, same fragment, another asked generation
+ *                           -> forward normally (CO_OTHER_GENERATION): GETs are only
+ *                              coalesced when any answer to one is an answer to all, so
+ *                              a waiter that pinned a generation cannot make the NACK
+ *                              it gets (STALE_GENERATION) fail the others.
+ *   slot live, other fragment -> collision: forward normally, no coalescing.
  * A GET from a host without a waiter id is forwarded normally.
  *
- * DATA or NACK from a writer, addressed to a waiter whose bit is set in a slot with the
- * same tag (age does not matter: the answer satisfies everyone who waits): clear the
- * bitmap and multicast.  Each replica gets the waiter's IPv4/MAC and its own recorded
- * request_id and UDP port; all but the one for the original destination get
- * FLAG_COALESCED.  Other DATA is forwarded normally.
+ * DATA or NACK from a writer, addressed to a waiter whose bit is set in a slot for the
+ * same key and fragment, whose asked generation is 0 or the response's (a NACK echoes the
+ * generation its GET asked for; age does not matter: the answer satisfies everyone who
+ * waits): clear the bitmap and multicast.  Each replica gets the waiter's IPv4/MAC and
+ * its own recorded request_id and UDP port; all but the one for the original destination
+ * get FLAG_COALESCED.  Other DATA is forwarded normally.  A writer here is an (ingress
+ * port, source) pair (Safety): a switch-served reply coming from the holder's side counts,
+ * since switches are trusted; only the pool refuses to store such bytes.
  *
  * Limits: one outstanding request per (host, fragment) (the latest GET's request_id
  * wins); a GET recorded in egress while a release for the same slot is being replicated
@@ -46,7 +58,8 @@ control Coalesce(inout headers_t hdr,
                  inout metadata_t meta,
                  inout standard_metadata_t standard_metadata) {
 
-    register<bit<80>>(PENDING_SLOTS)      pending_tag;
+    register<chunkKey_t>(PENDING_SLOTS)   pending_key;
+    register<bit<48>>(PENDING_SLOTS)      pending_sub;
     register<timestamp_t>(PENDING_SLOTS)  pending_ts;
     register<waiterMask_t>(PENDING_SLOTS) pending_waiters;
     counter(COALESCE_STATS, CounterType.packets) coalesce_stats;
@@ -91,22 +104,26 @@ control Coalesce(inout headers_t hdr,
 
         hash(meta.pending_idx, HashAlgorithm.crc32, (bit<32>)0,
              { hdr.kv.chunk_key, hdr.kv.frag_index }, (bit<32>)PENDING_SLOTS);
-        bit<80> tag = hdr.kv.chunk_key ++ hdr.kv.frag_index;
-        bit<80> slot_tag;
+        bit<48> sub = hdr.kv.frag_index ++ hdr.kv.generation;
+        chunkKey_t slot_key;
+        bit<48> slot_sub;
         timestamp_t slot_ts;
         waiterMask_t slot_mask;
-        pending_tag.read(slot_tag, meta.pending_idx);
+        pending_key.read(slot_key, meta.pending_idx);
+        pending_sub.read(slot_sub, meta.pending_idx);
         pending_ts.read(slot_ts, meta.pending_idx);
         pending_waiters.read(slot_mask, meta.pending_idx);
         // BMv2 shifts by at most 8 bits; waiter ids are < MAX_WAITERS = 32 anyway.
         waiterMask_t me = (waiterMask_t)1 << (bit<8>)meta.waiter_id;
         timestamp_t now = standard_metadata.ingress_global_timestamp;
 
+        bool same_fragment = slot_key == hdr.kv.chunk_key && slot_sub[47:32] == hdr.kv.frag_index;
+
         if (hdr.kv.opcode == OP_GET) {
             bool live = slot_mask != 0 && now - slot_ts < pending_timeout;
             if (meta.has_waiter == 0) {
                 coalesce_stats.count(CO_NO_WAITER_ID);
-            } else if (live && slot_tag == tag) {
+            } else if (live && same_fragment && slot_sub == sub) {
                 pending_waiters.write(meta.pending_idx, slot_mask | me);
                 meta.record_reply = 1;
                 if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
@@ -115,19 +132,23 @@ control Coalesce(inout headers_t hdr,
                     meta.absorb = 1;
                     coalesce_stats.count(CO_ABSORBED);
                 }
+            } else if (live && same_fragment) {
+                coalesce_stats.count(CO_OTHER_GENERATION);
             } else if (live) {
                 coalesce_stats.count(CO_COLLISION);
             } else {
                 if (slot_mask != 0) {
                     coalesce_stats.count(CO_EXPIRED_REUSED);
                 }
-                pending_tag.write(meta.pending_idx, tag);
+                pending_key.write(meta.pending_idx, hdr.kv.chunk_key);
+                pending_sub.write(meta.pending_idx, sub);
                 pending_ts.write(meta.pending_idx, now);
                 pending_waiters.write(meta.pending_idx, me);
                 meta.record_reply = 1;
                 coalesce_stats.count(CO_FIRST);
             }
-        } else if (meta.has_waiter == 1 && slot_tag == tag && (slot_mask & me) != 0) {
+        } else if (meta.has_waiter == 1 && same_fragment && (slot_mask & me) != 0
+                   && (slot_sub[31:0] == 0 || slot_sub[31:0] == hdr.kv.generation)) {
             // DATA or NACK from a writer answering a waited-for fragment.
             pending_waiters.write(meta.pending_idx, 0);
             meta.release = 1;

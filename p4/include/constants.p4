@@ -19,7 +19,7 @@ const bit<16> ETHERTYPE_ARP  = 0x0806;
 const bit<8>  IPPROTO_UDP    = 17;
 
 const bit<16> KVPOOL_UDP_PORT = 7470;
-const bit<8>  KVPOOL_VERSION  = 1;
+const bit<8>  KVPOOL_VERSION  = 2;
 
 // Opcodes (kvpool.wire.Opcode).
 const bit<8> OP_GET        = 1;
@@ -40,7 +40,7 @@ const bit<16> STATUS_OK  = 0;
 const bit<16> STATUS_MAX = 5;
 
 // Header and payload geometry (kvpool.wire.HEADER_LEN, SLICE_BYTES, SLICES_PER_FRAGMENT).
-#define KV_HEADER_BYTES     32
+#define KV_HEADER_BYTES     40
 #define SLICE_BITS          1024
 #define SLICE_BYTES         128
 #define SLICES_PER_FRAGMENT 11
@@ -49,10 +49,10 @@ const bit<16> FRAG_PAYLOAD  = 1408;
 const bit<16> MAX_FRAG_INDEX = 0xFFFF;  // frag_index must stay below this (wire.MAX_FRAGMENTS)
 
 // Lengths of the packets the switch checks or creates (IPv4 without options).
-const bit<16> KV_UDP_LEN_NO_PAYLOAD = 40;    // UDP 8 + kvpool 32: GET, INVALIDATE, NACK
-const bit<16> KV_UDP_LEN_DATA       = 1448;  // UDP 8 + kvpool 32 + payload 1408 (or reply room)
-const bit<16> KV_IPV4_LEN_DATA      = 1468;  // IPv4 20 + KV_UDP_LEN_DATA
-const bit<16> KV_IPV4_LEN_NO_PAYLOAD = 60;    // IPv4 20 + KV_UDP_LEN_NO_PAYLOAD
+const bit<16> KV_UDP_LEN_NO_PAYLOAD = 48;    // UDP 8 + kvpool 40: GET, INVALIDATE, NACK
+const bit<16> KV_UDP_LEN_DATA       = 1456;  // UDP 8 + kvpool 40 + payload 1408 (or reply room)
+const bit<16> KV_IPV4_LEN_DATA      = 1476;  // IPv4 20 + KV_UDP_LEN_DATA
+const bit<16> KV_IPV4_LEN_NO_PAYLOAD = 68;    // IPv4 20 + KV_UDP_LEN_NO_PAYLOAD
 const bit<8>  SWITCH_REPLY_TTL      = 64;
 
 /*************************************************************************
@@ -66,6 +66,8 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 #define POOL_ENTRIES    1024
 // Pending-request slots for coalescing, indexed by a hash of (chunk_key, frag_index).
 #define PENDING_SLOTS   16384
+// Cells remembering the last fill mismatch reported per crc16(chunk_key) (digest suppression).
+#define MISMATCH_CELLS  256
 // Hosts that can wait on a coalesced fragment; the waiter bitmap is bit<MAX_WAITERS>.
 #define MAX_WAITERS     32
 // Per (pending slot, waiter) reply records: PENDING_SLOTS * MAX_WAITERS.
@@ -78,6 +80,8 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 #define ROUTE_ENTRIES   1024
 #define ARP_ENTRIES     1024
 #define WRITER_ENTRIES  256
+// Host ports whose IPv4 source the switch checks (one entry per port).
+#define GUARD_ENTRIES   512
 
 // Multicast group the controller programs with one replica per waiter:
 // (port towards waiter w, egress_rid = w) for every w in 0..MAX_WAITERS-1.
@@ -91,8 +95,9 @@ const bit<7>  DEFAULT_SKETCH_EPOCH       = 1;
 // Pool entry states (action parameter `state` of pool_entry).
 // Any value other than FILLING and VALID disables the entry (#define: nothing tests for it).
 #define POOL_STATE_DISABLED 0      // entry kept but neither filled nor served
-const bit<8> POOL_STATE_FILLING  = 1;  // every authorised DATA is written; filled fragments served
-const bit<8> POOL_STATE_VALID    = 2;  // served; DATA only rewrites fragments not current
+const bit<8> POOL_STATE_FILLING  = 1;  // every writer DATA is written; filled fragments served
+const bit<8> POOL_STATE_VALID    = 2;  // served; writer DATA rewrites a slot only if it is not
+                                       // current or the DATA answers a NO_CACHE request (repair)
 
 // Count saturates instead of wrapping (count-min counters are {tag:8, count:24}).
 const bit<24> SKETCH_COUNT_MAX = 0xFFFFFF;
@@ -116,8 +121,8 @@ const dropReason_t DROP_BAD_FLAGS        = 8;
 const dropReason_t DROP_BAD_RANGE        = 9;   // frag_count 0, frag_index out of range
 const dropReason_t DROP_BAD_LENGTH       = 10;  // payload_len / UDP length / chunk_len inconsistent
 const dropReason_t DROP_BAD_STATUS       = 11;
-const dropReason_t DROP_NOT_WRITER       = 12;  // INVALIDATE from a source not on the writers ACL
-const dropReason_t DROP_FILL_MISMATCH    = 13;  // authorised DATA disagrees with the pool entry
+const dropReason_t DROP_NOT_WRITER       = 12;  // INVALIDATE not from a writer (port, source)
+const dropReason_t DROP_SPOOFED          = 13;  // IPv4 source other than the host's on a host port
 #define DROP_REASONS 16
 
 /*************************************************************************
@@ -126,16 +131,19 @@ const dropReason_t DROP_FILL_MISMATCH    = 13;  // authorised DATA disagrees wit
 // Index into MyIngress.pool.pool_stats.
 const bit<32> POOL_LOOKUP_MISS      = 0;   // kvpool packet whose chunk is not in the pool
 const bit<32> POOL_HIT              = 1;   // GET answered from switch memory
-const bit<32> POOL_MISS_UNFILLED    = 2;   // admitted, but the slot does not hold the current generation
-const bit<32> POOL_BYPASS           = 3;   // range GET, NO_CACHE, generation pinned, or state disabled
+const bit<32> POOL_MISS_UNFILLED    = 2;   // admitted, but the slot's tag is not {placement, frag_index}
+const bit<32> POOL_BYPASS           = 3;   // range GET, NO_CACHE, other generation pinned, or disabled
 const bit<32> POOL_FILL             = 4;   // fragment written into its slot
-const bit<32> POOL_FILL_STALE       = 5;   // DATA older than the chunk's generation, not written
+const bit<32> POOL_FILL_MISMATCH    = 5;   // writer DATA unlike the entry (generation, frag_count,
+                                           // chunk_len): forwarded, not written
 const bit<32> POOL_FILL_SKIPPED     = 6;   // VALID state and slot already current: no write needed
-const bit<32> POOL_FILL_UNAUTH      = 7;   // DATA for an admitted chunk from a non-writer, not written
-const bit<32> POOL_INVALIDATE       = 8;   // generation advanced (INVALIDATE or newer DATA)
-const bit<32> POOL_INVALIDATE_STALE = 9;   // INVALIDATE not newer than the current generation
+const bit<32> POOL_FILL_UNAUTH      = 7;   // DATA for an admitted chunk not from a writer, not written
+const bit<32> POOL_FILL_REPLICA     = 8;   // DATA a switch built or replicated: never written
+const bit<32> POOL_INVALIDATE       = 9;   // INVALIDATE from a writer: forwarded, changes nothing
 const bit<32> POOL_SLOT_RANGE       = 10;  // base_slot + frag_index >= POOL_SLOTS (controller bug)
 const bit<32> POOL_NO_ROOM          = 11;  // servable GET without reply room: sent to the holder
+const bit<32> POOL_REPAIR           = 12;  // NO_CACHE writer DATA rewrote a slot that looked current
+const bit<32> POOL_MISMATCH_REPORTED = 13; // fill mismatch sent to the controller (fill_mismatch_t)
 #define POOL_STATS 16
 
 // Index into MyIngress.coalesce.coalesce_stats.
@@ -146,6 +154,7 @@ const bit<32> CO_COLLISION          = 3;   // slot busy with another fragment: G
 const bit<32> CO_NO_WAITER_ID       = 4;   // requester has no waiter id: GET forwarded
 const bit<32> CO_RELEASE            = 5;   // DATA/NACK released a pending slot (multicast)
 const bit<32> CO_EXPIRED_REUSED     = 6;   // a timed-out slot was taken over by a new GET
+const bit<32> CO_OTHER_GENERATION   = 7;   // slot waits for this fragment at another generation
 #define COALESCE_STATS 8
 
 // Index into MyIngress.popularity.popularity_stats.

@@ -1,7 +1,7 @@
 /* -*- P4_16 -*- */
 /*
  * Headers and metadata.  The kvpool header is exactly kvpool.wire.FIELDS, in order:
- * 32 bytes, big-endian.  A DATA payload is always FRAG_PAYLOAD = 1408 bytes, which the
+ * 40 bytes, big-endian.  A DATA payload is always FRAG_PAYLOAD = 1408 bytes, which the
  * parser extracts as SLICES_PER_FRAGMENT headers of one bit<1024> each: BMv2 handles
  * 1024-bit fields and registers comfortably, and a slice maps one-to-one onto one
  * register array of the pool, so a hit or fill is 11 register accesses.
@@ -19,6 +19,8 @@ typedef bit<32> ip4Addr_t;
 typedef bit<64> chunkKey_t;
 typedef bit<32> slotIdx_t;      // register index into the pool (0..POOL_SLOTS-1)
 typedef bit<32> generation_t;
+typedef bit<32> placement_t;    // admission id the controller gives a chunk; 0 is never given
+typedef bit<48> slotTag_t;      // {placement, frag_index} of the bytes a slot holds
 typedef bit<16> waiterId_t;     // same width as standard_metadata.egress_rid
 typedef bit<32> waiterMask_t;   // bit w set = waiter w waits; width == MAX_WAITERS
 typedef bit<48> timestamp_t;    // standard_metadata.ingress_global_timestamp, microseconds
@@ -82,6 +84,7 @@ header kvpool_t {
     bit<16>      payload_len;  // 24
     bit<16>      status;       // 26
     bit<32>      chunk_len;    // 28
+    bit<64>      check;        // 32: the writer's integrity check (DATA); stored and returned as is
 }
 
 // One 128-byte slice of a DATA payload (see the file comment for why 1024 bits).
@@ -106,7 +109,7 @@ struct headers_t {
 // waiter bitmap and pending index reach egress without a per-subset multicast group.
 struct metadata_t {
     dropReason_t drop_reason;    // DROP_NONE or why ingress drops the packet
-    bit<1>       is_writer;      // source on the writers ACL
+    bit<1>       is_writer;      // (ingress port, source) on the writers ACL
     bit<1>       served;         // GET turned into a DATA reply by the switch
     bit<1>       flood;          // ARP flooded through a multicast group
 
@@ -115,9 +118,9 @@ struct metadata_t {
     slotIdx_t    base_slot;
     bit<16>      pool_frag_count;
     bit<32>      pool_chunk_len;
-    generation_t pool_generation;  // generation the controller installed
+    generation_t pool_generation;  // generation in force (only the controller changes it)
     bit<8>       pool_state;
-    generation_t cur_generation;   // max(installed, advanced by INVALIDATE/newer DATA)
+    placement_t  pool_placement;   // what the chunk's slots must be tagged with
 
     // Coalescing.
     ip4Addr_t    waiter_addr;      // source of a GET, destination of a DATA/NACK
@@ -136,6 +139,15 @@ struct hot_chunk_t {
     chunkKey_t chunk_key;
     bit<32>    estimate;   // count-min estimate of missed fetches this epoch
     epoch_t    epoch;
+}
+
+// Sent to the controller when writer DATA for an admitted chunk disagrees with its entry:
+// the holder has another generation or another length than the switch was told.
+struct fill_mismatch_t {
+    chunkKey_t   chunk_key;
+    generation_t generation;
+    bit<16>      frag_count;
+    bit<32>      chunk_len;
 }
 
 #endif  // KVPOOL_HEADERS_P4

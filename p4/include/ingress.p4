@@ -3,8 +3,9 @@
  * Ingress: wires the concerns in order and accounts for every drop.
  *
  *   1. parser error -> DROP_PARSE_ERROR; IPv4 checksum error -> DROP_BAD_CHECKSUM
- *   2. kvpool header: Safety (validation, writers ACL, INVALIDATE needs a writer)
- *   3. Pool: lookup; GET hit -> reply built in place; DATA fill; INVALIDATE generation
+ *   2. IPv4: Safety (host-port source guard); kvpool header: validation, writers ACL,
+ *      INVALIDATE needs a writer
+ *   3. Pool: lookup; GET hit -> reply built in place; writer DATA fill
  *   4. GET not served: Popularity (sketch, digest); single-fragment GET: Coalesce
  *      DATA/NACK from a writer: Coalesce release (multicast to the waiters)
  *   5. absorbed GET -> egress (which records it, then drops it)
@@ -36,7 +37,7 @@ control MyIngress(inout headers_t hdr,
             meta.drop_reason = DROP_PARSE_ERROR;
         } else if (standard_metadata.checksum_error == 1) {
             meta.drop_reason = DROP_BAD_CHECKSUM;
-        } else if (hdr.kv.isValid()) {
+        } else if (hdr.ipv4.isValid()) {
             safety.apply(hdr, meta, standard_metadata);
         }
 

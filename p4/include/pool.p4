@@ -1,6 +1,6 @@
 /* -*- P4_16 -*- */
 /*
- * Pool: chunk lookup, hits served from register memory, fill on pass, coherence.
+ * Pool: chunk lookup, hits served from register memory, fill on pass.
  *
  * Memory.  A slot is one fragment: SLICES_PER_FRAGMENT register arrays of bit<1024>
  * (slice_0 .. slice_10), all indexed by the slot number, hold its 1408 bytes.  The value
@@ -10,12 +10,30 @@
  * consecutive slots from the base slot the controller allocated (paged, no
  * fragmentation).
  *
- * Validity.  Each slot carries a tag written with its data: slot_key (chunk key),
- * slot_gen (generation) and slot_valid (written at least once).  A fragment is served
- * only when all three say "this chunk, current generation", so a slot reused for
- * another chunk, or left over from before an INVALIDATE, is never served: no register
- * ever has to be cleared, which matters because BMv2's P4Runtime server cannot write
- * registers.  A chunk becomes servable fragment by fragment as DATA passes.
+ * What a slot holds.  The controller gives every admission a placement id (a
+ * pool_lookup action parameter, never 0, unique per switch and never reused while the
+ * switch runs) and installs the chunk's generation in the same entry: the generation in
+ * force lives only there, so only the controller moves it, and no packet can freeze or
+ * disable a chunk.  Each slot carries slot_tag = {placement, frag_index} of the bytes
+ * written into it and slot_check, the check their writer computed (kvpool.wire).  A
+ * fragment is served only from a slot tagged with the entry's placement and the
+ * requested index, so bytes written under an older placement (before an eviction, a
+ * move to another base slot, or a republish, which the controller installs as a new
+ * placement) or for another fragment are never served, and no register ever has to be
+ * cleared (BMv2's P4Runtime server cannot write registers).  The reply carries the
+ * stored check as it is: the switch never computes over a payload, and the receiver's
+ * recomputation ties the bytes to the key, generation, index and lengths.
+ *
+ * Fill on pass.  Only writer DATA (meta.is_writer: the writers ACL matched its ingress
+ * port and source) is written, never DATA a switch built or replicated (SWITCH_SERVED,
+ * COALESCED), and only when its generation, frag_count and chunk_len equal the entry's.
+ * Writer DATA that differs is forwarded untouched, counted (POOL_FILL_MISMATCH) and
+ * reported to the controller (fill_mismatch_t, once per change seen in a
+ * crc16(chunk_key)-indexed cell), which re-admits or evicts.  State FILLING writes every
+ * such DATA; VALID skips a slot already tagged current, unless the DATA answers a
+ * NO_CACHE request: a requester distrusted a copy, so the holder's bytes rewrite the slot
+ * (repair: once an impairment stops, a corrupted fill does not outlive the next NO_CACHE
+ * answer).
  *
  * Reply room.  A served reply is the GET rewritten in place, and a DATA is 1408 bytes
  * longer than a GET.  BMv2's simple_switch gives a packet only 512 bytes of room to grow
@@ -28,11 +46,10 @@
  * holder, the coalescing state and the links beyond the first hop see a plain GET.  A
  * plain GET the switch could otherwise answer counts as POOL_NO_ROOM and goes on.
  *
- * Generations.  The pool entry carries the generation the controller installed.  The
- * data plane may move it forward without the controller: chunk_gen / chunk_gen_key,
- * indexed by the base slot (unique per admitted chunk) and tagged with the key, hold a
- * newer generation learnt from an authorised INVALIDATE or from authorised DATA
- * carrying a newer generation.  The current generation is the larger of the two.
+ * INVALIDATE (writers only; Safety drops the rest) is counted and forwarded to its
+ * destination; it changes no switch state.  Registers written per packet: a fill reads
+ * and writes slot_tag once and writes slot_check and the slices; every new cell is at
+ * most 64 bits (for the Tofino port).
  */
 #ifndef KVPOOL_POOL_P4
 #define KVPOOL_POOL_P4
@@ -58,27 +75,26 @@ control Pool(inout headers_t hdr,
     register<bit<SLICE_BITS>>(POOL_SLOTS) slice_9;
     register<bit<SLICE_BITS>>(POOL_SLOTS) slice_10;
 
-    // Per-slot tag: which chunk and generation the slot's bytes belong to.
-    register<chunkKey_t>(POOL_SLOTS)   slot_key;
-    register<generation_t>(POOL_SLOTS) slot_gen;
-    register<bit<1>>(POOL_SLOTS)       slot_valid;
+    // Per slot: {placement, frag_index} of its bytes (0: never written) and their check.
+    register<slotTag_t>(POOL_SLOTS) slot_tag;
+    register<bit<64>>(POOL_SLOTS)   slot_check;
 
-    // Per-chunk generation advanced by the data plane, indexed by base slot.
-    register<generation_t>(POOL_SLOTS) chunk_gen;
-    register<chunkKey_t>(POOL_SLOTS)   chunk_gen_key;
+    // Last fill mismatch reported, per crc16(chunk_key) cell: a digest per change, not per packet.
+    register<bit<64>>(MISMATCH_CELLS) mismatch_seen;
 
     counter(POOL_SLOTS, CounterType.packets) slot_hits;
     counter(POOL_SLOTS, CounterType.packets) slot_fills;
     counter(POOL_STATS, CounterType.packets) pool_stats;
 
     action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
-                      generation_t generation, bit<8> state) {
+                      generation_t generation, bit<8> state, placement_t placement) {
         meta.pool_found = 1;
         meta.base_slot = base_slot;
         meta.pool_frag_count = frag_count;
         meta.pool_chunk_len = chunk_len;
         meta.pool_generation = generation;
         meta.pool_state = state;
+        meta.pool_placement = placement;
     }
 
     // Chunk key -> where and what the chunk is in switch memory.
@@ -91,14 +107,7 @@ control Pool(inout headers_t hdr,
 
     // Called from apply, never from a table: @hidden keeps it out of the P4Info.
     @hidden
-    action advance_generation(generation_t generation) {
-        chunk_gen.write(meta.base_slot, generation);
-        chunk_gen_key.write(meta.base_slot, hdr.kv.chunk_key);
-        meta.cur_generation = generation;
-    }
-
-    @hidden
-    action write_slot(slotIdx_t slot) {
+    action write_slot(slotIdx_t slot, slotTag_t tag) {
         slice_0.write(slot, hdr.payload[0].v);
         slice_1.write(slot, hdr.payload[1].v);
         slice_2.write(slot, hdr.payload[2].v);
@@ -110,9 +119,8 @@ control Pool(inout headers_t hdr,
         slice_8.write(slot, hdr.payload[8].v);
         slice_9.write(slot, hdr.payload[9].v);
         slice_10.write(slot, hdr.payload[10].v);
-        slot_key.write(slot, hdr.kv.chunk_key);
-        slot_gen.write(slot, meta.cur_generation);
-        slot_valid.write(slot, 1);
+        slot_tag.write(slot, tag);
+        slot_check.write(slot, hdr.kv.check);
     }
 
     // A GET's reply room is only for this switch: what goes on is a plain GET.
@@ -149,6 +157,7 @@ control Pool(inout headers_t hdr,
         slice_8.read(hdr.payload[8].v, slot);
         slice_9.read(hdr.payload[9].v, slot);
         slice_10.read(hdr.payload[10].v, slot);
+        slot_check.read(hdr.kv.check, slot);
 
         macAddr_t mac = hdr.ethernet.dstAddr;
         hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
@@ -168,7 +177,7 @@ control Pool(inout headers_t hdr,
         hdr.kv.opcode = OP_DATA;
         hdr.kv.flags = FLAG_SWITCH_SERVED;
         hdr.kv.frag_count = meta.pool_frag_count;
-        hdr.kv.generation = meta.cur_generation;
+        hdr.kv.generation = meta.pool_generation;
         hdr.kv.payload_len = payload_len;
         hdr.kv.status = STATUS_OK;
         hdr.kv.chunk_len = meta.pool_chunk_len;
@@ -177,30 +186,19 @@ control Pool(inout headers_t hdr,
 
     apply {
         if (pool_lookup.apply().hit) {
-            // Current generation: installed, or newer if the data plane learnt one.
-            chunkKey_t gen_key;
-            generation_t gen_val;
-            chunk_gen_key.read(gen_key, meta.base_slot);
-            chunk_gen.read(gen_val, meta.base_slot);
-            meta.cur_generation = meta.pool_generation;
-            if (gen_key == hdr.kv.chunk_key && gen_val > meta.pool_generation) {
-                meta.cur_generation = gen_val;
-            }
-
             slotIdx_t slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
             // Checking base_slot too guards against the sum wrapping around 2^32.
             bool slot_ok = meta.base_slot < POOL_SLOTS && slot < POOL_SLOTS;
-            bool usable = meta.pool_state == POOL_STATE_FILLING
-                          || meta.pool_state == POOL_STATE_VALID;
-
-            chunkKey_t tag_key;
-            generation_t tag_gen;
-            bit<1> tag_valid;
+            bool usable = (meta.pool_state == POOL_STATE_FILLING
+                           || meta.pool_state == POOL_STATE_VALID)
+                          && meta.pool_placement != 0;
+            slotTag_t want = meta.pool_placement ++ hdr.kv.frag_index;
+            slotTag_t tag;
 
             if (hdr.kv.opcode == OP_GET) {
                 if (hdr.kv.frag_count != 1
                         || (hdr.kv.flags & FLAG_NO_CACHE) != 0
-                        || (hdr.kv.generation != 0 && hdr.kv.generation != meta.cur_generation)
+                        || (hdr.kv.generation != 0 && hdr.kv.generation != meta.pool_generation)
                         || !usable
                         || hdr.kv.frag_index >= meta.pool_frag_count) {
                     // Not a single fragment this switch may answer: the holder decides.
@@ -210,11 +208,8 @@ control Pool(inout headers_t hdr,
                 } else if (!hdr.payload[0].isValid()) {
                     pool_stats.count(POOL_NO_ROOM);
                 } else {
-                    slot_valid.read(tag_valid, slot);
-                    slot_key.read(tag_key, slot);
-                    slot_gen.read(tag_gen, slot);
-                    if (tag_valid == 1 && tag_key == hdr.kv.chunk_key
-                            && tag_gen == meta.cur_generation) {
+                    slot_tag.read(tag, slot);
+                    if (tag == want) {
                         // Valid payload bytes: min(1408, chunk_len - frag_index * 1408).
                         bit<32> rest = meta.pool_chunk_len
                                        - (bit<32>)hdr.kv.frag_index * (bit<32>)FRAG_PAYLOAD;
@@ -232,50 +227,54 @@ control Pool(inout headers_t hdr,
             } else if (hdr.kv.opcode == OP_DATA) {
                 if (meta.is_writer == 0) {
                     pool_stats.count(POOL_FILL_UNAUTH);
-                } else if (hdr.kv.frag_count != meta.pool_frag_count
+                } else if ((hdr.kv.flags & (FLAG_SWITCH_SERVED | FLAG_COALESCED)) != 0) {
+                    // Built or replicated by a switch: trusted for release, never as a writer's bytes.
+                    pool_stats.count(POOL_FILL_REPLICA);
+                } else if (hdr.kv.generation != meta.pool_generation
+                           || hdr.kv.frag_count != meta.pool_frag_count
                            || hdr.kv.chunk_len != meta.pool_chunk_len) {
-                    // A fragment of a different chunk geometry (or beyond the admitted
-                    // chunk): the controller must re-admit before such DATA may pass.
-                    meta.drop_reason = DROP_FILL_MISMATCH;
-                } else if (hdr.kv.generation < meta.cur_generation) {
-                    pool_stats.count(POOL_FILL_STALE);
-                } else {
-                    if (hdr.kv.generation > meta.cur_generation) {
-                        // The holder already has newer content: same as an INVALIDATE.
-                        advance_generation(hdr.kv.generation);
-                        pool_stats.count(POOL_INVALIDATE);
+                    // Not the chunk the entry describes: forwarded, not written, reported
+                    // to the controller once per change seen in its cell.
+                    pool_stats.count(POOL_FILL_MISMATCH);
+                    bit<32> cell;
+                    hash(cell, HashAlgorithm.crc16, (bit<32>)0, { hdr.kv.chunk_key },
+                         (bit<32>)MISMATCH_CELLS);
+                    bit<64> seen;
+                    mismatch_seen.read(seen, cell);
+                    bit<64> what = (hdr.kv.chunk_key[63:32] ^ hdr.kv.generation)
+                                   ++ (hdr.kv.chunk_key[31:0] ^ hdr.kv.chunk_len);
+                    if (seen != what) {
+                        mismatch_seen.write(cell, what);
+                        digest<fill_mismatch_t>(DIGEST_RECEIVER,
+                            { hdr.kv.chunk_key, hdr.kv.generation, hdr.kv.frag_count,
+                              hdr.kv.chunk_len });
+                        pool_stats.count(POOL_MISMATCH_REPORTED);
                     }
-                    if (!usable) {
-                        // Disabled entry: pass the DATA on, remember nothing.
-                    } else if (!slot_ok) {
-                        pool_stats.count(POOL_SLOT_RANGE);
+                } else if (!usable) {
+                    // Disabled entry: pass the DATA on, remember nothing.
+                } else if (!slot_ok) {
+                    pool_stats.count(POOL_SLOT_RANGE);
+                } else {
+                    bool current = false;
+                    if (meta.pool_state == POOL_STATE_VALID) {
+                        slot_tag.read(tag, slot);
+                        current = tag == want;
+                    }
+                    if (current && (hdr.kv.flags & FLAG_NO_CACHE) == 0) {
+                        pool_stats.count(POOL_FILL_SKIPPED);
                     } else {
-                        bool current = false;
-                        if (meta.pool_state == POOL_STATE_VALID) {
-                            slot_valid.read(tag_valid, slot);
-                            slot_key.read(tag_key, slot);
-                            slot_gen.read(tag_gen, slot);
-                            current = tag_valid == 1 && tag_key == hdr.kv.chunk_key
-                                      && tag_gen == meta.cur_generation;
-                        }
+                        write_slot(slot, want);
+                        slot_fills.count(slot);
+                        pool_stats.count(POOL_FILL);
                         if (current) {
-                            pool_stats.count(POOL_FILL_SKIPPED);
-                        } else {
-                            write_slot(slot);
-                            slot_fills.count(slot);
-                            pool_stats.count(POOL_FILL);
+                            pool_stats.count(POOL_REPAIR);
                         }
                     }
                 }
             } else if (hdr.kv.opcode == OP_INVALIDATE) {
-                // Only writers get here (Safety drops the rest).  The INVALIDATE itself
-                // goes on to its destination so holders and agents see it too.
-                if (hdr.kv.generation > meta.cur_generation) {
-                    advance_generation(hdr.kv.generation);
-                    pool_stats.count(POOL_INVALIDATE);
-                } else {
-                    pool_stats.count(POOL_INVALIDATE_STALE);
-                }
+                // Only writers get here (Safety drops the rest).  It goes on to its
+                // destination; generations move only through the controller's entries.
+                pool_stats.count(POOL_INVALIDATE);
             }
         } else {
             pool_stats.count(POOL_LOOKUP_MISS);

@@ -1,17 +1,24 @@
 /* -*- P4_16 -*- */
 /*
- * Safety: header validation and the writers ACL.
+ * Safety: the host-port source guard, header validation and the writers ACL.
+ *
+ * Source guard (every IPv4 packet).  host_guard maps a port that faces a host to that
+ * host's address; a packet arriving there with another IPv4 source is dropped
+ * (DROP_SPOOFED).  So a requester can neither pose as a holder (whose writes the switch
+ * trusts) nor aim the answer to a GET at a victim.  Ports without an entry (towards other
+ * switches) are not checked: switches are trusted, and every host port is guarded.
  *
  * Every kvpool header is checked in the order of kvpool.wire.validate, and the first
  * failure names the drop reason (ingress counts it in MyIngress.drop_reason and drops):
  *   version -> opcode -> flags -> range (frag_count 0 or frag_index 0xFFFF) ->
  *   DATA: range (frag_index >= frag_count) -> length (payload_len 1..1408, UDP length
- *         1448, chunk_len consistent with frag_count and payload_len);
- *   other: length (payload_len 0; UDP length 40, or 1448 for a GET with reply room)
+ *         1456, chunk_len consistent with frag_count and payload_len);
+ *   other: length (payload_len 0; UDP length 48, or 1456 for a GET with reply room)
  *          -> GET: range (index + count > 0xFFFF)
  *   -> status (1..STATUS_MAX on NACK, 0 on every other opcode).
- * The writers ACL marks sources allowed to fill the pool, invalidate chunks and answer
- * coalesced GETs; the pool and coalescing controls act on meta.is_writer.
+ * The writers ACL marks (ingress port, IPv4 source) pairs allowed to fill the pool, send
+ * INVALIDATE and answer coalesced GETs: a holder's address counts only on the port
+ * towards that holder.  The pool and coalescing controls act on meta.is_writer.
  */
 #ifndef KVPOOL_SAFETY_P4
 #define KVPOOL_SAFETY_P4
@@ -24,19 +31,48 @@ control Safety(inout headers_t hdr,
                inout metadata_t meta,
                inout standard_metadata_t standard_metadata) {
 
+    ip4Addr_t host_addr = 0;
+    bit<1> guarded = 0;
+
+    action guard_source(ip4Addr_t addr) {
+        guarded = 1;
+        host_addr = addr;
+    }
+
+    // Port facing a host -> the only IPv4 source that port may send.  Miss = not checked.
+    table host_guard {
+        key = { standard_metadata.ingress_port: exact; }
+        actions = { guard_source; NoAction; }
+        size = GUARD_ENTRIES;
+        default_action = NoAction();
+    }
+
     action allow_writer() {
         meta.is_writer = 1;
     }
 
-    // Source IPv4 -> may write (fill, invalidate, answer waiters).  Miss = not a writer.
+    // (Ingress port, source IPv4) -> may write (fill, invalidate, answer waiters).
+    // Miss = not a writer.
     table writers {
-        key = { hdr.ipv4.srcAddr: exact; }
+        key = {
+            standard_metadata.ingress_port: exact;
+            hdr.ipv4.srcAddr: exact;
+        }
         actions = { allow_writer; NoAction; }
         size = WRITER_ENTRIES;
         default_action = NoAction();
     }
 
     apply {
+        host_guard.apply();
+        if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
+            meta.drop_reason = DROP_SPOOFED;
+            return;
+        }
+        if (!hdr.kv.isValid()) {
+            return;
+        }
+
         // Length arithmetic in 32 bits: frag_count * 1408 reaches 92 MB.
         bit<32> idx = (bit<32>)hdr.kv.frag_index;
         bit<32> cnt = (bit<32>)hdr.kv.frag_count;
@@ -92,7 +128,7 @@ control Safety(inout headers_t hdr,
 
         if (meta.drop_reason == DROP_NONE) {
             writers.apply();
-            // Only writers may change what a chunk is; a stray INVALIDATE goes nowhere.
+            // Only a writer may announce a change; a stray INVALIDATE goes nowhere.
             if (hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
                 meta.drop_reason = DROP_NOT_WRITER;
             }
