@@ -27,6 +27,7 @@ fragment by fragment where that fails or the chunk is not a serialized one.
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from typing import Any, Final
 
@@ -134,6 +135,9 @@ def _index_words() -> tuple[int, npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
 _INDEX_WORD, _INDEX_WORDS, _MASK_RUN_WORDS = _index_words()
 """For validating an in-order run with one compare: see ``Reassembler.add_batch``."""
 
+
+_HEADER_PAIR: Final = struct.Struct("!" + 2 * wire.HEADER_STRUCT.format.lstrip("!"))
+"""Two headers back to back (a transfer's full and tail fragment expectations)."""
 
 _ROW: Final = np.dtype((np.void, wire.FRAG_PAYLOAD))
 
@@ -304,10 +308,10 @@ class Reassembler:
         self._tail_len = chunk_len - (self.frag_count - 1) * wire.FRAG_PAYLOAD
         self.received = np.zeros(self.frag_count, dtype=np.bool_)
         """Per-fragment flag: True once that fragment has been stored."""
-        self.checks = np.zeros(self.frag_count, dtype=np.uint64)
+        self.checks = np.empty(self.frag_count, dtype=np.uint64)
         """Per fragment, the ``check`` its stored copy carried (undefined where not received)."""
-        self.flags = np.zeros(self.frag_count, dtype=np.uint16)
-        """Per fragment, the header flags its stored copy carried (``SWITCH_SERVED``...)."""
+        self.flags = np.empty(self.frag_count, dtype=np.uint16)
+        """Per fragment, the header flags its stored copy carried (undefined where not received)."""
         self.received_count = 0
         self.rejected = 0
         """Invalid records skipped by non-strict ``add_batch`` calls."""
@@ -315,8 +319,8 @@ class Reassembler:
         """Those skipped records by ``WireError.reason`` (``wrong_key``, ``bad_length``...)."""
         # One masked compare of the first four header words checks version, opcode, unknown
         # flag bits, key, frag_count, generation, status, chunk_len and a full payload_len;
-        # only frag_index, request_id and check (and the known flags) may vary.  The tail fragment,
-        # whose payload_len may be shorter, has its own expectation.
+        # only frag_index, request_id and check (and the known flags) may vary.  The tail
+        # fragment, whose payload_len may be shorter, has its own expectation.
         self._set_expectations()
 
     def reset(self, generation: int | None = None) -> None:
@@ -333,13 +337,17 @@ class Reassembler:
 
     def _set_expectations(self) -> None:
         """Masked header words every full fragment, and the tail fragment, must carry."""
-        full = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0)
-        tail = _template_header(self.chunk_key, self.frag_count, self.chunk_len, self.generation, 0, 0,
-                                self._tail_len)
-        self._expect_words = (full & _MASK_BYTES).view(np.uint64)[:_CMP_WORDS]
-        self._expect_tail = (tail & _MASK_BYTES).view(np.uint64)[:_CMP_WORDS]
+        # Both headers packed and masked in one small array: this runs once per transfer.
+        both = np.frombuffer(
+            _HEADER_PAIR.pack(wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
+                              self.generation, wire.FRAG_PAYLOAD, wire.Status.OK, self.chunk_len, 0,
+                              wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
+                              self.generation, self._tail_len, wire.Status.OK, self.chunk_len, 0),
+            dtype=np.uint64).reshape(2, _HEADER_WORDS)[:, :_CMP_WORDS] & _MASK_WORDS[:_CMP_WORDS]
+        self._expect_words = both[0]
+        self._expect_tail = both[1]
         # XOR-ed into a full fragment's difference, turns it into the tail's.
-        self._tail_delta = self._expect_words ^ self._expect_tail
+        self._tail_delta = both[0] ^ both[1]
 
     # ----------------------------------------------------------------------------- state
 
