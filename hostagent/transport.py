@@ -97,6 +97,8 @@ _POOL_RECORDS: Final = 1 << 15
 _DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 """version and opcode bytes of a DATA header read as one big-endian u16."""
 _SKB_BYTES: Final = 2304
+_MAX_GENERATION_CHANGES: Final = 3
+"""Times a transfer follows its holder to a newer generation before it fails (a republish storm)."""
 """Kernel memory one queued 1440-byte datagram costs against SO_RCVBUF (measured on Linux loopback)."""
 
 Address = tuple[str, int]
@@ -232,6 +234,8 @@ class _Request:
     """The holder answered BUSY: re-ask after the timeout even while it streams to others."""
     check_rounds: int = 0
     """Times the chunk failed its checks and was (partly) asked for again."""
+    generation_changes: int = 0
+    """Times the chunk moved to a newer generation while it was being fetched."""
     no_cache: bool = False
     """Ask with NO_CACHE from now on: a switch's copy failed, or a retry must reach the holder."""
     call: _Call | None = None
@@ -280,6 +284,7 @@ class _Counters:
     requests_failed: int = 0
     goodput_bytes: int = 0
     chunks_verified: int = 0
+    generation_restarts: int = 0
     chunks_check_failed: int = 0
     fragments_check_failed: int = 0
     switch_fragments_check_failed: int = 0
@@ -528,6 +533,7 @@ class Transport:
             "goodput_bytes": c.goodput_bytes,
             "integrity": {
                 "chunks_verified": c.chunks_verified,
+                "generation_restarts": c.generation_restarts,
                 "chunks_check_failed": c.chunks_check_failed,
                 "fragments_check_failed": c.fragments_check_failed,
                 "switch_fragments_check_failed": c.switch_fragments_check_failed,
@@ -789,6 +795,9 @@ class Transport:
             r.reasm = self._open_reassembler(r, recs)
             if r.reasm is None:
                 return
+        elif r.generation == 0 and bool((recs["hdr"]["generation"] > r.reasm.generation).any()):
+            self._restart_at_newer_generation(r, recs, now)
+            return
         reasm = r.reasm
         before_rejected = reasm.rejected
         stored = reasm.add_batch(recs, strict=False)
@@ -863,6 +872,45 @@ class Transport:
         r.rto = self.config.retransmit_timeout_s
         r.next_retx = now + r.rto
         return False
+
+    def _restart_at_newer_generation(self, r: _Request, recs: npt.NDArray[np.void], now: float) -> None:
+        """The chunk was republished while we fetched it: start over, pinned to the newer generation.
+
+        Only a valid DATA of this chunk counts; its bytes are dropped (``generation_changed``)
+        and the transfer asks again from fragment 0 for that generation, so a switch still
+        holding the old one sends us to the holder instead of answering.
+        """
+        assert r.reasm is not None
+        newest = 0
+        for i in np.flatnonzero(recs["hdr"]["generation"] > r.reasm.generation).tolist():
+            try:
+                hdr = wire.parse(recs[i : i + 1].view(np.uint8).data)
+            except wire.WireError as err:
+                self._drop(err.reason)
+                continue
+            newest = max(newest, hdr.generation)
+        if newest == 0:
+            return
+        self._drop("generation_changed", int(recs.size))
+        r.generation_changes += 1
+        self._c.generation_restarts += 1
+        if r.generation_changes > _MAX_GENERATION_CHANGES:
+            self._c.requests_failed += 1
+            self._finish(r, error=f"chunk {r.key:#018x} from {r.holder[0]}:{r.holder[1]}: its generation changed "
+                                  f"{r.generation_changes} times during the fetch; ask again")
+            return
+        log.info("chunk %#018x: generation %d -> %d during the fetch, starting over", r.key, r.reasm.generation,
+                 newest)
+        self._inflight -= r.asked_hi - r.reasm.received_count
+        r.generation = newest
+        r.reasm = None
+        ask = 1 if self.config.single_fragment_gets else max(1, min(self.config.window_fragments, self._room()))
+        self._send_get(r, 0, ask, 0)
+        r.asked_hi = ask
+        self._inflight += ask
+        r.last_progress = now
+        r.rto = self.config.retransmit_timeout_s
+        r.next_retx = now + r.rto
 
     def _open_reassembler(self, r: _Request, recs: npt.NDArray[np.void]) -> Reassembler | None:
         """Size the reassembly buffer from the first valid DATA record of the request."""

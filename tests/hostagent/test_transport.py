@@ -13,7 +13,7 @@ import pytest
 from hostagent.backend import BackendError, MemoryBackend
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
-from hostagent.transport import Address, Transport, TransportConfig, merge_gets
+from hostagent.transport import Address, FetchResult, Transport, TransportConfig, merge_gets
 from kvpool import wire
 
 
@@ -465,3 +465,24 @@ def test_holder_computes_checks_once_per_content_and_generation() -> None:
     raw_holder.serve(2, 0, 4)
     raw_holder.serve(2, 1, 1)
     assert raw_holder.checks_computed == 1
+
+
+def test_a_chunk_republished_during_its_fetch_is_fetched_again_at_the_new_generation() -> None:
+    old, new = _blob(600_000, seed=1), _blob(300_000, seed=2)  # another content, another length
+    store = _store({8: old}, generation=1)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=64 << 10)  # about 0.3 s for the old bytes
+    rcfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=0.2, give_up_s=10.0)
+    with Transport(hcfg, Holder(store)) as h, Transport(rcfg) as r:
+        result: list[object] = []
+        t = threading.Thread(target=lambda: result.extend(r.fetch([8], h.address, timeout=30)))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not any(got > 0 for _, _, got, _ in r.active_requests()):
+            assert time.monotonic() < deadline, "transfer did not start"
+            time.sleep(0.002)
+        store.put(8, new, generation=2)  # the holder's copy changes under the transfer
+        t.join(30)
+    (res,) = result
+    assert isinstance(res, FetchResult) and res.ok and res.generation == 2 and bytes(res.data or b"") == new
+    st = r.stats()
+    assert st["integrity"]["generation_restarts"] == 1 and st["drops"].get("generation_changed", 0) > 0
