@@ -18,8 +18,16 @@ writes; this module connects them:
   silent nodes, and a snapshot for the API is published at the end of every epoch.
 
 The chunk *catalog* (key -> parent, position in its prefix, serialized length) is what
-lets the controller write exact pool entries: a switch drops authorised DATA whose
-fragment count or length differs from the entry (``FILL_MISMATCH``).
+lets the controller write exact pool entries: a switch fills only writer DATA whose
+generation, fragment count and length equal the entry's; other writer DATA passes and is
+reported (``fill_mismatch_t``), and the controller then re-places the chunk at the
+holder's generation and length (when the directory agrees, or knows nothing newer) or
+ignores the report (a stale holder).
+
+Every placement (admission, re-placement after a republish or a mismatch) gets a fresh
+placement id (``controller.placement``): slots tagged with an older one are never served.
+The ids' high-water mark lives in a reserved ``pool_lookup`` entry that ``start`` reads
+back from switches that still run this pipeline, before it replaces their state.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from typing import Any, Protocol
 from controller.directory import Directory, Role
 from controller.fabric import FabricSettings, SwitchConfig, switch_configs
 from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
+from controller.placement import MARK_KEY, Placements
 from controller.policy.changes import Admit, Change, Evict, EvictAction
 from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
 from controller.policy.operator import admit as policy_admit
@@ -79,8 +88,9 @@ class OverrideRefusedError(ControllerError):
 class Override:
     """One operator override; the epoch loop applies it at the start of its next epoch.
 
-    ``op`` is ``admit``, ``evict`` (``demote`` or drop), ``pin``, ``unpin`` or ``quota``
-    (``tenant``, ``slots``; None lifts the quota).
+    ``op`` is ``admit``, ``evict`` (``demote`` or drop), ``pin``, ``unpin``, ``quota``
+    (``tenant``, ``slots``; None lifts the quota) or ``republish`` (the directory issued
+    ``generation`` for ``key`` with ``nbytes`` bytes: every switch moves off the old bytes).
     """
 
     op: str
@@ -88,6 +98,8 @@ class Override:
     demote: bool = True
     tenant: int = 0
     slots: int | None = None
+    generation: int = 0
+    nbytes: int = 0
 
 
 @dataclass
@@ -224,6 +236,10 @@ class EpochReport:
     unknown_keys: int = 0
     admitted: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    replaced: list[int] = field(default_factory=list)
+    """Resident chunks moved to a new placement (republished, or the holder's DATA said so)."""
+    mismatches: int = 0
+    """Fill-mismatch reports from the switches (the holder's DATA unlike the entry)."""
     slot_hits: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -231,16 +247,20 @@ class EpochReport:
         d = asdict(self)
         d["admitted"] = [f"{k:#x}" for k in self.admitted]
         d["evicted"] = [f"{k:#x}" for k in self.evicted]
+        d["replaced"] = [f"{k:#x}" for k in self.replaced]
         return d
 
 
 @dataclass
 class Resident:
-    """A chunk the switches hold: where, and the hit counter reading last epoch."""
+    """A chunk the switches hold: where, under which placement id and generation, and its hit reading."""
 
     info: ChunkInfo
     base_slot: int
     last_hits: int = 0
+    placement: int = 0
+    generation: int = 0
+    valid: bool = False
 
 
 class Controller:
@@ -262,6 +282,8 @@ class Controller:
         self.configs: dict[str, SwitchConfig] = switch_configs(topo, self.settings.fabric)
         self.engine = PolicyEngine(PolicyConfig(capacity_bytes=self.settings.pool_slots * wire.FRAG_PAYLOAD))
         self.residents: dict[int, Resident] = {}
+        self.placements = Placements()
+        self._refill: set[int] = set()  # re-placed chunks the holder pushes at the next epoch
         self.epoch = 0
         self.sketch_epoch = self.settings.fabric.popularity_epoch
         self.reports: list[EpochReport] = []
@@ -277,17 +299,55 @@ class Controller:
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> Controller:
-        """Connect to every switch, push the pipeline and install the fabric for the mode."""
+        """Connect to every switch, push the pipeline and install the fabric for the mode.
+
+        Switches that still run this pipeline are read first: placement ids continue above
+        every one (and the mark) they hold, so none is given twice (``controller.placement``).
+        """
         for name, ep in self.endpoints.items():
             sw = self._driver_factory(ep, self.settings)
             sw.on_digest = self._digests.put
-            sw.connect()
+            sw.connect(push_pipeline=False)
+            self._recover_placements(name, sw)
+            sw.manage()
             self.switches[name] = sw
+        mark = self.placements.reserve()  # the first block: its mark entry goes in with the fabric
+        for name, sw in self.switches.items():
             self._install(name, sw)
-            log.info("switch %s (%s, device %d): programmed for mode %s", name, ep.address, ep.device_id,
-                     self.settings.mode)
+            if mark is not None:
+                sw.insert_entries([self._mark_entry(mark)])
+            log.info("switch %s (%s, device %d): programmed for mode %s", name, self.endpoints[name].address,
+                     self.endpoints[name].device_id, self.settings.mode)
         self.publish_snapshot()
         return self
+
+    def _recover_placements(self, name: str, sw: P4RuntimeSwitch) -> None:
+        """Continue placement ids above what a switch running this pipeline holds (its registers too)."""
+        if sw.switch_cookie() != sw.cookie:
+            return  # another or no pipeline: ours is pushed, and a push clears every register
+        placements: list[int] = []
+        marks: list[int] = []
+        for e in sw.read_entries(n.POOL_LOOKUP):
+            pid = int(e.params.get("placement", 0))
+            (marks if e.match.get(n.KEY_CHUNK_KEY) == MARK_KEY else placements).append(pid)
+        self.placements.recover(placements, marks)
+        if placements or marks:
+            log.info("switch %s: placement ids continue above %d (read back from %d entries)", name,
+                     self.placements.last, len(placements) + len(marks))
+
+    def _mark_entry(self, mark: int) -> Entry:
+        """The reserved entry that keeps the placement high-water mark on a switch (never served)."""
+        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: MARK_KEY}, n.POOL_ENTRY,
+                     {"base_slot": 0, "frag_count": 1, "chunk_len": 1, "generation": 0,
+                      "state": PoolState.DISABLED, "placement": mark})
+
+    def _next_placement(self) -> int:
+        """A fresh placement id; moves the mark entry on every switch first when a new block starts."""
+        pid, mark = self.placements.next()
+        if mark is not None:
+            for sw in self.switches.values():
+                sw.modify_entries([self._mark_entry(mark)])
+        return pid
 
     def _install(self, name: str, sw: P4RuntimeSwitch) -> None:
         cfg = self.configs[name]
@@ -357,6 +417,9 @@ class Controller:
                 digest = self._digests.get_nowait()
             except queue.Empty:
                 break
+            if digest.name == n.FILL_MISMATCH:
+                self._on_mismatch(digest, report)
+                continue
             if digest.name != n.HOT_CHUNK:
                 continue
             report.digests += 1
@@ -412,22 +475,91 @@ class Controller:
                 self._place(info, ch.base_slot)
                 fresh.append(ch.key)
                 report.admitted.append(ch.key)
+        if self._refill:
+            fresh.extend(k for k in self._refill if k in self.residents and k not in fresh)
+            self._refill.clear()
         if fresh and self.filler is not None:
             self.filler.push(fresh)
 
-    def _pool_entry(self, info: ChunkInfo, base_slot: int, state: int, generation: int = 0) -> Entry:
-        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: info.key}, n.POOL_ENTRY,
-                     {"base_slot": base_slot, "frag_count": info.frag_count, "chunk_len": info.nbytes,
-                      "generation": generation, "state": state})
+    def _pool_entry(self, res: Resident, state: int) -> Entry:
+        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: res.info.key}, n.POOL_ENTRY,
+                     {"base_slot": res.base_slot, "frag_count": res.info.frag_count, "chunk_len": res.info.nbytes,
+                      "generation": res.generation, "state": state, "placement": res.placement})
+
+    def _generation(self, key: int) -> int:
+        """The generation in force for ``key``: the directory's, 0 when it has issued none."""
+        version = self.directory.version(key)
+        return 0 if version is None else version.generation
 
     def _place(self, info: ChunkInfo, base_slot: int) -> None:
         if base_slot + info.frag_count > self.settings.pool_slots:
             raise ControllerError(f"chunk {info.key:#x} at slot {base_slot} overruns the pool")
-        entry = self._pool_entry(info, base_slot, PoolState.FILLING)
+        if info.key == MARK_KEY:
+            raise ControllerError(f"chunk key {MARK_KEY:#x} is reserved for the placement mark")
+        hits = self._slot_hits().get(base_slot, 0) if self.switches else 0
+        res = Resident(info, base_slot, hits, self._next_placement(), self._generation(info.key))
+        entry = self._pool_entry(res, PoolState.FILLING)
         for sw in self.switches.values():
             sw.insert_entries([entry])
-        hits = self._slot_hits().get(base_slot, 0) if self.switches else 0
-        self.residents[info.key] = Resident(info, base_slot, hits)
+        self.residents[info.key] = res
+
+    def _replace(self, key: int, generation: int, nbytes: int, report: EpochReport) -> bool:
+        """Move a resident chunk to a new placement at ``generation`` and length ``nbytes``.
+
+        Bytes stored under the old placement are never served again; the slots refill from
+        the holder's next DATA (pushed at the next epoch).  A length that needs another
+        number of slots evicts the chunk instead (the policy may admit it again).  False
+        when the chunk is not resident.
+        """
+        res = self.residents.get(key)
+        if res is None:
+            return False
+        info = ChunkInfo(key, res.info.parent, res.info.position, nbytes)
+        self.catalog.add(info)
+        if info.frag_count != res.info.frag_count:
+            self._apply(policy_evict(self.engine, key, EvictAction.DROP), report)
+            return True
+        res.info = info
+        res.generation = generation
+        res.placement = self._next_placement()
+        res.valid = False
+        entry = self._pool_entry(res, PoolState.FILLING)
+        for sw in self.switches.values():
+            sw.modify_entries([entry])
+        self._refill.add(key)
+        report.replaced.append(key)
+        return True
+
+    def _on_mismatch(self, digest: Digest, report: EpochReport) -> None:
+        """The holder's DATA disagreed with an entry: follow the holder unless the directory knows better."""
+        for item in digest.items:
+            report.mismatches += 1
+            key, generation, nbytes = int(item["chunk_key"]), int(item["generation"]), int(item["chunk_len"])
+            res = self.residents.get(key)
+            if res is None or (res.generation, res.info.nbytes) == (generation, nbytes):
+                continue  # evicted meanwhile, or already re-placed
+            version = self.directory.version(key)
+            if version is not None:
+                current = (version.generation, version.nbytes) == (generation, nbytes)
+            else:  # no directory generations: the (trusted) writer's newer or equal generation wins
+                current = generation >= res.generation
+            if current:
+                log.info("chunk %#x: holder sends generation %d, %d bytes; re-placing it", key, generation, nbytes)
+                self._replace(key, generation, nbytes, report)
+
+    def republish(self, key: int, generation: int, nbytes: int) -> dict[str, Any]:
+        """A chunk's content changed (the directory issued ``generation``): no switch serves the old bytes after this.
+
+        Runs in the epoch loop (``submit(Override("republish", ...))``), so every switch's
+        entry has moved before the publisher is answered.
+        """
+        with self._lock:
+            report = self.reports[-1] if self.reports else EpochReport(self.epoch)
+            moved = self._replace(key, generation, nbytes, report)
+            info = self.catalog.get(key)
+            if not moved and info is not None and info.nbytes != nbytes:
+                self.catalog.add(ChunkInfo(key, info.parent, info.position, nbytes))
+        return {"key": f"{key:#x}", "generation": generation, "replaced": moved}
 
     def _remove(self, key: int) -> None:
         for sw in self.switches.values():
@@ -443,10 +575,11 @@ class Controller:
 
     # ------------------------------------------------------------------ pool state
     def mark_valid(self, key: int) -> None:
-        """Switch a filled chunk to VALID: passing DATA no longer rewrites its current slots."""
+        """Switch a filled chunk to VALID: passing DATA no longer rewrites its current slots (NO_CACHE DATA does)."""
         with self._lock:
             res = self.residents[key]
-            entry = self._pool_entry(res.info, res.base_slot, PoolState.VALID)
+            res.valid = True
+            entry = self._pool_entry(res, PoolState.VALID)
             for sw in self.switches.values():
                 sw.modify_entries([entry])
 
@@ -502,6 +635,10 @@ class Controller:
         return info
 
     def _override(self, ov: Override, report: EpochReport) -> dict[str, Any]:
+        if ov.op == "republish":  # in every mode: a switch pool may hold the chunk from an earlier mode
+            if ov.nbytes <= 0:
+                raise OverrideRefusedError("bad_request", "republish: nbytes must be positive")
+            return self.republish(ov.key, ov.generation, ov.nbytes) | {"epoch": self.epoch}
         if self.settings.mode is not Mode.POOL:
             raise OverrideRefusedError("pool_off", f"the controller runs in {self.settings.mode} mode: no switch pool")
         before_a, before_e = len(report.admitted), len(report.evicted)

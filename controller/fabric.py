@@ -1,10 +1,12 @@
 """What every switch of a topology must hold before any chunk is admitted (pure).
 
 From a ``Topology`` this computes, per switch, the intended P4Runtime state of the kvpool
-program: host routes and ARP forwarding, the writers ACL (holders may fill and
-invalidate), waiter ids for coalescing (``waiter_lookup`` / ``waiter_egress`` and the
-multicast group whose replicas egress prunes by bitmap), the popularity and pending
-timeout settings, and the hot-chunk digest. Nothing here talks to a switch: the daemon
+program: host routes and ARP forwarding, the source guard of every port that faces a host
+(``host_guard``: only that host's address may enter there), the writers ACL (a holder's
+address on the port towards it may fill and invalidate), waiter ids for coalescing
+(``waiter_lookup`` / ``waiter_egress`` and the multicast group whose replicas egress
+prunes by bitmap), the popularity and pending timeout settings, and the hot-chunk and
+fill-mismatch digests. Nothing here talks to a switch: the daemon
 hands ``SwitchConfig`` to the P4Runtime driver, which ships it.
 """
 
@@ -74,8 +76,17 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
                                      {"port": r.port}))
         # Pushed fills are addressed to the sink: filled on pass, then dropped (NO_ROUTE).
         cfg.entries.append(Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (s.fill_sink, 32)}, n.DROP_NO_ROUTE))
+        # A host may send from its own address only: no requester poses as a holder or aims
+        # the answer to a GET at someone else.
+        for port, far in topo.switch_ports(sw).items():
+            if far.node in topo.hosts:
+                cfg.entries.append(Entry(n.HOST_GUARD, {n.KEY_INGRESS_PORT: port}, n.GUARD_SOURCE,
+                                         {"addr": topo.hosts[far.node].address}))
+        # A writer is a holder's address on the port towards that holder, nowhere else.
         for holder in topo.holders():
-            cfg.entries.append(Entry(n.WRITERS, {n.KEY_WRITER_SRC: holder.address}, n.ALLOW_WRITER))
+            if holder.name in port_to:
+                cfg.entries.append(Entry(n.WRITERS, {n.KEY_INGRESS_PORT: port_to[holder.name],
+                                                     n.KEY_WRITER_SRC: holder.address}, n.ALLOW_WRITER))
         replicas: list[tuple[int, int]] = []
         for name, wid in waiters.items():
             host = topo.hosts[name]
@@ -91,7 +102,8 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
         cfg.defaults[n.POPULARITY_CONFIG] = (n.SET_POPULARITY, {"threshold": s.popularity_threshold,
                                                                 "epoch": s.popularity_epoch})
         cfg.defaults[n.COALESCE_CONFIG] = (n.SET_PENDING_TIMEOUT, {"timeout_us": s.pending_timeout_us})
-        cfg.digests[n.HOT_CHUNK] = DigestConfig(max_timeout_ns=s.digest_max_timeout_ns,
-                                                     max_list_size=s.digest_max_list_size)
+        for digest in (n.HOT_CHUNK, n.FILL_MISMATCH):
+            cfg.digests[digest] = DigestConfig(max_timeout_ns=s.digest_max_timeout_ns,
+                                               max_list_size=s.digest_max_list_size)
         configs[sw] = cfg
     return configs

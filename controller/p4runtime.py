@@ -246,6 +246,18 @@ class P4RuntimeSwitch:
         self._start_watcher()
         return self
 
+    def manage(self) -> None:
+        """Take the switch over after ``connect(push_pipeline=False)``: resync it to the intended state now
+        and on every reconnect or promotion (what ``connect()`` does by default).
+
+        The pause between the two lets a restarted controller read back what the switch held
+        (its pool entries' placement ids, ``controller.placement``) before the resync
+        replaces it.
+        """
+        self._manage = True
+        self._wait_ready()
+        self._resync_as_owner()
+
     def _start_watcher(self) -> None:
         if self.reconnect and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name=f"p4rt-watch-{self.address}", daemon=True)

@@ -53,14 +53,17 @@ class Placements:
             raise PlacementError(f"placement {top} read back does not fit 32 bits")
         self.last = self.mark = top
 
+    def reserve(self) -> int | None:
+        """Make sure the next id lies under the mark: the new mark to write first, or None if it already does."""
+        if self.last + 1 > MAX_PLACEMENT:
+            raise PlacementError("every 32-bit placement id has been used")
+        if self.last + 1 <= self.mark:
+            return None
+        self.mark = min(MAX_PLACEMENT, self.mark + self.block)
+        return self.mark
+
     def next(self) -> tuple[int, int | None]:
         """A fresh id, and the new mark to write on every switch before using it (None: no move needed)."""
-        pid = self.last + 1
-        if pid > MAX_PLACEMENT:
-            raise PlacementError("every 32-bit placement id has been used")
-        new_mark = None
-        if pid > self.mark:
-            new_mark = min(MAX_PLACEMENT, self.mark + self.block)
-            self.mark = new_mark
-        self.last = pid
-        return pid, new_mark
+        new_mark = self.reserve()
+        self.last += 1
+        return self.last, new_mark

@@ -59,6 +59,7 @@ def build_dir() -> Path:
 NO_ACTION: Final = "NoAction"
 
 # --- tables ----------------------------------------------------------------------------------
+HOST_GUARD: Final = "MyIngress.safety.host_guard"
 WRITERS: Final = "MyIngress.safety.writers"
 POOL_LOOKUP: Final = "MyIngress.pool.pool_lookup"
 POPULARITY_CONFIG: Final = "MyIngress.popularity.popularity_config"
@@ -69,6 +70,7 @@ ARP_FORWARD: Final = "MyIngress.fwd.arp_forward"
 WAITER_EGRESS: Final = "MyEgress.coalesce.waiter_egress"
 
 # --- match fields (P4 expressions, as p4c names them) ------------------------------------------
+KEY_INGRESS_PORT: Final = "standard_metadata.ingress_port"
 KEY_WRITER_SRC: Final = "hdr.ipv4.srcAddr"
 KEY_CHUNK_KEY: Final = "hdr.kv.chunk_key"
 KEY_WAITER_ADDR: Final = "meta.waiter_addr"
@@ -78,7 +80,8 @@ KEY_EGRESS_RID: Final = "standard_metadata.egress_rid"
 
 #: Table -> its match fields, in key order (keyless config tables have none).
 TABLE_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    WRITERS: (KEY_WRITER_SRC,),
+    HOST_GUARD: (KEY_INGRESS_PORT,),
+    WRITERS: (KEY_INGRESS_PORT, KEY_WRITER_SRC),
     POOL_LOOKUP: (KEY_CHUNK_KEY,),
     POPULARITY_CONFIG: (),
     COALESCE_CONFIG: (),
@@ -89,6 +92,7 @@ TABLE_KEYS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 # --- actions ---------------------------------------------------------------------------------
+GUARD_SOURCE: Final = "MyIngress.safety.guard_source"
 ALLOW_WRITER: Final = "MyIngress.safety.allow_writer"
 POOL_ENTRY: Final = "MyIngress.pool.pool_entry"
 SET_POPULARITY: Final = "MyIngress.popularity.set_popularity"
@@ -103,8 +107,9 @@ REWRITE_WAITER: Final = "MyEgress.coalesce.rewrite_waiter"
 #: Action -> its parameters, in declaration order.
 ACTION_PARAMS: Final[dict[str, tuple[str, ...]]] = {
     NO_ACTION: (),
+    GUARD_SOURCE: ("addr",),
     ALLOW_WRITER: (),
-    POOL_ENTRY: ("base_slot", "frag_count", "chunk_len", "generation", "state"),
+    POOL_ENTRY: ("base_slot", "frag_count", "chunk_len", "generation", "state", "placement"),
     SET_POPULARITY: ("threshold", "epoch"),
     SET_PENDING_TIMEOUT: ("timeout_us",),
     SET_WAITER_ID: ("waiter_id",),
@@ -130,27 +135,33 @@ COUNTERS: Final[tuple[str, ...]] = (DROP_REASON, SLOT_HITS, SLOT_FILLS, POOL_STA
 
 # --- registers (data plane only: the model's pipeline uses them; P4Runtime cannot) --------------
 SLICES: Final[tuple[str, ...]] = tuple(f"MyIngress.pool.slice_{i}" for i in range(wire.SLICES_PER_FRAGMENT))
-SLOT_KEY: Final = "MyIngress.pool.slot_key"
-SLOT_GEN: Final = "MyIngress.pool.slot_gen"
-SLOT_VALID: Final = "MyIngress.pool.slot_valid"
-CHUNK_GEN: Final = "MyIngress.pool.chunk_gen"
-CHUNK_GEN_KEY: Final = "MyIngress.pool.chunk_gen_key"
+SLOT_TAG: Final = "MyIngress.pool.slot_tag"
+"""Per slot: ``{placement:32, frag_index:16}`` of the bytes it holds (0: never written)."""
+SLOT_CHECK: Final = "MyIngress.pool.slot_check"
+"""Per slot: the writer's check of those bytes, returned as is in served replies."""
+MISMATCH_SEEN: Final = "MyIngress.pool.mismatch_seen"
 SKETCH_ROWS: Final[tuple[str, ...]] = tuple(f"MyIngress.popularity.sketch_row{i}" for i in range(3))
 BLOOM_ROWS: Final[tuple[str, ...]] = tuple(f"MyIngress.popularity.bloom_row{i}" for i in range(2))
-PENDING_TAG: Final = "MyIngress.coalesce.pending_tag"
+PENDING_KEY: Final = "MyIngress.coalesce.pending_key"
+PENDING_SUB: Final = "MyIngress.coalesce.pending_sub"
+"""Per pending slot: ``{frag_index:16, generation asked for:32}``."""
 PENDING_TS: Final = "MyIngress.coalesce.pending_ts"
 PENDING_WAITERS: Final = "MyIngress.coalesce.pending_waiters"
 PENDING_REPLY: Final = "MyEgress.coalesce.pending_reply"
 
-REGISTERS: Final[tuple[str, ...]] = (*SLICES, SLOT_KEY, SLOT_GEN, SLOT_VALID, CHUNK_GEN, CHUNK_GEN_KEY,
-                                     *SKETCH_ROWS, *BLOOM_ROWS, PENDING_TAG, PENDING_TS, PENDING_WAITERS,
-                                     PENDING_REPLY)
+REGISTERS: Final[tuple[str, ...]] = (*SLICES, SLOT_TAG, SLOT_CHECK, MISMATCH_SEEN, *SKETCH_ROWS, *BLOOM_ROWS,
+                                     PENDING_KEY, PENDING_SUB, PENDING_TS, PENDING_WAITERS, PENDING_REPLY)
 
-# --- digest ----------------------------------------------------------------------------------
+# --- digests ---------------------------------------------------------------------------------
 HOT_CHUNK: Final = "hot_chunk_t"
 """The popularity stage's report of a hot chunk (P4Info names a digest by its struct)."""
+FILL_MISMATCH: Final = "fill_mismatch_t"
+"""The pool's report of writer DATA unlike its entry (another generation or length)."""
 #: Digest -> its struct members, in order.
-DIGEST_MEMBERS: Final[dict[str, tuple[str, ...]]] = {HOT_CHUNK: ("chunk_key", "estimate", "epoch")}
+DIGEST_MEMBERS: Final[dict[str, tuple[str, ...]]] = {
+    HOT_CHUNK: ("chunk_key", "estimate", "epoch"),
+    FILL_MISMATCH: ("chunk_key", "generation", "frag_count", "chunk_len"),
+}
 
 
 def all_names() -> list[tuple[str, str]]:
@@ -201,10 +212,12 @@ SWITCH_REPLY_TTL: Final = 64
 # --- pool geometry -------------------------------------------------------------------------------
 POOL_SLOTS: Final = 1024
 """Fragment-sized rows of switch memory; a chunk occupies consecutive slots from its base."""
-POOL_ENTRIES: Final = 1024
-"""Chunks the pool table holds (at most one per slot)."""
+POOL_ENTRIES: Final = POOL_SLOTS + 1
+"""Chunks the pool table holds (at most one per slot), plus the controller's placement mark entry."""
 PENDING_SLOTS: Final = 16384
 """Pending-request slots for coalescing (direct-mapped by a hash of chunk key and fragment)."""
+MISMATCH_CELLS: Final = 256
+"""Cells remembering the last fill mismatch reported, per crc16(chunk_key) (digest suppression)."""
 MAX_WAITERS: Final = 32
 """Hosts that can wait on one coalesced fragment: waiter ids 0..31, a 32-bit bitmap."""
 PENDING_REPLIES: Final = PENDING_SLOTS * MAX_WAITERS
@@ -215,6 +228,8 @@ BLOOM_BITS: Final = 4096
 ROUTE_ENTRIES: Final = 1024
 ARP_ENTRIES: Final = 1024
 WRITER_ENTRIES: Final = 256
+GUARD_ENTRIES: Final = 512
+"""Host ports whose IPv4 source ``host_guard`` checks (one entry per port)."""
 
 COALESCE_MCAST_GRP: Final = 1
 """Multicast group of the coalescing release: one replica (port to waiter w, rid w) per waiter."""
@@ -263,7 +278,7 @@ class DropReason(enum.IntEnum):
     BAD_LENGTH = 10
     BAD_STATUS = 11
     NOT_WRITER = 12
-    FILL_MISMATCH = 13
+    SPOOFED = 13
 
 
 class PoolStat(enum.IntEnum):
@@ -274,13 +289,15 @@ class PoolStat(enum.IntEnum):
     MISS_UNFILLED = 2
     BYPASS = 3
     FILL = 4
-    FILL_STALE = 5
+    FILL_MISMATCH = 5
     FILL_SKIPPED = 6
     FILL_UNAUTH = 7
-    INVALIDATE = 8
-    INVALIDATE_STALE = 9
+    FILL_REPLICA = 8
+    INVALIDATE = 9
     SLOT_RANGE = 10
     NO_ROOM = 11
+    REPAIR = 12
+    MISMATCH_REPORTED = 13
 
 
 class CoalesceStat(enum.IntEnum):
@@ -293,6 +310,7 @@ class CoalesceStat(enum.IntEnum):
     NO_WAITER_ID = 4
     RELEASE = 5
     EXPIRED_REUSED = 6
+    OTHER_GENERATION = 7
 
 
 class PopularityStat(enum.IntEnum):
@@ -318,6 +336,7 @@ class EgressStat(enum.IntEnum):
 
 #: Table -> entries it holds (``size``).
 TABLE_SIZES: Final[dict[str, int]] = {
+    HOST_GUARD: GUARD_ENTRIES,
     WRITERS: WRITER_ENTRIES,
     POOL_LOOKUP: POOL_ENTRIES,
     POPULARITY_CONFIG: 1,
@@ -343,14 +362,13 @@ COUNTER_SIZES: Final[dict[str, int]] = {
 #: Register -> (cells, bits per cell).
 REGISTER_SHAPES: Final[dict[str, tuple[int, int]]] = {
     **{s: (POOL_SLOTS, SLICE_BITS) for s in SLICES},
-    SLOT_KEY: (POOL_SLOTS, 64),
-    SLOT_GEN: (POOL_SLOTS, 32),
-    SLOT_VALID: (POOL_SLOTS, 1),
-    CHUNK_GEN: (POOL_SLOTS, 32),
-    CHUNK_GEN_KEY: (POOL_SLOTS, 64),
+    SLOT_TAG: (POOL_SLOTS, 48),
+    SLOT_CHECK: (POOL_SLOTS, 64),
+    MISMATCH_SEEN: (MISMATCH_CELLS, 64),
     **{r: (SKETCH_COLS, 32) for r in SKETCH_ROWS},
     **{r: (BLOOM_BITS, 8) for r in BLOOM_ROWS},
-    PENDING_TAG: (PENDING_SLOTS, 80),
+    PENDING_KEY: (PENDING_SLOTS, 64),
+    PENDING_SUB: (PENDING_SLOTS, 48),
     PENDING_TS: (PENDING_SLOTS, 48),
     PENDING_WAITERS: (PENDING_SLOTS, MAX_WAITERS),
     PENDING_REPLY: (PENDING_REPLIES, 48),

@@ -18,9 +18,10 @@ from kvpool.contract import (
     FLAG_RETRANSMIT,
     MAX_WAITERS,
     OP_GET,
+    PENDING_KEY,
     PENDING_REPLY,
     PENDING_SLOTS,
-    PENDING_TAG,
+    PENDING_SUB,
     PENDING_TS,
     PENDING_WAITERS,
     REWRITE_WAITER,
@@ -61,8 +62,11 @@ class Coalesce(Control):
             meta.has_waiter = 0
 
         meta.pending_idx = pending_index(kv)
-        tag = (kv.chunk_key << 16) | kv.frag_index
-        slot_tag = self._read(PENDING_TAG, meta.pending_idx)
+        # {frag_index, the generation the GET asked for}: GETs are coalesced only when
+        # any answer to one answers all of them.
+        sub = (kv.frag_index << 32) | kv.generation
+        slot_key = self._read(PENDING_KEY, meta.pending_idx)
+        slot_sub = self._read(PENDING_SUB, meta.pending_idx)
         slot_ts = self._read(PENDING_TS, meta.pending_idx)
         slot_mask = self._read(PENDING_WAITERS, meta.pending_idx)
         # The P4 casts the shift amount to bit<8> (BMv2 shifts by at most 8 bits); a shift
@@ -70,12 +74,13 @@ class Coalesce(Control):
         shift = meta.waiter_id & 0xFF
         me = (1 << shift) & M32 if shift < 32 else 0
         now = meta.ingress_timestamp
+        same_fragment = slot_key == kv.chunk_key and slot_sub >> 32 == kv.frag_index
 
         if kv.opcode == OP_GET:
             live = slot_mask != 0 and ((now - slot_ts) & M48) < meta.pending_timeout
             if meta.has_waiter == 0:
                 self._count(COALESCE_STATS, CoStat.NO_WAITER_ID, meta)
-            elif live and slot_tag == tag:
+            elif live and same_fragment and slot_sub == sub:
                 self._write(PENDING_WAITERS, meta.pending_idx, slot_mask | me)
                 meta.record_reply = 1
                 if kv.flags & FLAG_RETRANSMIT:
@@ -83,17 +88,21 @@ class Coalesce(Control):
                 else:
                     meta.absorb = 1
                     self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
+            elif live and same_fragment:
+                self._count(COALESCE_STATS, CoStat.OTHER_GENERATION, meta)
             elif live:
                 self._count(COALESCE_STATS, CoStat.COLLISION, meta)
             else:
                 if slot_mask != 0:
                     self._count(COALESCE_STATS, CoStat.EXPIRED_REUSED, meta)
-                self._write(PENDING_TAG, meta.pending_idx, tag)
+                self._write(PENDING_KEY, meta.pending_idx, kv.chunk_key)
+                self._write(PENDING_SUB, meta.pending_idx, sub)
                 self._write(PENDING_TS, meta.pending_idx, now)
                 self._write(PENDING_WAITERS, meta.pending_idx, me)
                 meta.record_reply = 1
                 self._count(COALESCE_STATS, CoStat.FIRST, meta)
-        elif meta.has_waiter == 1 and slot_tag == tag and slot_mask & me:
+        elif (meta.has_waiter == 1 and same_fragment and slot_mask & me
+                and (slot_sub & M32 == 0 or slot_sub & M32 == kv.generation)):
             self._write(PENDING_WAITERS, meta.pending_idx, 0)
             meta.release = 1
             meta.release_mask = slot_mask

@@ -1,7 +1,7 @@
 """MyIngress (p4/include/ingress.p4): the order of the concerns and the accounting of every drop.
 
 1. parser error -> ``PARSE_ERROR``; IPv4 checksum error -> ``BAD_CHECKSUM``;
-2. kvpool header: :class:`~switchmodel.safety.Safety`;
+2. IPv4: :class:`~switchmodel.safety.Safety` (source guard; kvpool header checks, writers);
 3. :class:`~switchmodel.pool.Pool`;
 4. GET not served: :class:`~switchmodel.popularity.Popularity`; single-fragment GET, or
    DATA/NACK from a writer: :class:`~switchmodel.coalesce.Coalesce`;
@@ -41,7 +41,7 @@ class Ingress:
             meta.drop_reason = Drop.PARSE_ERROR
         elif checksum_error:
             meta.drop_reason = Drop.BAD_CHECKSUM
-        elif kv is not None:
+        elif pkt.ipv4 is not None:
             self.safety.apply(pkt, meta)
 
         if meta.drop_reason == Drop.NONE and kv is not None:

@@ -71,7 +71,7 @@ class Ipv4:
 
 @dataclass(slots=True)
 class Kv:
-    """``kvpool_t``: the 32-byte kvpool header, fields in wire order."""
+    """``kvpool_t``: the 40-byte kvpool header, fields in wire order."""
 
     version: int
     opcode: int
@@ -84,16 +84,18 @@ class Kv:
     payload_len: int
     status: int
     chunk_len: int
+    check: int
 
     def pack(self) -> bytes:
-        """The 32 header bytes."""
+        """The 40 header bytes."""
         return _KV.pack(self.version, self.opcode, self.flags, self.chunk_key, self.frag_index, self.frag_count,
-                        self.request_id, self.generation, self.payload_len, self.status, self.chunk_len)
+                        self.request_id, self.generation, self.payload_len, self.status, self.chunk_len,
+                        self.check)
 
     def copy(self) -> Kv:
         """An independent copy."""
         return Kv(self.version, self.opcode, self.flags, self.chunk_key, self.frag_index, self.frag_count,
-                  self.request_id, self.generation, self.payload_len, self.status, self.chunk_len)
+                  self.request_id, self.generation, self.payload_len, self.status, self.chunk_len, self.check)
 
 
 @dataclass(slots=True)
@@ -233,7 +235,7 @@ class Meta:
     pool_chunk_len: int = 0
     pool_generation: int = 0
     pool_state: int = 0
-    cur_generation: int = 0
+    pool_placement: int = 0
     waiter_addr: int = 0
     has_waiter: int = 0
     waiter_id: int = 0

@@ -1,10 +1,12 @@
-"""Header validation and the writers ACL (p4/include/safety.p4, ``MyIngress.safety``)."""
+"""Host-port source guard, header validation and the writers ACL (p4/include/safety.p4, ``MyIngress.safety``)."""
 
 from __future__ import annotations
 
 from kvpool.contract import (
     ALLOW_WRITER,
     FRAG_PAYLOAD,
+    GUARD_SOURCE,
+    HOST_GUARD,
     KNOWN_FLAGS,
     KV_UDP_LEN_DATA,
     KV_UDP_LEN_NO_PAYLOAD,
@@ -25,14 +27,21 @@ from switchmodel.v1model import M32, Control
 
 
 class Safety(Control):
-    """``control Safety``: the first failed check names the drop reason; writers set ``is_writer``."""
+    """``control Safety``: spoofed sources drop; the first failed check names the reason; writers get ``is_writer``."""
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
-        """``Safety.apply``: validation in kvpool.wire.validate's order, then the writers ACL."""
-        kv = pkt.kv
-        udp = pkt.udp
+        """``Safety.apply`` (IPv4 packets): source guard; for kvpool, validation (kvpool.wire's order) and writers."""
         ip = pkt.ipv4
-        assert kv is not None and udp is not None and ip is not None
+        assert ip is not None
+        guard = self.state.lookup(HOST_GUARD, (meta.ingress_port,), meta.packet_length)
+        if guard.action == GUARD_SOURCE and ip.src != guard.params["addr"]:
+            meta.drop_reason = Drop.SPOOFED
+            return
+        kv = pkt.kv
+        if kv is None:
+            return
+        udp = pkt.udp
+        assert udp is not None
         idx = kv.frag_index
         cnt = kv.frag_count
         frag = FRAG_PAYLOAD
@@ -75,7 +84,7 @@ class Safety(Control):
                 meta.drop_reason = Drop.BAD_STATUS
 
         if meta.drop_reason == Drop.NONE:
-            res = self.state.lookup(WRITERS, (ip.src,), meta.packet_length)
+            res = self.state.lookup(WRITERS, (meta.ingress_port, ip.src), meta.packet_length)
             if res.action == ALLOW_WRITER:
                 meta.is_writer = 1
             if kv.opcode == OP_INVALIDATE and meta.is_writer == 0:

@@ -41,3 +41,10 @@ def test_ids_run_out_loudly() -> None:
         Placements().recover([MAX_PLACEMENT + 1], [])
     with pytest.raises(ValueError):
         Placements(block=0)
+
+
+def test_reserve_moves_the_mark_only_when_the_block_is_used_up() -> None:
+    p = Placements(block=2)
+    assert p.reserve() == 2 and p.reserve() is None
+    assert p.next() == (1, None) and p.next() == (2, None)
+    assert p.reserve() == 4 and p.next() == (3, None)

@@ -62,8 +62,9 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 // Fragment-sized rows of switch memory; a chunk occupies frag_count consecutive slots
 // from its base slot.  11 x 1024 slots x 128 B = 1.375 MiB of register memory.
 #define POOL_SLOTS      1024
-// Chunks the pool table can hold (at most one per slot).
-#define POOL_ENTRIES    1024
+// Chunks the pool table can hold (at most one per slot), plus the controller's placement
+// mark entry (controller/placement.py).
+#define POOL_ENTRIES    1025
 // Pending-request slots for coalescing, indexed by a hash of (chunk_key, frag_index).
 #define PENDING_SLOTS   16384
 // Cells remembering the last fill mismatch reported per crc16(chunk_key) (digest suppression).

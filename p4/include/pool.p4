@@ -236,15 +236,15 @@ control Pool(inout headers_t hdr,
                     // Not the chunk the entry describes: forwarded, not written, reported
                     // to the controller once per change seen in its cell.
                     pool_stats.count(POOL_FILL_MISMATCH);
-                    bit<32> cell;
-                    hash(cell, HashAlgorithm.crc16, (bit<32>)0, { hdr.kv.chunk_key },
+                    bit<32> mismatch_cell;
+                    hash(mismatch_cell, HashAlgorithm.crc16, (bit<32>)0, { hdr.kv.chunk_key },
                          (bit<32>)MISMATCH_CELLS);
                     bit<64> seen;
-                    mismatch_seen.read(seen, cell);
+                    mismatch_seen.read(seen, mismatch_cell);
                     bit<64> what = (hdr.kv.chunk_key[63:32] ^ hdr.kv.generation)
                                    ++ (hdr.kv.chunk_key[31:0] ^ hdr.kv.chunk_len);
                     if (seen != what) {
-                        mismatch_seen.write(cell, what);
+                        mismatch_seen.write(mismatch_cell, what);
                         digest<fill_mismatch_t>(DIGEST_RECEIVER,
                             { hdr.kv.chunk_key, hdr.kv.generation, hdr.kv.frag_count,
                               hdr.kv.chunk_len });

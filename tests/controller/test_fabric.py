@@ -21,8 +21,13 @@ def test_star_config() -> None:
     assert routes[("10.0.0.2", 32)] == {"port": 3, "dst_mac": "08:00:00:00:00:02"}
     sink = [e for e in cfg.entries if e.table == n.IPV4_ROUTE and e.action == n.DROP_NO_ROUTE]
     assert [e.match[n.KEY_IPV4_DST] for e in sink] == [("10.0.0.254", 32)]
-    writers = [e.match[n.KEY_WRITER_SRC] for e in cfg.entries if e.table == n.WRITERS]
-    assert writers == ["10.0.0.100"]
+    # The holder's address is a writer on the port towards the holder only.
+    writers = [e.match for e in cfg.entries if e.table == n.WRITERS]
+    assert writers == [{n.KEY_INGRESS_PORT: 1, n.KEY_WRITER_SRC: "10.0.0.100"}]
+    # Every host port admits its host's address only.
+    guards = {e.match[n.KEY_INGRESS_PORT]: e.params["addr"] for e in cfg.entries if e.table == n.HOST_GUARD}
+    assert guards == {1: "10.0.0.100", 2: "10.0.0.1", 3: "10.0.0.2", 4: "10.0.0.3"}
+    assert set(cfg.digests) == {n.HOT_CHUNK, n.FILL_MISMATCH}
     assert waiter_ids(topo) == {"h1": 0, "h2": 1, "h3": 2}
     # One replica per waiter, out of the port toward it, with the waiter id as its rid.
     assert cfg.groups == {COALESCE_MCAST_GRP: [(2, 0), (3, 1), (4, 2)]}
@@ -41,6 +46,16 @@ def test_leaf_spine_replicas_go_up_for_remote_waiters() -> None:
     # On leaf s1, waiters h3/h4 live on leaf s2: their replicas leave by spine port 1.
     assert cfgs["s1"].groups[COALESCE_MCAST_GRP] == [(4, 0), (5, 1), (1, 2), (1, 3)]
     assert all(len(c.groups[COALESCE_MCAST_GRP]) == 4 for c in cfgs.values())
+    # Ports between switches are not guarded (switches are trusted); host ports are.
+    guarded = {e.match[n.KEY_INGRESS_PORT] for e in cfgs["s1"].entries if e.table == n.HOST_GUARD}
+    assert guarded == {p for p, far in topo.switch_ports("s1").items() if far.node in topo.hosts}
+    assert 1 not in guarded and guarded
+    # On a spine, the holder's address is a writer only on the port towards the holder's leaf.
+    holder = topo.holders()[0]
+    for sw, cfg in cfgs.items():
+        (writer,) = [e.match for e in cfg.entries if e.table == n.WRITERS]
+        route = next(r for r in topo.host_routes() if r.switch == sw and r.host == holder.name)
+        assert writer == {n.KEY_INGRESS_PORT: route.port, n.KEY_WRITER_SRC: holder.address}
 
 
 def test_bad_settings() -> None:

@@ -1,4 +1,4 @@
-"""Control-plane setup the data-plane tests share: routes, writers, pool entries, waiters.
+"""Control-plane setup the data-plane tests share: routes, guards, writers, pool entries, waiters.
 
 Everything goes through the controller's P4Runtime driver by P4Info names, exactly as
 the controller would program either target.  The topology: host i on port i
@@ -6,6 +6,8 @@ the controller would program either target.  The topology: host i on port i
 """
 
 from __future__ import annotations
+
+import itertools
 
 from controller.p4runtime import Entry, P4RuntimeSwitch
 from kvpool import contract as n
@@ -32,17 +34,44 @@ def routes(sw: P4RuntimeSwitch) -> None:
                        for h in HOSTS])
 
 
-def writer(sw: P4RuntimeSwitch, h: Host) -> None:
-    """Put ``h`` on the writers ACL."""
-    sw.insert_entry(n.WRITERS, {n.KEY_WRITER_SRC: h.ip}, n.ALLOW_WRITER)
+def writer(sw: P4RuntimeSwitch, h: Host, port: int | None = None) -> None:
+    """Put ``h``'s address on the writers ACL, on its own port (or ``port``)."""
+    sw.insert_entry(n.WRITERS, {n.KEY_INGRESS_PORT: h.port if port is None else port, n.KEY_WRITER_SRC: h.ip},
+                    n.ALLOW_WRITER)
+
+
+def guard(sw: P4RuntimeSwitch, hosts: list[Host] | None = None) -> None:
+    """Host ports admit only their host's source address (every host by default)."""
+    sw.insert_entries([Entry(n.HOST_GUARD, {n.KEY_INGRESS_PORT: h.port}, n.GUARD_SOURCE, {"addr": h.ip})
+                       for h in (HOSTS if hosts is None else hosts)])
+
+
+_PLACEMENTS = itertools.count(1)
+
+
+def placement_id() -> int:
+    """A placement id no other admission of this test run used (as the controller's never repeat)."""
+    return next(_PLACEMENTS)
 
 
 def admit(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
-          state: PoolState = FILLING) -> None:
-    """A pool entry for chunk ``key`` at ``base_slot``."""
+          state: PoolState = FILLING, placement: int | None = None) -> int:
+    """A pool entry for chunk ``key`` at ``base_slot``; returns its placement id (fresh unless given)."""
+    pid = placement_id() if placement is None else placement
     sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
                     {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
-                     "chunk_len": chunk_len, "generation": generation, "state": state})
+                     "chunk_len": chunk_len, "generation": generation, "state": state, "placement": pid})
+    return pid
+
+
+def replace(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
+            state: PoolState = FILLING, placement: int | None = None) -> int:
+    """MODIFY chunk ``key``'s entry (a new placement unless given), as the controller re-places it."""
+    pid = placement_id() if placement is None else placement
+    sw.modify_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
+                    {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
+                     "chunk_len": chunk_len, "generation": generation, "state": state, "placement": pid})
+    return pid
 
 
 def waiters(sw: P4RuntimeSwitch, hosts: list[Host]) -> dict[int, int]:

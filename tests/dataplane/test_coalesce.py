@@ -147,7 +147,7 @@ def _pending_index(key: int, frag: int) -> int:
     tests/switchmodel/test_model_vs_build.py ties that function to the compiled program; here the
     target itself (BMv2 included) must treat the pair it finds as a collision.
     """
-    return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, frag, 1, 0, 0, 0, 0, 0))
+    return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, frag, 1, 0, 0, 0, 0, 0, 0))
 
 
 def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:

@@ -6,7 +6,6 @@ import pytest
 
 from kvpool import contract as n
 from kvpool import wire
-from kvpool.contract import DropReason as Drop
 from kvpool.contract import PoolStat
 from kvpool.wire import FRAG_PAYLOAD
 
@@ -101,15 +100,22 @@ def test_valid_state_skips_rewriting_current_slots(target: Target) -> None:
     assert target.counter(n.POOL_STATS, PoolStat.FILL_SKIPPED) == 3
 
 
-def test_writer_data_with_other_geometry_is_dropped(target: Target) -> None:
+def test_writer_data_with_other_geometry_is_forwarded_not_stored(target: Target) -> None:
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)
     program.admit(target.sw, KEY, BASE, len(CHUNK))
     other = program.chunk_bytes(len(CHUNK) + 5000)  # four fragments, not three
-    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 3, other))
+    for frag in (3, 0):
+        frame = data_frame(HOLDER, host(1), KEY, frag, other)
+        target.send(HOLDER.port, frame)
+        target.expect(1, with_ttl(frame, 63))  # the holder's answer still reaches its requester
     target.expect_no_other_packets()
-    assert target.counters(n.DROP_REASON) == {Drop.FILL_MISMATCH: 1}
+    assert target.counters(n.DROP_REASON) == {}
+    assert target.counter(n.POOL_STATS, PoolStat.FILL_MISMATCH) == 2
     assert target.counters(n.SLOT_FILLS) == {}
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, room=True))  # nothing of it is served
+    target.expect(HOLDER.port, stripped_get(host(2), HOLDER, KEY, 0))
+    target.expect_no_other_packets()
 
 
 def test_slot_beyond_pool_is_not_read_or_written(target: Target) -> None:

@@ -25,7 +25,7 @@ BLOOM_TWIN = 0x1F0CC2
 
 def _kv(key: int) -> Kv:
     """A fragment-0 GET header for ``key`` (the popularity hashes read only the key)."""
-    return Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, 0, 1, 0, 0, 0, 0, 0)
+    return Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, 0, 1, 0, 0, 0, 0, 0, 0)
 
 
 def _get(target: Target, key: int, frag: int = 0, flags: int = 0) -> None:

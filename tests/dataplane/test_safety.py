@@ -43,7 +43,7 @@ def _data(frag_index: int = 0, frag_count: int = 2, payload_len: int = FRAG_PAYL
 MALFORMED: dict[str, bytes] = {
     "truncated_header": wire.get_packet(KEY, 0)[:20],
     "truncated_payload": _data()[:wire.HEADER_LEN + 1000],
-    "wrong_version": Header(Opcode.GET, KEY, version=2).pack(),
+    "wrong_version": Header(Opcode.GET, KEY, version=1).pack(),
     "opcode_zero": Header(0, KEY).pack(),
     "opcode_unknown": Header(9, KEY).pack(),
     "unknown_flag": Header(Opcode.GET, KEY, flags=0x100).pack(),
@@ -155,13 +155,13 @@ def _pool_update(target: Target, key: bytes, params: list[tuple[int, bytes]], ta
 
 def test_p4runtime_writes_with_wrong_ids_or_widths_are_rejected(target: Target) -> None:
     program.routes(target.sw)
-    good = [(1, b"\x01"), (2, b"\x02"), (3, b"\x0b\xb8"), (4, b"\x00"), (5, b"\x01")]
+    good = [(1, b"\x01"), (2, b"\x02"), (3, b"\x0b\xb8"), (4, b"\x00"), (5, b"\x01"), (6, b"\x07")]
     cases = {
         "unknown table id": _pool_update(target, b"\x01", good, table_id=0x02FFFFFF),
         "key wider than 64 bits": _pool_update(target, b"\x01" * 9, good),
         "param wider than its 16 bits": _pool_update(target, b"\x01", [*good[:1], (2, b"\x01\x00\x00"), *good[2:]]),
         "unknown param id": _pool_update(target, b"\x01", [*good, (9, b"\x01")]),
-        "param missing": _pool_update(target, b"\x01", good[:4]),
+        "param missing": _pool_update(target, b"\x01", good[:5]),
     }
     codes = {name: _raw_write(target, u) for name, u in cases.items()}
     assert all(code in ("INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE") for code in codes.values()), codes
@@ -190,7 +190,7 @@ def _mutated(rng: random.Random) -> bytes:
               "request_id": rng.getrandbits(32), "status": int(wire.Status.BUSY) if op == Opcode.NACK else 0}
     if op == Opcode.DATA:
         fields.update(frag_count=count, chunk_len=chunk_len, payload_len=wire.expected_payload_len(chunk_len, frag))
-    edges = {"version": [0, 2, 255], "opcode": [0, 5, 255], "flags": [0x10, 0x8000, 0xF],
+    edges = {"version": [0, 1, 3, 255], "opcode": [0, 5, 255], "flags": [0x10, 0x8000, 0xF],
              "frag_index": [0, count, 0xFFFE, 0xFFFF], "frag_count": [0, 1, count + 1, 0xFFFF],
              "payload_len": [0, 1, 1407, 1408, 1409], "status": [0, 1, 5, 6], "chunk_len": [0, 1, chunk_len + 1408]}
     for name in rng.sample(sorted(edges), rng.choice([0, 1, 1, 2])):

@@ -198,7 +198,8 @@ def test_pool_geometry_is_consistent() -> None:
     assert widths["waiterMask_t"] == C["MAX_WAITERS"]
     assert widths["waiterId_t"] == 16  # standard_metadata.egress_rid
     assert C["PENDING_REPLIES"] == C["PENDING_SLOTS"] * C["MAX_WAITERS"]
-    assert C["POOL_ENTRIES"] <= C["POOL_SLOTS"]
+    assert C["POOL_ENTRIES"] == C["POOL_SLOTS"] + 1  # a chunk per slot at most, plus the placement mark
+    assert widths["slotTag_t"] == widths["placement_t"] + 16  # {placement, frag_index}
     assert widths["epochTag_t"] == widths["epoch_t"] + 1
     assert C["DEFAULT_SKETCH_EPOCH"] < 2 ** widths["epoch_t"]
     assert 2 ** widths["epoch_t"] - 1 == contract.EPOCH_MAX

@@ -149,7 +149,7 @@ def test_every_hash_of_the_program_has_a_model_twin(build: dict[str, Any]) -> No
 def test_model_hash_functions_compute_what_the_build_computes(build: dict[str, Any]) -> None:
     rng = random.Random(11)
     samples = [_random_kv(rng) for _ in range(300)]
-    samples += [Kv(1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0), Kv(1, 1, 0, (1 << 64) - 1, 0xFFFF, 1, 0, 0, 0, 0, 0)]
+    samples += [Kv(2, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0), Kv(2, 1, 0, (1 << 64) - 1, 0xFFFF, 1, 0, 0, 0, 0, 0, 0)]
     for name, spec in _hash_specs(build).items():
         model = MODEL_HASHES[name]
         wrong = [(hex(kv.chunk_key), kv.frag_index) for kv in samples if model(kv) != spec.expected(kv)]
@@ -193,8 +193,8 @@ def _programmed_model() -> tuple[SwitchState, KvpoolPipeline]:
 def test_the_pipeline_writes_the_cells_the_build_indexes(build: dict[str, Any], seed: int) -> None:
     """Real GETs through the model: each hashed register changes exactly at the build's indices."""
     rng = random.Random(seed)
-    first = Kv(1, 1, 0, rng.getrandbits(64) | 1, 0, 1, 0, 0, 0, 0, 0)  # fragment 0: counted and coalesced
-    second = Kv(1, 1, 0, rng.getrandbits(64) | 1, rng.randrange(1, 1 << 16), 1, 0, 0, 0, 0, 0)  # coalesced only
+    first = Kv(2, 1, 0, rng.getrandbits(64) | 1, 0, 1, 0, 0, 0, 0, 0, 0)  # fragment 0: counted and coalesced
+    second = Kv(2, 1, 0, rng.getrandbits(64) | 1, rng.randrange(1, 1 << 16), 1, 0, 0, 0, 0, 0, 0)  # coalesced only
     state, pipe = _programmed_model()
     for kv in (first, second):
         assert [port for port, _ in pipe.process(1, _get_frame(kv.chunk_key, kv.frag_index))] == [2]
