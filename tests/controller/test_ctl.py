@@ -239,7 +239,7 @@ def test_shell_attaches_read_only_and_reads_the_pool(daemon: Daemon, capsys: pyt
     script = "print('ENTRIES', len(list(table_entry['MyIngress.pool.pool_lookup'].read())))\n"
     r = cli("--api", daemon.url, "shell", "s1", stdin=script, timeout=90)
     assert r.returncode == 0, r.stderr
-    assert "ENTRIES 1" in r.stdout
+    assert "ENTRIES 2" in r.stdout  # the admitted chunk and the controller's placement mark
     assert "only have read access" in r.stdout  # a backup: the controller keeps the switch
     st = ControllerClient(daemon.url).get("/v1/status")["switches"]["s1"]
     assert st["master"] is True
