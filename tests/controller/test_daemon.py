@@ -9,13 +9,24 @@ answered by the switch itself and never reaches the holder.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from controller.daemon import Catalog, ChunkInfo, Controller, ControllerError, ControllerSettings, Mode, SwitchEndpoint
+from controller.daemon import (
+    Catalog,
+    ChunkInfo,
+    Controller,
+    ControllerError,
+    ControllerSettings,
+    EpochReport,
+    Mode,
+    Override,
+    SwitchEndpoint,
+)
 from controller.fabric import FabricSettings
+from controller.placement import MARK_KEY
 from kvpool import contract as n
 from kvpool import wire
 from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
@@ -141,3 +152,109 @@ def test_catalog_round_trip_and_errors(tmp_path: Path) -> None:
         Catalog.load(path)
     with pytest.raises(ControllerError, match="no such catalog"):
         Catalog.load(tmp_path / "none.json")
+
+
+def _admit(ctl: Controller, switch: ModelSwitch) -> None:
+    """Make KEY hot until the controller admits it."""
+    for i, h in enumerate((H1, H2, H3)):
+        switch.send(h, HOLDER, wire.get_packet(KEY, 0, request_id=10 + i))
+    deadline = time.monotonic() + 10
+    while KEY not in ctl.residents and time.monotonic() < deadline:
+        ctl.run_epoch()
+        time.sleep(0.05)
+    assert KEY in ctl.residents, "the hot chunk was never admitted"
+
+
+def _epochs_until(ctl: Controller, done: Callable[[EpochReport], bool], within: float = 10.0) -> EpochReport:
+    """Run epochs until one's report satisfies ``done`` (digests reach the controller asynchronously)."""
+    deadline = time.monotonic() + within
+    while True:
+        report = ctl.run_epoch()
+        if done(report) or time.monotonic() > deadline:
+            return report
+        time.sleep(0.05)
+
+
+def _fill(switch: ModelSwitch, chunk: bytes = CHUNK, generation: int = 0) -> None:
+    for i in range(wire.fragment_count(len(chunk))):
+        switch.send(HOLDER, H1, wire.data_packet(KEY, i, chunk, generation=generation), sport=wire.KVPOOL_UDP_PORT)
+
+
+def _served(switch: ModelSwitch, frag: int = 1) -> wire.Header | None:
+    """Ask for one fragment with reply room: the switch's answer, or None if it went to the holder.
+
+    RETRANSMIT, so a GET that goes to the holder is never absorbed by the previous one's
+    pending slot (and not counted as a fetch).
+    """
+    out = switch.send(H3, HOLDER, wire.get_packet(KEY, frag, request_id=77, room=True,
+                                                  flags=int(wire.Flag.RETRANSMIT)))
+    assert len(out) == 1
+    port, frame = out[0]
+    return _kv(frame) if port == 4 else None
+
+
+def test_a_restarted_controller_never_gives_a_placement_id_twice(switch: ModelSwitch) -> None:
+    with controller(switch, Mode.POOL) as first:
+        _admit(first, switch)
+        _fill(switch)
+        assert _served(switch) is not None
+        used = first.residents[KEY].placement
+        mark = first.placements.mark
+        assert switch.state.lookup_exact(n.POOL_LOOKUP, MARK_KEY).params["placement"] == mark >= used
+    # A new controller process: it reads the switch back before replacing its state, so the
+    # same chunk at the same base slot gets an id above everything the first one could have used.
+    with controller(switch, Mode.POOL) as second:
+        assert not switch.state.lookup_exact(n.POOL_LOOKUP, KEY).hit  # the first one's entries are gone
+        admitted = second.submit(Override("admit", KEY))  # the sketch already reported it this epoch
+        second.run_epoch()
+        assert admitted.result(5)["admitted"] == [f"{KEY:#x}"]
+        assert second.residents[KEY].placement > mark
+        assert second.residents[KEY].base_slot == 0
+        assert _served(switch) is None  # the slots still hold the first placement's bytes: not served
+        _fill(switch)
+        assert _served(switch) is not None
+
+
+def test_a_holders_newer_generation_is_reported_and_the_chunk_re_placed(switch: ModelSwitch) -> None:
+    with controller(switch, Mode.POOL) as ctl:
+        _admit(ctl, switch)
+        _fill(switch)
+        before = ctl.residents[KEY].placement
+        new = bytes(reversed(CHUNK))
+        _fill(switch, new, generation=3)  # the holder restarted with other bytes: forwarded, reported
+        assert _served(switch) is not None and _served(switch).generation == 0  # type: ignore[union-attr]
+        report = _epochs_until(ctl, lambda r: r.mismatches > 0)
+        assert report.mismatches == 1 and report.replaced == [KEY]
+        res = ctl.residents[KEY]
+        assert (res.generation, res.placement > before) == (3, True)
+        assert _served(switch) is None  # the old bytes are dead
+        _fill(switch, new, generation=3)
+        hdr = _served(switch)
+        assert hdr is not None and hdr.generation == 3
+        # A stale holder's DATA (generation 0 again) is reported but followed only if not older.
+        _fill(switch, CHUNK, generation=0)
+        report = _epochs_until(ctl, lambda r: r.mismatches > 0)
+        assert report.mismatches == 1 and report.replaced == [] and ctl.residents[KEY].generation == 3
+
+
+def test_a_republish_moves_the_switches_off_the_old_bytes_before_it_returns(switch: ModelSwitch) -> None:
+    with controller(switch, Mode.POOL) as ctl:
+        version, _ = ctl.directory.issue(KEY, digest=1, nbytes=len(CHUNK))
+        _admit(ctl, switch)
+        assert ctl.residents[KEY].generation == version.generation == 1
+        _fill(switch, generation=1)
+        assert _served(switch) is not None
+        new = bytes(reversed(CHUNK))
+        version, previous = ctl.directory.issue(KEY, digest=2, nbytes=len(new))
+        assert previous is not None
+        answer = ctl.submit(Override("republish", KEY, generation=version.generation, nbytes=len(new)))
+        ctl.run_epoch()
+        assert answer.result(5) == {"key": f"{KEY:#x}", "generation": 2, "replaced": True, "epoch": ctl.epoch}
+        assert _served(switch) is None  # nothing of generation 1 is served any more
+        _fill(switch, CHUNK, generation=1)  # a late DATA of the old bytes does not come back either
+        assert _served(switch) is None
+        report = _epochs_until(ctl, lambda r: r.mismatches > 0)
+        assert report.mismatches == 1 and report.replaced == [] and ctl.residents[KEY].generation == 2
+        _fill(switch, new, generation=2)
+        hdr = _served(switch)
+        assert hdr is not None and hdr.generation == 2
