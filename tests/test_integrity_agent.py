@@ -7,10 +7,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hostagent.client import AgentClient, AgentError
+from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.serialize import serialize
 from hostagent.transport import ChunkIntegrityError
+from kvpool.httpjson import ApiError
 
 
 def _agent(**kw: object) -> Agent:
@@ -42,7 +43,7 @@ def test_a_damaged_chunk_is_a_502_naming_it_and_never_reaches_a_tier(agents: tup
     AgentClient(holder.api_url).publish_chunks([0x11, 0x22], [good, bytes(bad)])
     client = AgentClient(requester.api_url)
     udp = f"127.0.0.1:{holder.transport.port}"
-    with pytest.raises(AgentError) as err:
+    with pytest.raises(ApiError) as err:
         client.fetch_chunks([0x11, 0x22], udp, timeout=30)
     assert err.value.status == 502
     assert "chunk 0x0000000000000022" in err.value.message and "content check failed 2 times" in err.value.message

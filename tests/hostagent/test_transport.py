@@ -364,7 +364,8 @@ def _set_flags(pkt: bytes, flags: int) -> bytes:
 def test_corrupted_fragments_are_caught_dropped_and_asked_again(kind: str) -> None:
     payload = _blob(400_000) if kind == "serialized" else os.urandom(400_000)
     frags = wire.fragment_count(len(payload))
-    cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=0.05)
+    # Nothing is lost: a long retransmit timeout keeps a slow machine from re-asking twice.
+    cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=2.0)
     bad = {n for n in range(1, frags + 1) if n % 23 == 4}  # first pass only: the re-asked copies arrive intact
     with Transport(TransportConfig(port=0), Holder(_store({7: payload}))) as h, Transport(cfg) as r:
         proxy = LossyProxy(h.address, drop=lambda i: False,
@@ -385,7 +386,7 @@ def test_corrupted_fragments_are_caught_dropped_and_asked_again(kind: str) -> No
 
 def test_a_switch_served_fragment_that_fails_is_asked_for_with_no_cache() -> None:
     payload = _blob(100_000)
-    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=2.0)
     with Transport(TransportConfig(port=0), Holder(_store({5: payload}))) as h, Transport(cfg) as r:
         proxy = LossyProxy(h.address, drop=lambda i: False,
                            mangle=lambda n, pkt: _flip_payload_bit(_set_flags(pkt, wire.Flag.SWITCH_SERVED))
@@ -402,7 +403,7 @@ def test_a_switch_served_fragment_that_fails_is_asked_for_with_no_cache() -> Non
 
 def test_a_fragment_corrupted_on_every_try_fails_the_fetch_with_a_clear_error() -> None:
     payload = os.urandom(50_000)
-    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05, integrity_retries=2)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=2.0, integrity_retries=2)
 
     def always_fragment_4(_n: int, pkt: bytes) -> bytes:
         return _flip_payload_bit(pkt, 5) if wire.unpack_header(pkt).frag_index == 4 else pkt
@@ -427,7 +428,7 @@ def test_a_fragment_corrupted_on_every_try_fails_the_fetch_with_a_clear_error() 
 def test_a_damaged_holder_copy_is_fetched_again_then_refused() -> None:
     blob = bytearray(_blob(30_000))
     blob[-100] ^= 0x01  # the holder's copy rotted: its fragment checks are computed over the damage
-    cfg = TransportConfig(port=0, retransmit_timeout_s=0.05, integrity_retries=2)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=2.0, integrity_retries=2)
     with Transport(TransportConfig(port=0), Holder(_store({3: bytes(blob)}))) as h, Transport(cfg) as r:
         proxy = LossyProxy(h.address, drop=lambda i: False)
         try:
