@@ -60,8 +60,18 @@ Directory (agents; ``hostagent.registration`` is the client):
     the peer address must be the address claimed; a live node id is registered again only
     with its credential (409 ``node_live`` otherwise).
 ``POST /v1/nodes/<id>/heartbeat``, ``POST /v1/nodes/<id>/publish {"keys", "tier",
-"nbytes"}`` (-> ``{"new"}``), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?}`` (->
+"nbytes", "generations"?: {hex key: generation}}`` (-> ``{"new"}``; only copies of the
+current generation are offered), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?}`` (->
 ``{"removed"}``), ``DELETE /v1/nodes/<id>``.
+``POST /v1/nodes/<id>/versions {"chunks": [{"key", "digest", "nbytes"}, ...]}``
+    -> ``{"generations": {hex key: generation}}``: holders only (403 otherwise).  The
+    directory issues a generation per content (docs/correctness.md): the same digest keeps
+    its generation, new bytes get the next one; for a chunk whose content changed, every
+    switch is moved off the old bytes (a ``republish`` through the epoch loop) before the
+    answer.
+``GET /v1/generations?keys=hex,hex,...``
+    -> ``{"generations": {hex key: generation}}`` for the keys the directory knows:
+    requesters validate their cached copies with it.
 
 Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (bad
 argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
@@ -94,6 +104,7 @@ from controller.directory import (
     REFUSED,
     UNKNOWN_NODE,
     DirectoryError,
+    Role,
 )
 from controller.p4runtime import SwitchUnreachableError
 from kvpool import auth, wire
@@ -201,6 +212,8 @@ class ControllerAPI:
         r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._node_call(self._heartbeat)), node)
         r.add("POST", "/v1/nodes/{node}/publish", _directory(self._node_call(self._publish)), node)
         r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._node_call(self._withdraw)), node)
+        r.add("POST", "/v1/nodes/{node}/versions", _directory(self._node_call(self._versions)), node)
+        r.add("GET", "/v1/generations", _directory(self._generations), Auth.NONE)
         return r
 
     def _top(self, req: Request) -> Response:
@@ -240,8 +253,45 @@ class ControllerAPI:
         tier = body.get("tier")
         if not isinstance(tier, str):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "tier: expected a tier name")
+        gens = body.get("generations", {})
+        if not isinstance(gens, dict):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "generations: expected {hex key: generation}")
+        generations = {parse_key(k): _int(gens, k) for k in gens}
         return {"new": self.controller.directory.publish(req.params["node"], _keys(body), tier, _int(body, "nbytes"),
-                                                         _credential(req))}
+                                                         _credential(req), generations)}
+
+    def _versions(self, req: Request) -> dict[str, Any]:
+        """Generations for a holder's chunks, per content; a changed content moves every switch first."""
+        node_id = req.params["node"]
+        self.controller.directory.heartbeat(node_id, _credential(req))  # a live node, and really that node
+        if self.controller.directory.role_of(node_id) is not Role.HOLDER:
+            raise ApiError(HTTPStatus.FORBIDDEN, REFUSED, f"node {node_id!r} is not a holder: only holders publish "
+                                                          "new content")
+        chunks = req.json().get("chunks")
+        if not isinstance(chunks, list) or not all(isinstance(c, dict) for c in chunks):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request",
+                           "versions: expected {chunks: [{key: hex, digest: hex, nbytes: int}, ...]}")
+        out: dict[str, int] = {}
+        for c in chunks:
+            key, digest, nbytes = parse_key(c.get("key")), parse_key(c.get("digest")), _int(c, "nbytes", minimum=1)
+            version, previous = self.controller.directory.issue(key, digest, nbytes)
+            if previous is not None:
+                # Republished with other bytes: every switch moves off the old ones before we answer.
+                self.override({"key": f"{key:#x}", "generation": version.generation, "nbytes": nbytes},
+                              "republish")
+                log.info("chunk %#x republished by %s: generation %d -> %d", key, node_id, previous.generation,
+                         version.generation)
+            out[f"{key:#x}"] = version.generation
+        return {"generations": out}
+
+    def _generations(self, req: Request) -> dict[str, Any]:
+        """Current generation of each key of ``?keys=hex,hex,...`` the directory knows."""
+        text = req.arg("keys", "")
+        keys = [parse_key(k) for k in text.split(",") if k]
+        if len(keys) > 4096:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_request", "generations: at most 4096 keys per call")
+        gens = self.controller.directory.generations(keys)
+        return {"generations": {f"{k:#x}": g for k, g in gens.items()}}
 
     def _withdraw(self, req: Request) -> dict[str, Any]:
         body = req.json()
@@ -346,6 +396,9 @@ class ControllerAPI:
             slots = doc.get("slots")
             ov = Override("quota", tenant=_int(doc, "tenant"),
                           slots=None if slots is None else _int(doc, "slots", minimum=1))
+        elif op == "republish":
+            ov = Override("republish", parse_key(doc.get("key")), generation=_int(doc, "generation"),
+                          nbytes=_int(doc, "nbytes", minimum=1))
         else:
             key = parse_key(doc.get("key"))
             demote = True

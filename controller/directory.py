@@ -252,6 +252,18 @@ class Directory:
                 return True
             return cur == Version(generation, digest, nbytes)
 
+    def note_generation(self, key: int, generation: int) -> None:
+        """A copy at ``generation`` exists somewhere: never issue that generation (or a lower one) for ``key``."""
+        if 0 < generation <= MAX_GENERATION:
+            with self._lock:
+                self._highest[key] = max(self._highest.get(key, 0), generation)
+
+    def role_of(self, node_id: str) -> Role | None:
+        """The role ``node_id`` registered with, None when it is not registered."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return None if node is None else node.role
+
     def version(self, key: int) -> Version | None:
         """The current version of ``key``, or None when the directory has issued none."""
         with self._lock:
@@ -293,6 +305,8 @@ class Directory:
                 self._index.setdefault(k, set()).add(node_id)
                 if generations is not None and k in generations:
                     node.generations[k] = generations[k]
+                    if 0 < generations[k] <= MAX_GENERATION:
+                        self._highest[k] = max(self._highest.get(k, 0), generations[k])
             return new
 
     def withdraw(self, node_id: str, keys: Iterable[int], tier: str | None = None,

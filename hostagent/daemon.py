@@ -23,12 +23,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from hostagent.api import MAX_BODY, make_server
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
+from hostagent.envelope import content_digest
 from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
@@ -183,6 +185,7 @@ class Agent:
         self.fetch_local_hits = 0
         self.fetch_remote = 0
         self.fetch_failed = 0
+        self.stale_dropped = 0
         self.directory: DirectorySync | None = None
 
     def _make_backend(self) -> ChunkBackend | None:
@@ -228,7 +231,7 @@ class Agent:
             caps["pool"] = cfg.pool_bytes
         reg = Registration(ControllerClient(cfg.controller, token=self.token.value),
                            cfg.node_id or socket.gethostname(), cfg.advertise or cfg.host, role=cfg.role, tiers=caps)
-        sync = DirectorySync(reg)
+        sync = DirectorySync(reg, generation_of=self.store.generation)
         self.store.set_listener(sync.notify)  # replays the chunks stored before registering
         try:
             sync.start()
@@ -293,13 +296,25 @@ class Agent:
         return held
 
     def publish(self, key: int, data: bytes | memoryview, generation: int = 0) -> str:
-        """Store a serialized chunk in the local tiers; return the tier it landed in."""
+        """Store a serialized chunk in the local tiers; return the tier it landed in.
+
+        A holder registered with a controller takes the chunk's generation from the
+        directory, per content (``generation`` is then ignored): the same bytes keep their
+        generation, new bytes get the next one, and the controller has moved every switch
+        off the old bytes before this returns (docs/correctness.md).
+        """
         if not 0 <= key < 1 << 64:
             raise ValueError(f"chunk key {key} does not fit 64 bits")
         if not 0 < len(data) <= wire.MAX_CHUNK_LEN:
             raise ValueError(f"chunk of {len(data)} bytes, allowed 1..{wire.MAX_CHUNK_LEN}")
         if not 0 <= generation <= 0xFFFF_FFFF:
             raise ValueError(f"generation {generation} does not fit 32 bits")
+        if self.directory is not None and self.config.role == "holder":
+            try:
+                generation = self.directory.registration.versions([(key, content_digest(data), len(data))])[key]
+            except ApiError as exc:
+                raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "directory",
+                               f"chunk {key:#018x}: the controller did not issue its generation ({exc})") from None
         try:
             self.store.put(key, data, generation)
         except TierError as exc:
@@ -327,13 +342,16 @@ class Agent:
         where bytes were wrong.
         """
         found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
+        current = self._current_generations(keys, found)
         missing = [i for i, blob in enumerate(found) if blob is None]
         if missing and holder is None and self.directory is not None:
             holder = self.holder_from_directory(keys[missing[0]])
         reason: str | None = None
         results: dict[int, FetchResult] = {}
         if missing and holder is not None:
-            fetched = self.transport.fetch([keys[i] for i in missing], holder, generation=generation,
+            # Pinned to what the directory says is current: a holder with an older copy NACKs.
+            pins = [generation or current.get(keys[i], 0) for i in missing]
+            fetched = self.transport.fetch([keys[i] for i in missing], holder, generations=pins,
                                            timeout=timeout or self.config.fetch_timeout_s)
             for i, res in zip(missing, fetched, strict=True):
                 results[i] = res
@@ -364,6 +382,33 @@ class Agent:
             raise ChunkIntegrityError(broken.key, reason or "integrity check failed")
         return out, reason
 
+    def _current_generations(self, keys: list[int], found: list[Blob | None]) -> dict[int, int]:
+        """The directory's current generations of ``keys``; drops (in place) found copies that are not current.
+
+        Without a directory every copy counts as current.  When the controller cannot
+        answer, no copy can be checked, so none is used: the chunks are fetched again (or
+        the prefix stops there), never served stale.
+        """
+        if self.directory is None:
+            return {}
+        try:
+            current = self.directory.registration.client.generations(keys)
+        except ApiError as exc:
+            log.warning("cannot check cached chunks against the directory (%s): fetching them again", exc)
+            for i in range(len(found)):
+                found[i] = None
+            return {}
+        for i, key in enumerate(keys):
+            want = current.get(key)
+            if found[i] is not None and want is not None and self.store.generation(key) != want:
+                log.info("chunk %#018x: cached generation %s, the directory's is %d: dropped", key,
+                         self.store.generation(key), want)
+                self.store.delete(key)
+                found[i] = None
+                with self._lock:
+                    self.stale_dropped += 1
+        return current
+
     def holder_from_directory(self, key: int) -> Address | None:
         """The kvpool address of the fastest live copy of ``key`` on another node, per the directory.
 
@@ -393,6 +438,7 @@ class Agent:
                 "fetch_local_hits": self.fetch_local_hits,
                 "fetch_remote": self.fetch_remote,
                 "fetch_failed": self.fetch_failed,
+                "stale_dropped": self.stale_dropped,
             }
         out: dict[str, Any] = {"agent": agent, "tiers": self.store.stats(), "transport": self.transport.stats()}
         if self._api is not None:

@@ -9,7 +9,9 @@ directory's: ``gpu`` -> ``hbm``, ``dram`` -> ``dram``, anything below (Mooncake,
 in-memory backend) -> ``pool``.
 
 Batching matters: a 64-chunk prefix published at once is one publish call, not 64, and a
-chunk demoted and promoted back between two rounds costs nothing.
+chunk demoted and promoted back between two rounds costs nothing.  Each copy is published
+with its generation (``generation_of``), so the directory offers only current copies and a
+chunk republished in place (same tier, new generation) is published again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from hostagent.registration import Registration
@@ -36,11 +39,14 @@ def directory_tier(tier: str) -> str:
 class DirectorySync:
     """Publishes and withdraws an agent's chunks in the directory, batched, off the data path."""
 
-    def __init__(self, registration: Registration, interval_s: float = 0.2) -> None:
+    def __init__(self, registration: Registration, interval_s: float = 0.2,
+                 generation_of: Callable[[int], int | None] | None = None) -> None:
         self.registration = registration
         self.interval_s = interval_s
+        self.generation_of = generation_of
+        """The generation of the copy held under a key (the store's), published with it."""
         self._pending: dict[int, tuple[str | None, int]] = {}
-        self._published: dict[int, str] = {}
+        self._published: dict[int, tuple[str, int | None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -86,14 +92,18 @@ class DirectorySync:
             return
         publish: dict[tuple[str, int], list[int]] = defaultdict(list)
         withdraw: dict[str, list[int]] = defaultdict(list)
+        generations: dict[int, int] = {}
         for key, (tier, size) in pending.items():
             before = self._published.get(key)
-            if tier == before:
+            gen = self.generation_of(key) if self.generation_of is not None and tier is not None else None
+            if gen is not None:
+                generations[key] = gen
+            if before is not None and (tier, gen) == before:
                 continue
             if tier is not None:
                 publish[(tier, size)].append(key)
-            if before is not None:
-                withdraw[before].append(key)
+            if before is not None and before[0] != tier:
+                withdraw[before[0]].append(key)
         try:
             # Withdraw first: the directory checks each tier's declared capacity, and a chunk
             # demoted out of DRAM must leave it there before the chunk that displaced it is
@@ -103,13 +113,14 @@ class DirectorySync:
                 self.registration.withdraw(keys, tier)
                 self.withdrawals += len(keys)
                 for k in keys:
-                    if self._published.get(k) == tier:
+                    if (self._published.get(k) or ("",))[0] == tier:
                         del self._published[k]
             for (tier, size), keys in publish.items():
-                self.registration.publish(keys, tier, size)
+                gens = {k: generations[k] for k in keys if k in generations}
+                self.registration.publish(keys, tier, size, gens or None)
                 self.publishes += len(keys)
                 for k in keys:
-                    self._published[k] = tier
+                    self._published[k] = (tier, gens.get(k))
         except ApiError as exc:  # ApiUnreachableError included
             self.errors += 1
             log.warning("directory update failed (%s); retrying", exc)

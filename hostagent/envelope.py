@@ -67,6 +67,16 @@ def embedded_checksum(buf: Buffer) -> int | None:
     return int(check)
 
 
+def content_digest(buf: Buffer) -> int:
+    """A 64-bit name of ``buf``'s content: a serialized chunk's own checksum (nothing hashed), else xxh3-64.
+
+    The directory issues generations per content with it, and a holder keys its fragment
+    checks on it.
+    """
+    tag = embedded_checksum(buf)
+    return tag if tag is not None else int(xxhash.xxh3_64_intdigest(_view(buf)))
+
+
 def verify(buf: Buffer) -> bool | None:
     """True if ``buf`` is a serialized chunk whose checksum matches its bytes, False if it does
     not match, None if ``buf`` is not shaped like a serialized chunk at all."""

@@ -44,6 +44,16 @@ class ControllerClient(JsonClient):
     def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
         super().__init__(url, timeout, "controller API", auth.secret() if token is None else token)
 
+    def generations(self, keys: Iterable[int]) -> dict[int, int]:
+        """The directory's current generation of each of ``keys`` it knows (``GET /v1/generations``)."""
+        keys = list(keys)
+        out: dict[int, int] = {}
+        for i in range(0, len(keys), 256):  # short enough query strings
+            text = ",".join(f"{k:#x}" for k in keys[i : i + 256])
+            answer = self.get(f"/v1/generations?keys={text}")["generations"]
+            out.update({int(k, 16): int(g) for k, g in answer.items()})
+        return out
+
     def holders(self, key: int) -> list[dict[str, Any]]:
         """Live copies of chunk ``key`` (node_id, address, tier, nbytes, role), fastest tier first.
 
@@ -75,6 +85,8 @@ class Registration:
         """The per-node credential the controller answered the registration with (sent with every node call)."""
         #: (tier, nbytes) -> keys published: what a re-registration republishes
         self.published: dict[tuple[str, int], set[int]] = {}
+        #: key -> generation of the copy published (republished with it)
+        self.generations: dict[int, int] = {}
         self.reregistrations = 0
         self.heartbeat_failures = 0
         self._stop = threading.Event()
@@ -115,8 +127,9 @@ class Registration:
             self.heartbeat_s = float(answer.get("heartbeat_s", 1.0))
         with self._lock:
             items = [(t, nb, sorted(keys)) for (t, nb), keys in self.published.items() if keys]
+            gens = dict(self.generations)
         for tier, nbytes, keys in items:
-            self._publish(keys, tier, nbytes)
+            self._publish(keys, tier, nbytes, {k: gens[k] for k in keys if k in gens} or None)
 
     def heartbeat(self) -> None:
         """One heartbeat; re-registers and republishes when the controller marked this node down or forgot it."""
@@ -129,21 +142,34 @@ class Registration:
             self.register()
             self.reregistrations += 1
 
-    def _publish(self, keys: list[int], tier: str, nbytes: int) -> int:
-        return int(self.client.post(f"{self._path}/publish", {"keys": [f"{k:#x}" for k in keys], "tier": tier,
-                                                               "nbytes": nbytes}, self._auth())["new"])
+    def _publish(self, keys: list[int], tier: str, nbytes: int, generations: Mapping[int, int] | None = None) -> int:
+        doc: dict[str, Any] = {"keys": [f"{k:#x}" for k in keys], "tier": tier, "nbytes": nbytes}
+        if generations:
+            doc["generations"] = {f"{k:#x}": g for k, g in generations.items()}
+        return int(self.client.post(f"{self._path}/publish", doc, self._auth())["new"])
 
-    def publish(self, keys: Iterable[int], tier: str, nbytes: int) -> int:
-        """This agent holds ``keys`` (``nbytes`` each) in ``tier``; returns how many were new to the directory."""
+    def publish(self, keys: Iterable[int], tier: str, nbytes: int, generations: Mapping[int, int] | None = None) -> int:
+        """This agent holds ``keys`` (``nbytes`` each) in ``tier``, at ``generations``; returns how many were new."""
         keys = list(keys)
-        new = self._publish(keys, tier, nbytes)
+        new = self._publish(keys, tier, nbytes, generations)
         with self._lock:
+            self.generations.update(generations or {})
             for k in keys:  # one size per key and tier: a republish under another size moves it
                 for (t, _nb), ks in self.published.items():
                     if t == tier:
                         ks.discard(k)
             self.published.setdefault((tier, nbytes), set()).update(keys)
         return new
+
+    def versions(self, chunks: Iterable[tuple[int, int, int]]) -> dict[int, int]:
+        """Generations the directory issues for ``(key, content digest, nbytes)`` this holder publishes.
+
+        The same content keeps its generation, new content gets the next; the controller
+        has moved every switch off a replaced content before this returns.
+        """
+        doc = {"chunks": [{"key": f"{k:#x}", "digest": f"{d:#x}", "nbytes": n} for k, d, n in chunks]}
+        answer = self.client.post(f"{self._path}/versions", doc, self._auth())["generations"]
+        return {int(k, 16): int(g) for k, g in answer.items()}
 
     def withdraw(self, keys: Iterable[int], tier: str | None = None) -> int:
         """This agent no longer holds ``keys`` (in ``tier``, or anywhere); returns copies removed."""

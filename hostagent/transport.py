@@ -457,21 +457,28 @@ class Transport:
             return rid
 
     def fetch(self, keys: Sequence[int], holder: Address, *, generation: int = 0,
-              timeout: float | None = None) -> list[FetchResult]:
-        """Fetch chunks from ``holder``; one ``FetchResult`` per key, in order (never raises for a chunk)."""
+              timeout: float | None = None, generations: Sequence[int] | None = None) -> list[FetchResult]:
+        """Fetch chunks from ``holder``; one ``FetchResult`` per key, in order (never raises for a chunk).
+
+        ``generation`` (0: whatever is current) pins every chunk; ``generations`` pins each
+        key on its own (0 for "current"), e.g. to what the directory says is current.
+        """
         if self._thread is None or self._stop.is_set():
             raise TransferError("transport is not running")
         for key in keys:
             if not 0 <= key <= wire.FIELD_BY_NAME["chunk_key"].max:
                 raise ValueError(f"chunk key {key} does not fit 64 bits")
-        if not 0 <= generation <= wire.FIELD_BY_NAME["generation"].max:
-            raise ValueError(f"generation {generation} does not fit 32 bits")
+        gens = [generation] * len(keys) if generations is None else list(generations)
+        if len(gens) != len(keys):
+            raise ValueError(f"{len(gens)} generations for {len(keys)} keys")
+        for g in gens:
+            if not 0 <= g <= wire.FIELD_BY_NAME["generation"].max:
+                raise ValueError(f"generation {g} does not fit 32 bits")
         deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
         call = _Call(collections.deque())
         reqs = [
-            _Request(self._new_rid(), key, holder, generation, FetchResult(key), threading.Event(), deadline,
-                     call=call)
-            for key in keys
+            _Request(self._new_rid(), key, holder, gen, FetchResult(key), threading.Event(), deadline, call=call)
+            for key, gen in zip(keys, gens, strict=True)
         ]
         call.waiting.extend(reqs)
         self._submit.append(call)

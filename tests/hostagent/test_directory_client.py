@@ -7,10 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.registration import ControllerClient
+from kvpool.httpjson import ApiError
 from tests.ctl_harness import TOPO, running
 
 
@@ -88,3 +90,68 @@ def test_requester_finds_the_holder_in_the_directory(tmp_path: Path) -> None:
         finally:
             requester.stop()
             holder.stop()
+
+
+def test_generations_come_from_the_directory_and_stale_cached_copies_are_never_used(tmp_path: Path) -> None:
+    from hostagent.serialize import serialize
+
+    def blob(seed: int) -> bytes:
+        gen = torch.Generator().manual_seed(seed)
+        return bytes(serialize(torch.randn(2, 64, 32, generator=gen)))
+
+    key, first, second = 0xC0DE, blob(1), blob(2)
+    with running(tmp_path, switch=False) as ctl_daemon:
+        ctl = ControllerClient(ctl_daemon.url)
+
+        def agent(node: str, role: str) -> Agent:
+            a = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id=node, role=role,
+                                  advertise=TOPO.hosts[node].address, log_level="WARNING"))
+            a.start()
+            return a
+
+        holder, requester = agent("h0", "holder"), agent("h1", "inference")
+        try:
+            hc, rc = AgentClient(holder.api_url), AgentClient(requester.api_url)
+            udp = f"127.0.0.1:{holder.transport.port}"
+            hc.put_chunk(key, first, generation=77)  # a holder's generation is the directory's, not its own
+            assert holder.store.generation(key) == 1 and ctl.generations([key]) == {key: 1}
+            assert rc.fetch_chunks([key], udp)[1] == [first]
+            assert requester.store.generation(key) == 1
+            assert rc.fetch_chunks([key], udp)[1] == [first]  # from its own tier
+            assert requester.stats()["agent"]["fetch_local_hits"] == 1
+
+            hc.put_chunk(key, second)  # other bytes: the next generation, before this returns
+            assert ctl.generations([key]) == {key: 2}
+            # The requester's copy is of generation 1: dropped, the current bytes fetched instead.
+            assert rc.fetch_chunks([key], udp)[1] == [second]
+            assert requester.store.generation(key) == 2 and requester.stats()["agent"]["stale_dropped"] == 1
+
+            # The same bytes again (a holder restarting and publishing what it has): same generation.
+            holder.stop()
+            holder = agent("h0", "holder")
+            AgentClient(holder.api_url).put_chunk(key, second)
+            assert holder.store.generation(key) == 2 and ctl.generations([key]) == {key: 2}
+            assert rc.fetch_chunks([key], f"127.0.0.1:{holder.transport.port}")[1] == [second]
+            assert requester.stats()["agent"]["stale_dropped"] == 1  # still current: used as it is
+            # Only copies of the current generation are offered to requesters.
+            _until(lambda: {h["node_id"] for h in ctl.holders(key)} == {"h0", "h1"}, "both current copies")
+        finally:
+            requester.stop()
+            holder.stop()
+
+
+def test_only_holders_may_move_a_generation(tmp_path: Path) -> None:
+    with running(tmp_path, switch=False) as ctl_daemon:
+        requester = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id="h1",
+                                      role="inference", advertise=TOPO.hosts["h1"].address, log_level="WARNING"))
+        requester.start()
+        try:
+            assert requester.directory is not None
+            with pytest.raises(ApiError) as err:
+                requester.directory.registration.versions([(5, 0x1234, 100)])
+            assert err.value.status == 403
+            AgentClient(requester.api_url).put_chunk(5, b"x" * 100, generation=3)  # its own copy, its own word
+            assert requester.store.generation(5) == 3
+            assert ControllerClient(ctl_daemon.url).generations([5]) == {}
+        finally:
+            requester.stop()
