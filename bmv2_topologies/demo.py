@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object last (per mode: holder_bytes, ...)")
+    p.add_argument("--impair", action="append", default=[], metavar="PORT:DIR:K=V,...",
+                   help="impair the model switch's links (repeatable; switchmodel/impair.py), e.g. "
+                   "--impair '*:both:corrupt=0.01,seed=1' (model target only)")
     p.add_argument("--vs-mooncake", action="store_true",
                    help="instead: Mooncake Store alone vs kvpool plain/multicast/pool fronting it, in waves "
                    "(scripts/bench_vs_mooncake.py runs it for several N); results in OUT/vs_mooncake/")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, hold_ms=args.hold_ms,
-                     holder_mbps=args.holder_mbps, out=args.out, seed=args.seed)
+                     holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))
     try:
         cfg.validate()
     except ValueError as exc:

@@ -268,7 +268,10 @@ class Controller:
 
     def __init__(self, topo: Topology, switches: Iterable[SwitchEndpoint], settings: ControllerSettings | None = None,
                  catalog: Catalog | None = None, filler: FillRequester | None = None,
-                 driver_factory: Callable[[SwitchEndpoint, ControllerSettings], P4RuntimeSwitch] | None = None) -> None:
+                 driver_factory: Callable[[SwitchEndpoint, ControllerSettings], P4RuntimeSwitch] | None = None,
+                 directory: Directory | None = None) -> None:
+        """``directory`` lets the directory (registered agents, issued generations) outlive this
+        controller, e.g. across experiment modes that each program the switches afresh."""
         self.topo = topo
         self.settings = settings or ControllerSettings()
         self.endpoints = {e.name: e for e in switches}
@@ -291,8 +294,8 @@ class Controller:
         self._lock = threading.RLock()
         # Operator side (controller.api): the directory of holders, per-chunk activity, the
         # snapshot the API reads, and overrides queued for the epoch loop (the API never takes _lock).
-        self.directory = Directory({h.address: Role(h.role) for h in topo.hosts.values()},
-                                   self.settings.heartbeat_timeout_s)
+        self.directory = directory or Directory({h.address: Role(h.role) for h in topo.hosts.values()},
+                                                self.settings.heartbeat_timeout_s)
         self.activity: dict[int, ChunkActivity] = {}
         self.snapshot: dict[str, Any] = {}
         self._overrides: queue.Queue[tuple[Override, Future[dict[str, Any]]]] = queue.Queue()

@@ -44,6 +44,8 @@ class DemoConfig:
     hot prefix, so every requester asks for all of it at once, as an engine fetching a prefix does."""
     hold_ms: float = 100.0
     """How long the holder waits before answering a GET (``kvpool-agent --hold``)."""
+    impair: tuple[str, ...] = ()
+    """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
 
     @property
     def chunk_shape(self) -> tuple[int, ...]:
@@ -72,6 +74,15 @@ class DemoConfig:
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+        if self.impair:
+            from switchmodel.impair import parse_specs  # standard library only
+
+            try:
+                parse_specs(self.impair)
+            except ValueError as exc:
+                raise ValueError(f"--impair: {exc}") from None
+            if self.target == "bmv2":
+                raise ValueError("--impair needs --target model: BMv2 has no impairment and this kernel no sch_netem")
 
 
 @dataclass

@@ -90,6 +90,8 @@ class Testbed:
                                    extra_neighbours={SINK_ADDRESS: SINK_MAC})
         try:
             self.net.start()
+            for sw in self.net.switches:
+                self.net.set_impairment(sw, self.cfg.impair)
             with contextlib.ExitStack() as stack:  # unwinds in reverse: capture, agents, backend
                 holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else []
                 stack.enter_context(self._agents(holder_args))
