@@ -1002,6 +1002,12 @@ class Transport:
             return
         self._c.nacks_received += 1
         status = wire.Status(hdr.status)
+        if hdr.generation != r.generation or (status == wire.Status.BAD_RANGE and r.reasm is not None
+                                              and hdr.frag_index < r.reasm.frag_count):
+            # The NACK answers a GET we did not send as such (a bit flipped on the way: another
+            # generation, a range inside the chunk): not an answer to ours, which is re-asked.
+            self._drop("nack_for_other_get")
+            return
         if status == wire.Status.BUSY:
             # Overload, not an answer: re-ask what is missing after a timeout instead of failing.
             self._c.busy_received += 1

@@ -487,3 +487,26 @@ def test_a_chunk_republished_during_its_fetch_is_fetched_again_at_the_new_genera
     assert isinstance(res, FetchResult) and res.ok and res.generation == 2 and bytes(res.data or b"") == new
     st = r.stats()
     assert st["integrity"]["generation_restarts"] == 1 and st["drops"].get("generation_changed", 0) > 0
+
+
+def test_a_nack_for_a_get_damaged_on_the_way_does_not_fail_the_fetch() -> None:
+    payload = os.urandom(20_000)
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.1)
+    with Transport(TransportConfig(port=0), Holder(_store({4: payload}))) as h, Transport(cfg) as r:
+        seen: list[int] = []
+
+        def stale_first(n: int, pkt: bytes) -> bytes:
+            # The first answer becomes the holder's NACK to a GET whose generation field was hit.
+            hdr = wire.unpack_header(pkt)
+            if n == 1:
+                seen.append(hdr.request_id)
+                return wire.nack_packet(hdr.chunk_key, wire.Status.STALE_GENERATION, hdr.request_id, generation=1 << 20)
+            return pkt
+
+        proxy = LossyProxy(h.address, drop=lambda i: False, mangle=stale_first)
+        try:
+            (res,) = r.fetch([4], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    assert res.ok and bytes(res.data or b"") == payload and seen
+    assert r.stats()["drops"]["nack_for_other_get"] == 1
