@@ -51,7 +51,9 @@ Operator overrides (JSON body; answer ``{"op", "key", "admitted": [...], "evicte
 
 ``POST /v1/admit {"key"}``, ``POST /v1/pin {"key", "tenant"?}``, ``POST /v1/unpin {"key"}``,
 ``POST /v1/evict {"key", "action": "demote"|"drop"}``, ``POST /v1/quota {"tenant", "slots"}``
-(``slots`` null lifts the quota).
+(``slots`` null lifts the quota), ``POST /v1/republish {"key", "generation", "nbytes"}`` (move
+every switch's entry for the key to a new placement at that generation and length; what a
+holder's ``versions`` call does when the content changed).
 
 Directory (agents; ``hostagent.registration`` is the client):
 
@@ -201,7 +203,7 @@ class ControllerAPI:
         r.add("GET", "/v1/top", self._top)
         r.add("GET", "/v1/switches/{name}", lambda req: Response.json(self.switch(req.params["name"])))
         r.add("GET", "/v1/chunks/{key}", lambda req: Response.json(self.chunk(parse_key(req.params["key"]))))
-        for op in ("admit", "evict", "pin", "unpin", "quota"):
+        for op in ("admit", "evict", "pin", "unpin", "quota", "republish"):
             r.add("POST", f"/v1/{op}", functools.partial(self._override, op=op))
         # An agent on another host registers and speaks for itself without the operator's token:
         # its address proves who it is (register: the address claimed; later calls: the node's).

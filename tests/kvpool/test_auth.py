@@ -120,7 +120,7 @@ def bare(tmp_path: Path) -> Iterator[Daemon]:
 def test_every_mutating_controller_endpoint_needs_the_token_from_a_local_caller(bare: Daemon) -> None:
     token = bare.api.token.value
     routes = bare.api.server.router.routes
-    assert _check_every_mutating_route(bare.api.port, routes, token) == 11  # node versions included
+    assert _check_every_mutating_route(bare.api.port, routes, token) == 12  # node versions and republish included
     assert bare.controller.directory.counts() == {"up": 0, "down": 0}
 
 
