@@ -64,7 +64,7 @@ from controller.directory import Directory, Role
 from controller.fabric import FabricSettings
 from hostagent.client import AgentClient
 from hostagent.serialize import serialize
-from kvpool import auth, wire
+from kvpool import auth, contract, wire
 from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import PoolStat
@@ -222,7 +222,9 @@ class IntegrityBed:
         catalog = Catalog(ChunkInfo(k, self.keys[i - 1] if i else None, i, nbytes) for i, k in enumerate(self.keys))
         # Nothing is admitted on its own: the cases admit and evict explicitly.
         fabric = FabricSettings(popularity_threshold=1 << 30, pending_timeout_us=2_000_000)
-        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target)
+        build = contract.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
+        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,
+                                      p4info=build / contract.P4INFO_FILE, bmv2_json=build / contract.BMV2_JSON_FILE)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         filler = HolderPushClient(self.api(self.holder.name), fabric.fill_sink, token=self.token.value)
         ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None,
