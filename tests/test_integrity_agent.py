@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
 
 import pytest
 import torch
@@ -14,21 +14,12 @@ from hostagent.transport import ChunkIntegrityError
 from kvpool.httpjson import ApiError
 
 
-def _agent(**kw: object) -> Agent:
-    cfg = AgentConfig(udp_port=0, api_port=0, log_level="WARNING", retransmit_timeout_s=0.05).replace(**kw)
-    return Agent(cfg)
-
-
-@pytest.fixture
-def agents() -> Iterator[tuple[Agent, Agent]]:
-    a, b = _agent(), _agent(integrity_retries=1)
-    a.start()
-    b.start()
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
+def _started(stack: contextlib.ExitStack, **kw: object) -> Agent:
+    """An agent on free ports, stopped when ``stack`` closes."""
+    agent = Agent(AgentConfig(udp_port=0, api_port=0, log_level="WARNING", retransmit_timeout_s=0.05).replace(**kw))
+    agent.start()
+    stack.callback(agent.stop)
+    return agent
 
 
 def _blob(seed: int) -> bytes:
@@ -36,8 +27,12 @@ def _blob(seed: int) -> bytes:
     return bytes(serialize(torch.randn(4, 2, 64, 32, generator=gen)))
 
 
-def test_a_damaged_chunk_is_a_502_naming_it_and_never_reaches_a_tier(agents: tuple[Agent, Agent]) -> None:
-    holder, requester = agents
+def test_a_damaged_chunk_is_a_502_naming_it_and_never_reaches_a_tier() -> None:
+    with contextlib.ExitStack() as stack:
+        _check_a_damaged_chunk(_started(stack), _started(stack, integrity_retries=1))
+
+
+def _check_a_damaged_chunk(holder: Agent, requester: Agent) -> None:
     good, bad = _blob(1), bytearray(_blob(2))
     bad[len(bad) // 2] ^= 0x10  # the holder's copy of the second chunk is damaged
     AgentClient(holder.api_url).publish_chunks([0x11, 0x22], [good, bytes(bad)])

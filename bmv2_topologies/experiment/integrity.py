@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from bmv2_topologies.experiment.config import MODES
+from bmv2_topologies.experiment.testbed import StarHosts
 from bmv2_topologies.network import EmulatedNetwork, default_target
 from controller.api import ControllerAPI
 from controller.daemon import (
@@ -158,7 +159,7 @@ def _blob(seed: int, nbytes: int) -> bytes:
     return bytes(serialize(torch.randn(nbytes // 2, generator=gen).to(torch.float16)))
 
 
-class IntegrityBed:
+class IntegrityBed(StarHosts):
     """The star, its agents (registered with the directory) and one controller per mode."""
 
     def __init__(self, cfg: IntegrityConfig) -> None:
@@ -237,19 +238,6 @@ class IntegrityBed:
         self._loop = threading.Thread(target=ctl.run, args=(self._stop,), name="controller-epochs", daemon=True)
         self._loop.start()
         return ctl
-
-    def api(self, host: str) -> str:
-        """The agent API of ``host`` (a Unix socket, reachable from the root namespace)."""
-        return f"unix:{(self.run_dir / f'{host}.sock').resolve()}"
-
-    @property
-    def holder(self) -> Host:
-        """``h0``."""
-        return self.topo.holders()[0]
-
-    def requesters(self) -> list[Host]:
-        """``h1 .. hN``."""
-        return sorted(self.topo.inference_hosts(), key=lambda h: int(h.name[1:]))
 
     def start_agent(self, h: Host) -> None:
         """Start ``h``'s agent, registered with the controller; wait until it is ready."""

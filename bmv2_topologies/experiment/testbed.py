@@ -64,7 +64,27 @@ HolderBackend = Callable[["Testbed"], AbstractContextManager[list[str]]]
 Replay = Callable[[ModeResult, Callable[[], None] | None], None]
 
 
-class Testbed:
+class StarHosts:
+    """Where a star's agents are reached: the hosts of ``topo``, their API sockets under ``run_dir``."""
+
+    topo: Topology
+    run_dir: Path
+
+    def api(self, host: str) -> str:
+        """The agent API of ``host`` (a Unix socket: reachable from the root namespace)."""
+        return f"unix:{(self.run_dir / f'{host}.sock').resolve()}"
+
+    @property
+    def holder(self) -> Host:
+        """The holder host (``h0``)."""
+        return self.topo.holders()[0]
+
+    def requesters(self) -> list[Host]:
+        """Inference hosts in requester order (h1, h2, ...)."""
+        return sorted(self.topo.inference_hosts(), key=lambda h: int(h.name[1:]))
+
+
+class Testbed(StarHosts):
     """One network, agents in every host, the controller reprogrammed per mode."""
 
     def __init__(self, cfg: DemoConfig, workload: Workload) -> None:
@@ -107,19 +127,6 @@ class Testbed:
         if self.net is None:
             raise RuntimeError("the testbed is not running")
         return self.net.popen(host, args, **kwargs)
-
-    def api(self, host: str) -> str:
-        """The agent API of ``host`` (a Unix socket: reachable from the root namespace)."""
-        return f"unix:{(self.run_dir / f'{host}.sock').resolve()}"
-
-    @property
-    def holder(self) -> Host:
-        """The holder host (``h0``)."""
-        return self.topo.holders()[0]
-
-    def requesters(self) -> list[Host]:
-        """Inference hosts in requester order (h1, h2, ...)."""
-        return sorted(self.topo.inference_hosts(), key=lambda h: int(h.name[1:]))
 
     @contextlib.contextmanager
     def _agents(self, holder_args: list[str]) -> Iterator[None]:

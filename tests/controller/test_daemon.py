@@ -93,13 +93,7 @@ def test_multicast_mode_coalesces(switch: ModelSwitch) -> None:
 def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: ModelSwitch) -> None:
     sink = FakeSink()
     with controller(switch, Mode.POOL, sink) as ctl:
-        for i, h in enumerate((H1, H2, H3)):
-            switch.send(h, HOLDER, wire.get_packet(KEY, 0, request_id=10 + i))
-        deadline = time.monotonic() + 10
-        while KEY not in ctl.residents and time.monotonic() < deadline:
-            ctl.run_epoch()
-            time.sleep(0.05)
-        assert KEY in ctl.residents, "the hot chunk was never admitted"
+        _admit(ctl, switch)
         assert sink.pushed == [KEY]
         entry = switch.state.lookup_exact(n.POOL_LOOKUP, KEY)
         assert entry.hit and entry.params["frag_count"] == 4 and entry.params["chunk_len"] == len(CHUNK)

@@ -54,24 +54,29 @@ def placement_id() -> int:
     return next(_PLACEMENTS)
 
 
+def pool_entry(key: int, base_slot: int, chunk_len: int, generation: int = 0, state: PoolState = FILLING,
+               placement: int | None = None) -> Entry:
+    """The ``pool_lookup`` entry of chunk ``key`` at ``base_slot`` (a fresh placement id unless given)."""
+    return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
+                 {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len), "chunk_len": chunk_len,
+                  "generation": generation, "state": state,
+                  "placement": placement_id() if placement is None else placement})
+
+
 def admit(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
           state: PoolState = FILLING, placement: int | None = None) -> int:
-    """A pool entry for chunk ``key`` at ``base_slot``; returns its placement id (fresh unless given)."""
-    pid = placement_id() if placement is None else placement
-    sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
-                    {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
-                     "chunk_len": chunk_len, "generation": generation, "state": state, "placement": pid})
-    return pid
+    """Admit chunk ``key`` at ``base_slot``; returns its placement id."""
+    entry = pool_entry(key, base_slot, chunk_len, generation, state, placement)
+    sw.insert_entries([entry])
+    return int(entry.params["placement"])
 
 
 def replace(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, generation: int = 0,
             state: PoolState = FILLING, placement: int | None = None) -> int:
-    """MODIFY chunk ``key``'s entry (a new placement unless given), as the controller re-places it."""
-    pid = placement_id() if placement is None else placement
-    sw.modify_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key}, n.POOL_ENTRY,
-                    {"base_slot": base_slot, "frag_count": wire.fragment_count(chunk_len),
-                     "chunk_len": chunk_len, "generation": generation, "state": state, "placement": pid})
-    return pid
+    """Re-place chunk ``key`` (MODIFY its entry, a new placement unless given), as the controller does."""
+    entry = pool_entry(key, base_slot, chunk_len, generation, state, placement)
+    sw.modify_entries([entry])
+    return int(entry.params["placement"])
 
 
 def waiters(sw: P4RuntimeSwitch, hosts: list[Host]) -> dict[int, int]:

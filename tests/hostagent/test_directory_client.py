@@ -23,6 +23,14 @@ def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def _registered(controller_url: str, node: str, role: str) -> Agent:
+    """A started agent registered with the controller as ``node`` of the harness topology."""
+    a = Agent(AgentConfig(udp_port=0, api_port=0, controller=controller_url, node_id=node, role=role,
+                          advertise=TOPO.hosts[node].address, log_level="WARNING"))
+    a.start()
+    return a
+
+
 def _tiers_of(ctl: ControllerClient, key: int) -> list[str]:
     return [h["tier"] for h in ctl.holders(key) if h["node_id"] == "h0"]
 
@@ -71,13 +79,7 @@ def test_unreachable_or_refusing_controller_fails_start_cleanly(tmp_path: Path) 
 
 def test_requester_finds_the_holder_in_the_directory(tmp_path: Path) -> None:
     with running(tmp_path, switch=False) as ctl_daemon:
-        def agent(node: str, role: str) -> Agent:
-            a = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id=node, role=role,
-                                  advertise=TOPO.hosts[node].address, log_level="WARNING"))
-            a.start()
-            return a
-
-        holder, requester = agent("h0", "holder"), agent("h1", "inference")
+        holder, requester = _registered(ctl_daemon.url, "h0", "holder"), _registered(ctl_daemon.url, "h1", "inference")
         try:
             AgentClient(holder.api_url).put_chunk(0xC0FFEE, b"kv" * 100)
             assert holder.directory is not None
@@ -102,14 +104,7 @@ def test_generations_come_from_the_directory_and_stale_cached_copies_are_never_u
     key, first, second = 0xC0DE, blob(1), blob(2)
     with running(tmp_path, switch=False) as ctl_daemon:
         ctl = ControllerClient(ctl_daemon.url)
-
-        def agent(node: str, role: str) -> Agent:
-            a = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id=node, role=role,
-                                  advertise=TOPO.hosts[node].address, log_level="WARNING"))
-            a.start()
-            return a
-
-        holder, requester = agent("h0", "holder"), agent("h1", "inference")
+        holder, requester = _registered(ctl_daemon.url, "h0", "holder"), _registered(ctl_daemon.url, "h1", "inference")
         try:
             hc, rc = AgentClient(holder.api_url), AgentClient(requester.api_url)
             udp = f"127.0.0.1:{holder.transport.port}"
@@ -128,7 +123,7 @@ def test_generations_come_from_the_directory_and_stale_cached_copies_are_never_u
 
             # The same bytes again (a holder restarting and publishing what it has): same generation.
             holder.stop()
-            holder = agent("h0", "holder")
+            holder = _registered(ctl_daemon.url, "h0", "holder")
             AgentClient(holder.api_url).put_chunk(key, second)
             assert holder.store.generation(key) == 2 and ctl.generations([key]) == {key: 2}
             assert rc.fetch_chunks([key], f"127.0.0.1:{holder.transport.port}")[1] == [second]
@@ -142,9 +137,7 @@ def test_generations_come_from_the_directory_and_stale_cached_copies_are_never_u
 
 def test_only_holders_may_move_a_generation(tmp_path: Path) -> None:
     with running(tmp_path, switch=False) as ctl_daemon:
-        requester = Agent(AgentConfig(udp_port=0, api_port=0, controller=ctl_daemon.url, node_id="h1",
-                                      role="inference", advertise=TOPO.hosts["h1"].address, log_level="WARNING"))
-        requester.start()
+        requester = _registered(ctl_daemon.url, "h1", "inference")
         try:
             assert requester.directory is not None
             with pytest.raises(ApiError) as err:

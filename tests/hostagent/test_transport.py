@@ -183,15 +183,23 @@ class LossyProxy:
         self.back.close()
 
 
+def _through_proxy(chunks: dict[int, bytes], key: int, cfg: TransportConfig, *,
+                   drop: Callable[[int], bool] = lambda i: False,
+                   mangle: Callable[[int, bytes], bytes] | None = None) -> tuple[FetchResult, LossyProxy, Transport]:
+    """Fetch ``key`` from a holder of ``chunks`` through a ``LossyProxy``: the result, the proxy, the requester."""
+    with Transport(TransportConfig(port=0), Holder(_store(chunks))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=drop, mangle=mangle)
+        try:
+            (res,) = r.fetch([key], proxy.address, timeout=30)
+        finally:
+            proxy.close()
+    return res, proxy, r
+
+
 def test_selective_retransmit_through_lossy_link() -> None:
     payload = os.urandom(400_000)  # 285 fragments
     cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=0.05)
-    with Transport(TransportConfig(port=0), Holder(_store({7: payload}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: i % 17 == 3)
-        try:
-            (res,) = r.fetch([7], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy({7: payload}, 7, cfg, drop=lambda i: i % 17 == 3)
     assert res.ok and bytes(res.data or b"") == payload
     assert proxy.dropped > 0 and res.retransmit_rounds > 0
     st = r.stats()
@@ -303,12 +311,7 @@ def test_busy_holder_nacks_and_requester_retries() -> None:
 def test_single_fragment_gets_mode_through_a_lossy_link() -> None:
     payload = os.urandom(200_000)  # 143 fragments
     cfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=0.05, single_fragment_gets=True)
-    with Transport(TransportConfig(port=0), Holder(_store({9: payload}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: i % 13 == 5)
-        try:
-            (res,) = r.fetch([9], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy({9: payload}, 9, cfg, drop=lambda i: i % 13 == 5)
     assert res.ok and bytes(res.data or b"") == payload
     # Every GET asks for exactly one fragment (what a switch can serve or coalesce); the
     # first asks only for fragment 0, whose DATA tells the chunk's length.
@@ -367,13 +370,8 @@ def test_corrupted_fragments_are_caught_dropped_and_asked_again(kind: str) -> No
     # Nothing is lost: a long retransmit timeout keeps a slow machine from re-asking twice.
     cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=2.0)
     bad = {n for n in range(1, frags + 1) if n % 23 == 4}  # first pass only: the re-asked copies arrive intact
-    with Transport(TransportConfig(port=0), Holder(_store({7: payload}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: False,
-                           mangle=lambda n, pkt: _flip_payload_bit(pkt) if n in bad else pkt)
-        try:
-            (res,) = r.fetch([7], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy({7: payload}, 7, cfg,
+                                   mangle=lambda n, pkt: _flip_payload_bit(pkt) if n in bad else pkt)
     assert res.ok and bytes(res.data or b"") == payload
     st = r.stats()
     assert st["integrity"]["fragments_check_failed"] == len(bad) == st["drops"]["bad_check"]
@@ -387,14 +385,9 @@ def test_corrupted_fragments_are_caught_dropped_and_asked_again(kind: str) -> No
 def test_a_switch_served_fragment_that_fails_is_asked_for_with_no_cache() -> None:
     payload = _blob(100_000)
     cfg = TransportConfig(port=0, retransmit_timeout_s=2.0)
-    with Transport(TransportConfig(port=0), Holder(_store({5: payload}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: False,
-                           mangle=lambda n, pkt: _flip_payload_bit(_set_flags(pkt, wire.Flag.SWITCH_SERVED))
-                           if n == 3 else pkt)
-        try:
-            (res,) = r.fetch([5], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy(
+        {5: payload}, 5, cfg,
+        mangle=lambda n, pkt: _flip_payload_bit(_set_flags(pkt, wire.Flag.SWITCH_SERVED)) if n == 3 else pkt)
     assert res.ok and bytes(res.data or b"") == payload
     assert r.stats()["integrity"]["switch_fragments_check_failed"] == 1
     (again,) = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
@@ -408,12 +401,7 @@ def test_a_fragment_corrupted_on_every_try_fails_the_fetch_with_a_clear_error() 
     def always_fragment_4(_n: int, pkt: bytes) -> bytes:
         return _flip_payload_bit(pkt, 5) if wire.unpack_header(pkt).frag_index == 4 else pkt
 
-    with Transport(TransportConfig(port=0), Holder(_store({9: payload}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: False, mangle=always_fragment_4)
-        try:
-            (res,) = r.fetch([9], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy({9: payload}, 9, cfg, mangle=always_fragment_4)
     assert not res.ok and res.data is None and res.integrity
     assert res.error is not None and "chunk 0x0000000000000009" in res.error
     assert "content check failed 3 times" in res.error and "fragment 4" in res.error
@@ -429,12 +417,7 @@ def test_a_damaged_holder_copy_is_fetched_again_then_refused() -> None:
     blob = bytearray(_blob(30_000))
     blob[-100] ^= 0x01  # the holder's copy rotted: its fragment checks are computed over the damage
     cfg = TransportConfig(port=0, retransmit_timeout_s=2.0, integrity_retries=2)
-    with Transport(TransportConfig(port=0), Holder(_store({3: bytes(blob)}))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=lambda i: False)
-        try:
-            (res,) = r.fetch([3], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, proxy, r = _through_proxy({3: bytes(blob)}, 3, cfg)
     assert not res.ok and res.integrity and res.error is not None
     assert "every fragment passed its check but the chunk failed its own checksum" in res.error
     st = r.stats()["integrity"]
@@ -492,21 +475,16 @@ def test_a_chunk_republished_during_its_fetch_is_fetched_again_at_the_new_genera
 def test_a_nack_for_a_get_damaged_on_the_way_does_not_fail_the_fetch() -> None:
     payload = os.urandom(20_000)
     cfg = TransportConfig(port=0, retransmit_timeout_s=0.1)
-    with Transport(TransportConfig(port=0), Holder(_store({4: payload}))) as h, Transport(cfg) as r:
-        seen: list[int] = []
+    seen: list[int] = []
 
-        def stale_first(n: int, pkt: bytes) -> bytes:
-            # The first answer becomes the holder's NACK to a GET whose generation field was hit.
-            hdr = wire.unpack_header(pkt)
-            if n == 1:
-                seen.append(hdr.request_id)
-                return wire.nack_packet(hdr.chunk_key, wire.Status.STALE_GENERATION, hdr.request_id, generation=1 << 20)
-            return pkt
+    def stale_first(n: int, pkt: bytes) -> bytes:
+        # The first answer becomes the holder's NACK to a GET whose generation field was hit.
+        hdr = wire.unpack_header(pkt)
+        if n == 1:
+            seen.append(hdr.request_id)
+            return wire.nack_packet(hdr.chunk_key, wire.Status.STALE_GENERATION, hdr.request_id, generation=1 << 20)
+        return pkt
 
-        proxy = LossyProxy(h.address, drop=lambda i: False, mangle=stale_first)
-        try:
-            (res,) = r.fetch([4], proxy.address, timeout=30)
-        finally:
-            proxy.close()
+    res, _, r = _through_proxy({4: payload}, 4, cfg, mangle=stale_first)
     assert res.ok and bytes(res.data or b"") == payload and seen
     assert r.stats()["drops"]["nack_for_other_get"] == 1

@@ -33,7 +33,7 @@ from scapy.packet import Raw
 from kvpool import contract, wire
 from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
 from kvpool.p4rt.p4info import P4Info
-from switchmodel import coalesce, hashes, popularity
+from switchmodel import coalesce, hashes, pool, popularity
 from switchmodel.checksum import ipv4_csum16
 from switchmodel.parser import Ipv4, Kv
 from switchmodel.pipeline import KvpoolPipeline
@@ -50,6 +50,7 @@ MODEL_HASHES: dict[str, Callable[[Kv], int]] = {
     "popularity_i2": lambda kv: popularity.sketch_indices(kv)[2],
     "popularity_b0": lambda kv: popularity.bloom_indices(kv)[0],
     "popularity_b1": lambda kv: popularity.bloom_indices(kv)[1],
+    "pool_mismatch_cell": pool.mismatch_index,
 }
 
 #: ipv4_t field (as p4c names it) -> the model's Ipv4 attribute.
@@ -175,8 +176,15 @@ def _get_frame(key: int, frag: int) -> bytes:
                  / UDP(sport=40000, dport=wire.KVPOOL_UDP_PORT) / Raw(wire.get_packet(key, frag)))
 
 
+def _data_frame(key: int, generation: int) -> bytes:
+    """The holder (10.0.0.2, port 2) answering 10.0.0.1 with a one-fragment chunk of 100 bytes."""
+    return bytes(Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01") / IP(src="10.0.0.2", dst="10.0.0.1")
+                 / UDP(sport=wire.KVPOOL_UDP_PORT, dport=40000)
+                 / Raw(wire.data_packet(key, 0, bytes(100), generation=generation)))
+
+
 def _programmed_model() -> tuple[SwitchState, KvpoolPipeline]:
-    """The model with routes, a waiter id for the requester and a hot threshold of 1."""
+    """The model with routes, a waiter id for the requester, a writer and a hot threshold of 1."""
     state = SwitchState()
     state.set_pipeline(P4Info.load(contract.P4INFO_PATH), contract.BMV2_JSON_PATH.read_bytes())
     for port, ip in ((1, 0x0A000001), (2, 0x0A000002)):
@@ -186,6 +194,9 @@ def _programmed_model() -> tuple[SwitchState, KvpoolPipeline]:
     state.insert_entry(contract.WAITER_LOOKUP, TableEntry({contract.KEY_WAITER_ADDR: FieldMatch("exact", 0x0A000001)},
                                                           ActionCall(contract.SET_WAITER_ID, {"waiter_id": 0})))
     state.set_default_action(contract.POPULARITY_CONFIG, contract.SET_POPULARITY, {"threshold": 1, "epoch": 3})
+    state.insert_entry(contract.WRITERS, TableEntry({contract.KEY_INGRESS_PORT: FieldMatch("exact", 2),
+                                                     contract.KEY_WRITER_SRC: FieldMatch("exact", 0x0A000002)},
+                                                    ActionCall(contract.ALLOW_WRITER, {})))
     return state, KvpoolPipeline(state, clock_us=lambda: 1000)
 
 
@@ -195,11 +206,18 @@ def test_the_pipeline_writes_the_cells_the_build_indexes(build: dict[str, Any], 
     rng = random.Random(seed)
     first = Kv(2, 1, 0, rng.getrandbits(64) | 1, 0, 1, 0, 0, 0, 0, 0, 0)  # fragment 0: counted and coalesced
     second = Kv(2, 1, 0, rng.getrandbits(64) | 1, rng.randrange(1, 1 << 16), 1, 0, 0, 0, 0, 0, 0)  # coalesced only
+    # A writer's DATA for an admitted chunk at another generation: reported, in its mismatch cell.
+    third = Kv(2, 2, 0, rng.getrandbits(64) | 1, 0, 1, 0, 0, 100, 0, 100, 0)
     state, pipe = _programmed_model()
+    state.insert_entry(contract.POOL_LOOKUP, TableEntry(
+        {contract.KEY_CHUNK_KEY: FieldMatch("exact", third.chunk_key)},
+        ActionCall(contract.POOL_ENTRY, {"base_slot": 0, "frag_count": 1, "chunk_len": 100, "generation": 5,
+                                         "state": 1, "placement": 9})))
     for kv in (first, second):
         assert [port for port, _ in pipe.process(1, _get_frame(kv.chunk_key, kv.frag_index))] == [2]
+    assert [port for port, _ in pipe.process(2, _data_frame(third.chunk_key, 0))] == [1]
     for spec in _hash_specs(build).values():
-        packets = (first, second) if spec.dest == "metadata_t.pending_idx" else (first,)
+        packets = {"metadata_t.pending_idx": (first, second), "pool_mismatch_cell": (third,)}.get(spec.dest, (first,))
         want = {spec.expected(kv) for kv in packets}
         for reg in spec.registers:
             written = {i for i in range(state.register_size(reg)) if state.register_read(reg, i)}
