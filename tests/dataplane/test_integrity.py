@@ -13,7 +13,7 @@ from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import CoalesceStat as CoStat
 from kvpool.contract import DropReason as Drop
-from kvpool.contract import PoolStat
+from kvpool.contract import PoolStat, PoolState
 from kvpool.wire import FRAG_PAYLOAD
 
 from . import program
@@ -30,7 +30,7 @@ GEN = 7
 CHECK_OFF = KV_OFF + wire.FIELD_BY_NAME["check"].offset
 
 
-def _setup(target: Target, state: program.PoolState = program.FILLING) -> int:
+def _setup(target: Target, state: PoolState = program.FILLING) -> int:
     program.routes(target.sw)
     program.guard(target.sw)
     program.writer(target.sw, HOLDER)
