@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import subprocess
 import sys
 import threading
@@ -48,7 +47,7 @@ from typing import Any
 import torch
 
 from bmv2_topologies.experiment.config import MODES
-from bmv2_topologies.experiment.testbed import StarHosts
+from bmv2_topologies.experiment.testbed import StarHosts, fresh_network
 from bmv2_topologies.network import EmulatedNetwork, default_target
 from controller.api import ControllerAPI
 from controller.daemon import (
@@ -74,8 +73,6 @@ from kvpool.topology import Host, star
 
 log = logging.getLogger("kvpool.integrity")
 
-SINK_ADDRESS = "10.0.0.254"
-SINK_MAC = "02:00:00:00:00:fe"
 
 IMPAIRMENTS: dict[str, str] = {
     "loss10": "loss=0.1",
@@ -184,12 +181,8 @@ class IntegrityBed(StarHosts):
     @contextlib.contextmanager
     def running(self) -> Iterator[IntegrityBed]:
         """Network, first controller, agents; everything stopped (by PID) on the way out."""
-        if self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True)
         self.token = auth.load_or_create()
-        self.net = EmulatedNetwork(self.topo, self.cfg.target, log_dir=self.run_dir,
-                                   extra_neighbours={SINK_ADDRESS: SINK_MAC})
+        self.net = fresh_network(self.run_dir, self.topo, self.cfg.target)
         try:
             self.net.start()
             self.program(self.cfg.modes[0])

@@ -57,6 +57,15 @@ SINK_ADDRESS = "10.0.0.254"
 SINK_MAC = "02:00:00:00:00:fe"
 """The controller's fill sink: pushed DATA is addressed here and dropped past the switch."""
 
+
+def fresh_network(run_dir: Path, topo: Topology, target: str | None) -> EmulatedNetwork:
+    """An emptied ``run_dir`` and a network (not started yet) on ``topo`` whose hosts know the sink."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    return EmulatedNetwork(topo, target, log_dir=run_dir, extra_neighbours={SINK_ADDRESS: SINK_MAC})
+
+
 #: Extra services on the holder host, started before its agent: a context manager that
 #: yields the holder agent's extra flags (a backend it fronts, say) and stops them on exit.
 HolderBackend = Callable[["Testbed"], AbstractContextManager[list[str]]]
@@ -102,12 +111,8 @@ class Testbed(StarHosts):
     @contextlib.contextmanager
     def running(self, holder_backend: HolderBackend | None = None) -> Iterator[Testbed]:
         """Build the network, start ``holder_backend`` and the agents; stop everything (by PID) on the way out."""
-        if self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True)
         self.token = auth.load_or_create()
-        self.net = EmulatedNetwork(self.topo, self.cfg.target, log_dir=self.run_dir,
-                                   extra_neighbours={SINK_ADDRESS: SINK_MAC})
+        self.net = fresh_network(self.run_dir, self.topo, self.cfg.target)
         try:
             self.net.start()
             for sw in self.net.switches:
