@@ -574,6 +574,16 @@ class P4RuntimeSwitch:
                 out.append(UpdateError(start + i, u.desc, code_pb2.Code.Name(err.canonical_code), str(err.message)))
         return out
 
+    def write_updates(self, updates: Iterable[Any]) -> list[UpdateError]:
+        """Send ``p4.v1.Update`` messages as they are, unchecked; returns the ones the switch rejected.
+
+        For tests and tools that probe what a switch refuses: the updates bypass the P4Info
+        checks and the intended state, but go out on this controller's own connection, the
+        only one a switch takes writes from while this controller is primary.
+        """
+        batch = [_prebuilt(u, f"{_UPDATE_NAMES[int(u.type)]} {u.entity.WhichOneof('entity')}") for u in updates]
+        return self._write(batch)
+
     def _entry_update(self, utype: int, key: _Key, entry: Entry) -> _Update:
         def fill(u: Any) -> None:
             u.type = utype

@@ -344,21 +344,32 @@ class SwitchState:
         if scope is None:
             raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
                              f"action {action.name} is not an action of table {info.name}")
-        if scope == SCOPE_DEFAULT_ONLY:
-            raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
+        if scope == SCOPE_DEFAULT_ONLY:  # the spec's code, and PI's
+            raise StateError(grpc.StatusCode.PERMISSION_DENIED,
                              f"action {action.name} is default-only in table {info.name}")
 
     def insert_entry(self, table: str, entry: TableEntry) -> None:
-        """Add an entry; ALREADY_EXISTS when its match+priority is present, RESOURCE_EXHAUSTED when full."""
+        """Add an entry; ALREADY_EXISTS when its match+priority is present.
+
+        What BMv2 itself refuses is UNKNOWN, as PI reports a target's failure ("Error when
+        adding match entry to target"): an entry in a table without match fields (only its
+        default entry exists) and one more entry than the table's size.
+        """
         with self._lock:
             t = self._table(table)
             self._check_entry(t, entry)
             key = entry_key(t.info, entry.match, entry.priority)
             if key in t.entries:
-                raise StateError(grpc.StatusCode.ALREADY_EXISTS, f"entry already exists in table {t.info.name}")
+                raise StateError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"Match entry already exists in table {t.info.name} (use MODIFY to change its action)")
+            if not t.info.match_fields:
+                raise StateError(grpc.StatusCode.UNKNOWN,
+                                 f"Error when adding match entry to target: table {t.info.name} has no match "
+                                 "fields (only its default entry can be modified)")
             if t.info.size and len(t.entries) >= t.info.size:
-                raise StateError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"table {t.info.name} is full ({t.info.size} entries)")
+                raise StateError(grpc.StatusCode.UNKNOWN,
+                                 f"Error when adding match entry to target: table {t.info.name} is full "
+                                 f"({t.info.size} entries)")
             self._store(t, entry)
 
     def modify_entry(self, table: str, entry: TableEntry) -> None:
@@ -421,21 +432,30 @@ class SwitchState:
             if scope is None:
                 raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"action {info.name} is not an action of table {t.info.name}")
-            if scope == SCOPE_TABLE_ONLY:
-                raise StateError(grpc.StatusCode.INVALID_ARGUMENT,
+            if scope == SCOPE_TABLE_ONLY:  # the spec's code, and PI's
+                raise StateError(grpc.StatusCode.PERMISSION_DENIED,
                                  f"action {info.name} cannot be the default of table {t.info.name} (table-only)")
             t.default = ActionCall(info.name, dict(params or {}))
 
     def reset_default_action(self, table: str) -> None:
-        """Restore the table's initial default action."""
+        """Restore the table's initial default action (PERMISSION_DENIED when the default is const)."""
         with self._lock:
             t = self._table(table)
+            if t.info.const_default_action_id:
+                raise StateError(grpc.StatusCode.PERMISSION_DENIED,
+                                 f"table {t.info.name} has a const default action")
             t.default = t.initial_default
 
     def default_action(self, table: str) -> ActionCall:
         """The action a miss in ``table`` runs."""
         with self._lock:
             return self._table(table).default
+
+    def set_default_counter(self, table: str, value: CounterValue) -> None:
+        """Set the direct-counter value of a table's default entry (DirectCounterEntry MODIFY)."""
+        with self._lock:
+            t = self._table(table)
+            t.default_packets, t.default_bytes = value.packets, value.bytes
 
     def default_counter(self, table: str) -> CounterValue:
         """Direct-counter value of the default entry (misses) of a table."""

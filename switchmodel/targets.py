@@ -23,16 +23,27 @@ from typing import IO
 from kvpool.tcp import free_port, wait_listening
 
 SIMPLE_SWITCH_GRPC = "simple_switch_grpc"
+#: Where a BMv2 built from source installs (``--prefix /opt/bmv2``) when it is not on PATH.
+BMV2_PREFIX_BIN = Path("/opt/bmv2/bin")
 
 
 class TargetError(RuntimeError):
     """A target did not come up; the message carries the tail of its log."""
 
 
+def find_simple_switch_grpc() -> str | None:
+    """Path of ``simple_switch_grpc``: on PATH, else in /opt/bmv2/bin; None when neither has it."""
+    found = shutil.which(SIMPLE_SWITCH_GRPC)
+    if found is None and os.access(BMV2_PREFIX_BIN / SIMPLE_SWITCH_GRPC, os.X_OK):
+        found = str(BMV2_PREFIX_BIN / SIMPLE_SWITCH_GRPC)
+    return found
+
+
 def bmv2_missing() -> str | None:
-    """None when ``simple_switch_grpc`` is on PATH and we are root, else why BMv2 cannot run."""
-    if shutil.which(SIMPLE_SWITCH_GRPC) is None:
-        return f"{SIMPLE_SWITCH_GRPC} is not on PATH (BMv2 with PI/P4Runtime is not installed)"
+    """None when ``simple_switch_grpc`` is found and we are root, else why BMv2 cannot run on veths."""
+    if find_simple_switch_grpc() is None:
+        return (f"{SIMPLE_SWITCH_GRPC} is neither on PATH nor in {BMV2_PREFIX_BIN} "
+                "(BMv2 with PI/P4Runtime is not installed)")
     if os.geteuid() != 0:
         return "BMv2 on veth pairs needs root"
     return None
@@ -101,9 +112,9 @@ def bmv2_options(binary: str = SIMPLE_SWITCH_GRPC) -> frozenset[str]:
 
 
 def bmv2_argv(switch_ifs: Sequence[str], grpc_port: int, options: frozenset[str], device_id: int = 0,
-              trace: bool = False, thrift_port: int | None = None) -> list[str]:
+              trace: bool = False, thrift_port: int | None = None, binary: str = SIMPLE_SWITCH_GRPC) -> list[str]:
     """The ``simple_switch_grpc`` command line, with only the options this build (``options``) has."""
-    argv = [SIMPLE_SWITCH_GRPC, "--device-id", str(device_id)]
+    argv = [binary, "--device-id", str(device_id)]
     if "--thrift-port" in options and thrift_port is not None:
         argv += ["--thrift-port", str(thrift_port)]
     if "--notifications-addr" in options:
@@ -120,14 +131,16 @@ def bmv2_argv(switch_ifs: Sequence[str], grpc_port: int, options: frozenset[str]
 
 
 def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0,
-               trace: bool = False) -> Process:
-    """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N and no program loaded.
+               trace: bool = False, binary: str | None = None) -> Process:
+    """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N (none is fine) and no program loaded.
 
-    ``trace`` logs every table, action and register access to the log file (slow).
+    ``binary`` defaults to :func:`find_simple_switch_grpc`; ``trace`` logs every table,
+    action and register access to the log file (slow).
     """
-    options = bmv2_options(shutil.which(SIMPLE_SWITCH_GRPC) or SIMPLE_SWITCH_GRPC)
+    binary = binary or find_simple_switch_grpc() or SIMPLE_SWITCH_GRPC
+    options = bmv2_options(binary)
     grpc_port = free_port()
-    argv = bmv2_argv(switch_ifs, grpc_port, options, device_id, trace, thrift_port=free_port())
+    argv = bmv2_argv(switch_ifs, grpc_port, options, device_id, trace, thrift_port=free_port(), binary=binary)
     return _start("bmv2", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)
 
 

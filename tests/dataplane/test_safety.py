@@ -10,10 +10,8 @@ import collections
 import random
 from typing import Any
 
-import grpc
 import pytest
-from google.rpc import code_pb2, status_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+from p4.v1 import p4runtime_pb2
 
 from kvpool import contract as n
 from kvpool import wire
@@ -22,7 +20,7 @@ from kvpool.contract import PoolStat
 from kvpool.wire import FRAG_PAYLOAD, Header, Opcode, WireError
 
 from . import program
-from .harness import DEVICE_ID, Target
+from .harness import Target
 from .packets import data_frame, get_frame, host, kv_frame, with_ttl
 from .program import HOLDER
 
@@ -120,23 +118,9 @@ def test_data_from_non_writer_passes_without_filling(target: Target) -> None:
 
 
 def _raw_write(target: Target, update: Any) -> str:
-    """Send one update straight over gRPC (no client-side checks); return the per-update error code."""
-    with grpc.insecure_channel(target.sw.address) as channel:
-        stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
-        req = p4runtime_pb2.WriteRequest(device_id=DEVICE_ID)
-        req.election_id.high, req.election_id.low = target.sw.election_id
-        req.updates.append(update)
-        try:
-            stub.Write(req, timeout=10)
-        except grpc.RpcError as e:
-            for key, value in e.trailing_metadata() or ():
-                if key == "grpc-status-details-bin":
-                    status = status_pb2.Status.FromString(value)
-                    err = p4runtime_pb2.Error()
-                    status.details[0].Unpack(err)
-                    return str(code_pb2.Code.Name(err.canonical_code))
-            return str(e.code().name)
-    return "OK"
+    """Send one update as built (no client-side checks) on the controller's connection; its code."""
+    errors = target.sw.write_updates([update])
+    return errors[0].code if errors else "OK"
 
 
 def _pool_update(target: Target, key: bytes, params: list[tuple[int, bytes]], table_id: int | None = None) -> Any:

@@ -150,19 +150,32 @@ def master(addr: str) -> Iterator[Controller]:
     c.close()
 
 
-def test_writes_without_any_stream_need_no_election_id(addr: str, server: P4RuntimeServer) -> None:
-    stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(addr))
+def test_writes_only_from_the_primarys_stream(addr: str, server: P4RuntimeServer) -> None:
+    # Each client on its own connection, as separate processes would be.
+    rogue = grpc.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+    stub = p4runtime_pb2_grpc.P4RuntimeStub(rogue)
     req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
         device_id=1, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
     req.config.p4info.CopyFrom(P4INFO.message)
-    stub.SetForwardingPipelineConfig(req, timeout=5)  # as PI: nobody connected, no election id: allowed
+    for election in (None, 1):  # nobody connected: refused with or without an election id (PI takes the first)
+        if election is not None:
+            req.election_id.low = election
+        with pytest.raises(grpc.RpcError) as e:
+            stub.SetForwardingPipelineConfig(req, timeout=5)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    c = Controller(addr, election=10)
+    assert c.arb().arbitration.status.code == code_pb2.OK
+    c.set_pipeline()
     write = p4runtime_pb2.WriteRequest(device_id=1, updates=[update(INSERT, table_entry=pool_entry(1))])
-    stub.Write(write, timeout=5)
-    assert server.state.entry_count("pool") == 1
-    write.election_id.low = 1  # an election id with no stream open is not the master's
+    write.election_id.low = 10  # the primary's id, but not from the primary's stream
     with pytest.raises(grpc.RpcError) as e:
         stub.Write(write, timeout=5)
-    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED and "connection" in str(e.value.details())
+    assert server.state.entry_count("pool") == 0
+    c.write(update(INSERT, table_entry=pool_entry(1)))  # the primary itself
+    assert server.state.entry_count("pool") == 1
+    rogue.close()
+    c.close()
 
 
 def test_capabilities_and_no_pipeline(addr: str) -> None:
@@ -214,12 +227,13 @@ def test_duplicate_election_id_and_bad_device(addr: str) -> None:
     dup = Controller(addr, election=4)
     err = dup.arb()
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    wrong = Controller(addr, election=7, device_id=42)
-    err = wrong.arb()
-    assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.NOT_FOUND
-    with pytest.raises(grpc.RpcError) as e:  # PI: another device id is a device without a pipeline
-        wrong.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry()))
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    wrong = Controller(addr, election=7, device_id=42)  # PI: another device id is a device without a pipeline
+    assert wrong.arb().arbitration.status.code == code_pb2.OK
+    for call in (lambda: wrong.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry())),
+                 lambda: wrong.write(update(INSERT, table_entry=pool_entry(1)))):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     noid = Controller(addr, election=None)  # no election id is election id 0: a backup here
     got = noid.arb().arbitration
     assert got.status.code == code_pb2.ALREADY_EXISTS and got.election_id.low == 4
@@ -255,9 +269,10 @@ def test_batch_reports_each_update_and_applies_the_good_ones(master: Controller,
     with pytest.raises(grpc.RpcError) as e:
         master.write(*updates)
     codes = [code for code, _ in write_errors(e.value)]
-    # Unknown P4Info ids are INVALID_ARGUMENT, as PI answers them; a missing entry is NOT_FOUND.
+    # Unknown P4Info ids are INVALID_ARGUMENT, as PI answers them; a missing entry is NOT_FOUND;
+    # a DEFAULT_ONLY action in an entry is PERMISSION_DENIED (the spec's code, and PI's).
     assert codes == ["OK", "ALREADY_EXISTS", "NOT_FOUND", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT",
-                     "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "OK"]
+                     "INVALID_ARGUMENT", "INVALID_ARGUMENT", "PERMISSION_DENIED", "OK"]
     messages = dict(enumerate(m for _, m in write_errors(e.value)))
     assert "already exists" in messages[1] and "does not fit in bit<16>" in messages[5]
     assert "slot" not in messages[6] and "nfrags" in messages[6]
@@ -303,11 +318,13 @@ def test_match_validation(master: Controller) -> None:
         "INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT", "NOT_FOUND"]
 
 
-def test_table_full_is_resource_exhausted(master: Controller) -> None:
+def test_table_full_is_the_targets_refusal(master: Controller) -> None:
     master.write(*(update(INSERT, table_entry=pool_entry(k)) for k in range(4)))
     with pytest.raises(grpc.RpcError) as e:
         master.write(update(INSERT, table_entry=pool_entry(4)))
-    assert write_errors(e.value) == [("RESOURCE_EXHAUSTED", "table MyIngress.pool is full (4 entries)")]
+    # PI reports BMv2's TABLE_FULL as UNKNOWN ("Error when adding match entry to target").
+    assert write_errors(e.value) == [("UNKNOWN", "Error when adding match entry to target: table MyIngress.pool "
+                                                 "is full (4 entries)")]
 
 
 def test_reads_are_canonical_and_support_wildcards(master: Controller) -> None:
@@ -449,8 +466,11 @@ def test_digests_go_to_the_master_and_acks_free_the_data(master: Controller, ser
     with pytest.raises(grpc.RpcError) as e:
         master.write(update(INSERT, digest_entry=entry))
     assert write_errors(e.value)[0][0] == "ALREADY_EXISTS"
-    read = master.read(p4runtime_pb2.Entity(digest_entry=p4runtime_pb2.DigestEntry()))
+    read = master.read(p4runtime_pb2.Entity(digest_entry=p4runtime_pb2.DigestEntry(digest_id=D_HOT)))
     assert read[0].digest_entry.config.max_list_size == 2
+    with pytest.raises(grpc.RpcError) as e:  # as PI: "digest_id must be set when reading DigestEntry"
+        master.read(p4runtime_pb2.Entity(digest_entry=p4runtime_pb2.DigestEntry()))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert server.state.emit_digest("hot_digest_t", {"key": 0xABCDEF, "count": 9})
     assert server.state.emit_digest("hot_digest_t", {"key": 7, "count": 1})
     msg = master.messages.get(timeout=5).digest
