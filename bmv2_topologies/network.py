@@ -25,6 +25,7 @@ from typing import Any
 
 from kvpool.tcp import free_port, wait_listening
 from kvpool.topology import Topology
+from switchmodel.targets import find_simple_switch_grpc
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class NetworkError(RuntimeError):
 
 
 def default_target() -> str:
-    """``bmv2`` when ``simple_switch_grpc`` is on PATH, else ``model``."""
-    return "bmv2" if shutil.which("simple_switch_grpc") else "model"
+    """``bmv2`` when ``simple_switch_grpc`` is installed (on PATH or in /opt/bmv2/bin), else ``model``."""
+    return "bmv2" if find_simple_switch_grpc() else "model"
 
 
 def mininet_available() -> str | None:
@@ -85,9 +86,10 @@ def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int,
     ``impair_file`` (model only) is the file of link impairments the switch watches.
     """
     if target == "bmv2":
-        exe = shutil.which("simple_switch_grpc")
+        exe = find_simple_switch_grpc()
         if exe is None:
-            raise NetworkError("target bmv2: simple_switch_grpc is not on PATH (use --target model)")
+            raise NetworkError("target bmv2: simple_switch_grpc is neither on PATH nor in /opt/bmv2/bin "
+                               "(use --target model)")
         cmd = [exe, "--device-id", str(device_id), "--log-file", str(log_path.with_suffix(".bmv2")),
                "--log-flush"]
         for port, intf in ports.items():

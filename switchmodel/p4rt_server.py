@@ -18,8 +18,9 @@ INVALID_ARGUMENT ("Invalid P4 id"; digests: NOT_FOUND); an action outside its sc
 PERMISSION_DENIED; bytestrings of any length are accepted when the value fits; a table
 without match fields takes no entries (the target refuses them: UNKNOWN), only its default
 entry can be modified; a full table, an out-of-range counter index and anything else the
-target itself refuses is UNKNOWN; counter DELETE resets the cell; a wildcard digest read
-is UNIMPLEMENTED; multicast group ids from 2^15 up are OUT_OF_RANGE; arbitration for
+target itself refuses is UNKNOWN; a counter reports and a MODIFY writes only its unit's
+value (a PACKETS counter reads 0 bytes; the other value is kept) and DELETE resets the
+cell; a wildcard digest read is UNIMPLEMENTED; multicast group ids from 2^15 up are OUT_OF_RANGE; arbitration for
 another device id is accepted (PI creates devices lazily; that device has no pipeline).
 
 Stricter than PI, on purpose (``switchmodel/DIFFERENCES.md``): a Write or
@@ -32,8 +33,9 @@ accepts requests that carry no election id.
 Left out (UNIMPLEMENTED), as far as BMv2 goes too: register and value-set entries,
 ROLLBACK_ON_ERROR/DATAPLANE_ATOMIC batches. Also left out here: meters and action profiles
 (the kvpool program has none: an id is checked against the P4Info first, as PI does),
-clone sessions, named roles. Capabilities says "1.4.1" (PI says "1.3.0"); the device
-config is stored without checking that it is BMv2 JSON; replicas are read back with
+clone sessions, named roles. RECONCILE_AND_COMMIT keeps the state (BMv2's fails with
+counters in the program). Capabilities says "1.4.1" (PI says "1.3.0"); the device config
+is stored without checking that it is BMv2 JSON; replicas are read back with
 ``egress_port`` even when written with ``port``.
 """
 
@@ -86,6 +88,28 @@ def _election(eid: Any) -> int:
 def _set_election(msg: Any, value: int) -> None:
     msg.high = value >> 64
     msg.low = value & ((1 << 64) - 1)
+
+
+#: Counter units (P4Info ``CounterSpec.Unit``) that count packets, and those that count bytes.
+_COUNTS_PACKETS = ("PACKETS", "BOTH", "UNSPECIFIED")
+_COUNTS_BYTES = ("BYTES", "BOTH", "UNSPECIFIED")
+
+
+def _in_unit(unit: str, value: CounterValue) -> CounterValue:
+    """What a read reports of a cell: PI sets only the counter's unit (a PACKETS counter reads 0 bytes)."""
+    return CounterValue(value.packets if unit in _COUNTS_PACKETS else 0,
+                        value.bytes if unit in _COUNTS_BYTES else 0)
+
+
+def _merged(unit: str, written: CounterValue, current: CounterValue) -> CounterValue:
+    """A counter MODIFY as PI does it over BMv2: the counter's unit is written, the other value stays."""
+    return CounterValue(written.packets if unit in _COUNTS_PACKETS else current.packets,
+                        written.bytes if unit in _COUNTS_BYTES else current.bytes)
+
+
+def _direct_unit(p4info: P4Info, t: TableInfo) -> str:
+    """Unit of the table's direct counter (BOTH when the P4Info names none)."""
+    return next((d.unit for d in p4info.direct_counters if d.table_id == t.id), "BOTH")
 
 
 def _invalid_id(kind: str, ident: int) -> StateError:
@@ -502,7 +526,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         if index < 0:
             raise StateError(_INVALID, "A negative number is not a valid index value")
         if utype == _UPDATE.MODIFY:
-            self.state.counter_write(info.name, index, data)
+            self.state.counter_write(info.name, index,
+                                     _merged(info.unit, data, self.state.counter_read(info.name, index)))
         elif utype == _UPDATE.DELETE:  # as PI: DELETE resets the cell
             self.state.counter_write(info.name, index, CounterValue(0, 0))
         elif utype == _UPDATE.INSERT:
@@ -528,14 +553,17 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         if utype not in (_UPDATE.MODIFY, _UPDATE.DELETE):
             raise StateError(_INVALID, "INSERT update type not supported for counters" if utype == _UPDATE.INSERT
                              else "Update type is not set")
-        value = codec.decode_counter_data(pb.data) if utype == _UPDATE.MODIFY else CounterValue(0, 0)
+        data = codec.decode_counter_data(pb.data) if utype == _UPDATE.MODIFY else CounterValue(0, 0)
+        unit = _direct_unit(p4info, t) if utype == _UPDATE.MODIFY else "BOTH"
         te = pb.table_entry
         if te.is_default_action:
-            self.state.set_default_counter(t.name, value)
+            current = self.state.default_counter(t.name)
+            self.state.set_default_counter(t.name, _merged(unit, data, current))
             return
         match, priority = self._match_key(t, te)
         entry = self.state.get_entry(t.name, match, priority)
         assert entry is not None
+        value = _merged(unit, data, CounterValue(entry.packets, entry.bytes))
         entry.packets, entry.bytes = value.packets, value.bytes
 
     # --- Read ------------------------------------------------------------------------------------
@@ -592,6 +620,9 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
     def _entry_pb(self, p4info: P4Info, t: TableInfo, entry: TableEntry, with_counter: bool) -> Any:
         out = p4runtime_pb2.Entity()
         codec.encode_table_entry(p4info, t, entry, out.table_entry, with_counter=with_counter)
+        if with_counter and t.direct_resource_ids:
+            value = _in_unit(_direct_unit(p4info, t), CounterValue(entry.packets, entry.bytes))
+            codec.encode_counter_data(value, out.table_entry.counter_data)
         return out
 
     def _read_table_entries(self, p4info: P4Info, pb: Any) -> list[Any]:
@@ -604,7 +635,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                     raise StateError(_INVALID, "Default table entries do not support entry ageing, do not set "
                                                "'time_since_last_hit' in your ReadRequest")
                 e = p4runtime_pb2.Entity()
-                counter = self.state.default_counter(t.name) if with_counter and t.direct_resource_ids else None
+                counter = _in_unit(_direct_unit(p4info, t), self.state.default_counter(t.name)) \
+                    if with_counter and t.direct_resource_ids else None
                 codec.encode_default_entry(p4info, t, self.state.default_action(t.name), e.table_entry, counter)
                 out.append(e)
                 continue
@@ -639,7 +671,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                 cells = list(enumerate(self.state.counter_values(c.name)))
             for i, value in cells:
                 ent = p4runtime_pb2.Entity()
-                codec.encode_counter_entry(c, i, value, ent.counter_entry)
+                codec.encode_counter_entry(c, i, _in_unit(c.unit, value), ent.counter_entry)
                 out.append(ent)
         return out
 
@@ -652,6 +684,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
         t = self._table(p4info, te.table_id)
         if not t.direct_resource_ids:
             raise StateError(_INVALID, f"Table has no direct counters ({t.name})")
+        unit = _direct_unit(p4info, t)
         out: list[Any] = []
         if len(te.match) or te.is_default_action:
             self._direct_resource_entry(p4info, pb, "DirectCounterEntry")
@@ -664,13 +697,13 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mi
                 value = CounterValue(entry.packets, entry.bytes)
             e = p4runtime_pb2.Entity()
             e.direct_counter_entry.table_entry.CopyFrom(te)
-            codec.encode_counter_data(value, e.direct_counter_entry.data)
+            codec.encode_counter_data(_in_unit(unit, value), e.direct_counter_entry.data)
             return [e]
         for entry in self.state.entries(t.name):
             e = p4runtime_pb2.Entity()
             d = e.direct_counter_entry
             codec.encode_entry_key(t, entry.match, entry.priority, d.table_entry)
-            codec.encode_counter_data(CounterValue(entry.packets, entry.bytes), d.data)
+            codec.encode_counter_data(_in_unit(unit, CounterValue(entry.packets, entry.bytes)), d.data)
             out.append(e)
         return out
 
