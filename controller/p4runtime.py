@@ -4,8 +4,23 @@ Callers speak names (tables, match fields, actions, parameters, counters, digest
 P4Info) and plain values (ints, IP/MAC strings); the driver encodes them to the widths the
 P4Info gives and ships batched P4Runtime writes. It keeps the *intended* state (entries,
 default actions, multicast groups, digest config) and, after a dropped channel or a
-restarted switch, reconnects, pushes the pipeline if the switch lost it and makes the
-switch match the intended state again (read, diff, write).
+restarted switch, reconnects (with backoff, for ever), pushes the pipeline if the switch
+lost it and makes the switch match the intended state again (read, diff, write).
+
+Every failure is a :class:`P4RuntimeError` naming the switch and the gRPC code:
+:class:`SwitchUnreachableError` (no answer, or the connection dropped during the call:
+its answer is discarded), :class:`NotMasterError`, :class:`NoPipelineError` (the switch
+runs no pipeline: it restarted), :class:`WriteError` (updates the switch rejected) and
+:class:`P4RuntimeCallError` (anything else). A caller that keeps running through a
+switch's trouble catches the base class.
+
+Switch instances: the pipeline cookie is the pipeline's 40-bit hash plus a nonce drawn at
+each push. On every (re)connect the driver reads the switch's cookie: none (a restarted
+switch), another pipeline's, or ours with another nonce (someone else pushed it, maybe
+after a restart) means a new instance, counted in :attr:`P4RuntimeSwitch.instance` so
+that the owner can reset what it keeps about the switch's registers and counters; ours
+with our nonce is the instance we knew. :meth:`P4RuntimeSwitch.health` says whether the
+switch is up, down since when, resyncing, and the last error.
 
 Typical use::
 
@@ -25,7 +40,10 @@ import contextlib
 import hashlib
 import logging
 import queue
+import random
+import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +67,29 @@ log = logging.getLogger(__name__)
 _UPDATE_NAMES = {v: k for k, v in p4runtime_pb2.Update.Type.items()}
 
 
-class SwitchUnreachableError(ConnectionError):
-    """The switch's P4Runtime server did not answer in time (the message says where and how long)."""
+class P4RuntimeError(Exception):
+    """A P4Runtime call to a switch failed; ``code`` is the gRPC status name, ``address`` the switch."""
+
+    def __init__(self, message: str, code: str = "UNKNOWN", address: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.address = address
 
 
-class NotMasterError(PermissionError):
+class SwitchUnreachableError(P4RuntimeError, ConnectionError):
+    """The switch did not answer, or the connection dropped during the call (its answer was discarded)."""
+
+
+class NotMasterError(P4RuntimeError, PermissionError):
     """This controller lost (or never won) arbitration: another has a higher election id."""
+
+
+class NoPipelineError(P4RuntimeError):
+    """The switch runs no forwarding pipeline (FAILED_PRECONDITION): it restarted and nobody pushed one yet."""
+
+
+class P4RuntimeCallError(P4RuntimeError):
+    """The switch refused a call for another reason (the message has the gRPC code and details)."""
 
 
 @dataclass(frozen=True)
@@ -70,13 +105,14 @@ class UpdateError:
         return f"#{self.index} {self.update}: {self.code}: {self.message}"
 
 
-class WriteError(RuntimeError):
+class WriteError(P4RuntimeError, RuntimeError):
     """The switch rejected some updates of a write; ``errors`` has one UpdateError per rejected update."""
 
     def __init__(self, address: str, total: int, errors: list[UpdateError]) -> None:
         self.errors = errors
         lines = "\n  ".join(str(e) for e in errors)
-        super().__init__(f"switch {address} rejected {len(errors)} of {total} update(s):\n  {lines}")
+        super().__init__(f"switch {address} rejected {len(errors)} of {total} update(s):\n  {lines}",
+                         errors[0].code if errors else "UNKNOWN", address)
 
     @property
     def codes(self) -> list[str]:
@@ -149,13 +185,30 @@ class _Intended:
     digests: dict[str, DigestConfig] = field(default_factory=dict)
 
 
-def _pipeline_cookie(p4info: bytes, device_config: bytes) -> int:
-    """A 64-bit cookie naming the pipeline, so a reconnect can tell whether the switch still runs it."""
-    return int.from_bytes(hashlib.blake2b(p4info + b"\0" + device_config, digest_size=8).digest(), "big") >> 1
+#: Low bits of a pipeline cookie: a nonce drawn at each push (the high 40 bits name the pipeline).
+NONCE_BITS = 23
+
+
+def pipeline_id(p4info: bytes, device_config: bytes) -> int:
+    """40-bit hash naming a pipeline (P4Info + device config): the high bits of every cookie we push."""
+    return int.from_bytes(hashlib.blake2b(p4info + b"\0" + device_config, digest_size=5).digest(), "big")
+
+
+def make_cookie(pipeline: int, nonce: int | None = None) -> int:
+    """A pipeline cookie: ``pipeline`` (40 bits) and a push nonce (random when None); below 2**63."""
+    if nonce is None:
+        nonce = secrets.randbits(NONCE_BITS)
+    return (pipeline << NONCE_BITS) | (nonce & ((1 << NONCE_BITS) - 1))
 
 
 class P4RuntimeSwitch:
-    """A P4Runtime client for one switch, addressed by P4Info names (see the module docstring)."""
+    """A P4Runtime client for one switch, addressed by P4Info names (see the module docstring).
+
+    ``wait_ready_s`` bounds how long a call waits for a reconnect in progress (default
+    ``timeout_s``; 0 fails at once). With ``defer_writes`` a write made while the switch is
+    down, or one the connection drops, only changes the intended state, which the resync
+    after the reconnect applies: the owner keeps going through a switch's restart.
+    """
 
     def __init__(
         self,
@@ -168,6 +221,10 @@ class P4RuntimeSwitch:
         reconnect: bool = True,
         batch_size: int = 512,
         on_digest: Callable[[Digest], None] | None = None,
+        wait_ready_s: float | None = None,
+        defer_writes: bool = False,
+        max_backoff_s: float = 2.0,
+        check_interval_s: float = 2.0,
     ) -> None:
         self.address = address
         self.p4info = p4info if isinstance(p4info, P4Info) else P4Info.load(p4info)
@@ -183,13 +240,25 @@ class P4RuntimeSwitch:
         self.reconnect = reconnect
         self.batch_size = batch_size
         self.on_digest = on_digest
+        self.wait_ready_s = timeout_s if wait_ready_s is None else wait_ready_s
+        self.defer_writes = defer_writes
+        self.max_backoff_s = max_backoff_s
+        self.check_interval_s = check_interval_s
         #: Digest lists received (already acked to the switch), oldest first.
         self.digests: queue.Queue[Digest] = queue.Queue()
         #: PacketIns received, oldest first.
         self.packet_ins: queue.Queue[PacketIn] = queue.Queue()
         #: Reconnects performed (each followed by a resync).
         self.reconnects = 0
-        self.cookie = _pipeline_cookie(self.p4info.message.SerializeToString(deterministic=True), self.device_config)
+        #: Switch instances seen: bumped when the switch runs no pipeline, another one, or ours
+        #: pushed by someone else (a restart); its registers and counters started from zero.
+        self.instance = 0
+        #: Whether the first connect found this pipeline already running (a warm switch).
+        self.adopted = False
+        self.pipeline_id = pipeline_id(self.p4info.message.SerializeToString(deterministic=True),
+                                       self.device_config)
+        #: The cookie of the pipeline instance this driver knows (pushed or adopted).
+        self.cookie = make_cookie(self.pipeline_id)
         self._intended = _Intended()
         self._lock = threading.RLock()  # guards the intended state and serialises writes with resync
         self._channel: grpc.Channel | None = None
@@ -205,6 +274,12 @@ class P4RuntimeSwitch:
         self._promoted = threading.Event()  # became master after being a backup: resync due
         self._manage = True  # resync (pipeline + state) on connect, reconnect and promotion
         self._watcher: threading.Thread | None = None
+        self._session = 0  # bumped at every successful open: a call spans one session or fails
+        self._ever_connected = False
+        self._down_since: float | None = time.time()
+        self._last_error: str | None = None
+        self._resyncing = False
+        self._pending = False  # intended state changed while the switch was down
 
     @classmethod
     def for_kvpool(cls, address: str, **kwargs: Any) -> P4RuntimeSwitch:
@@ -226,11 +301,36 @@ class P4RuntimeSwitch:
         """True while the stream channel to the switch is up."""
         return self._connected.is_set()
 
-    def connect(self, push_pipeline: bool = True) -> P4RuntimeSwitch:
+    @property
+    def ready(self) -> bool:
+        """True while the switch is connected and resynced: calls go through now."""
+        return self._ready.is_set()
+
+    def health(self) -> dict[str, Any]:
+        """For status: state (up, backup, resyncing, connecting, down), down since, last error, counts."""
+        if self._ready.is_set():
+            state = "up" if self._is_master or not self._manage else "backup"
+        elif self._resyncing:
+            state = "resyncing"
+        elif self._connected.is_set():
+            state = "connecting"
+        else:
+            state = "down"
+        return {"state": state, "down_since": None if state in ("up", "backup") else self._down_since,
+                "last_error": self._last_error, "reconnects": self.reconnects, "instance": self.instance,
+                "adopted": self.adopted}
+
+    def runs_our_pipeline(self, cookie: int | None) -> bool:
+        """True when ``cookie`` names this driver's pipeline (whoever pushed it)."""
+        return cookie is not None and cookie >> NONCE_BITS == self.pipeline_id
+
+    def connect(self, push_pipeline: bool = True, retry_in_background: bool = False) -> P4RuntimeSwitch:
         """Open the channel, win arbitration, push the pipeline if needed and resync; returns self.
 
         Raises SwitchUnreachableError when the switch does not answer within ``timeout_s`` and
-        NotMasterError when a controller with a higher election id holds the switch.
+        NotMasterError when a controller with a higher election id holds the switch. With
+        ``retry_in_background`` an unreachable switch is retried for ever by the watcher
+        (the error is still raised, so the caller can say so).
         """
         self._closed.clear()
         self._manage = push_pipeline
@@ -240,28 +340,39 @@ class P4RuntimeSwitch:
             self._ready.set()  # a backup may still read, and is resynced if promoted
             self._start_watcher()
             raise
+        except SwitchUnreachableError as e:
+            self._note_error(e)
+            if retry_in_background and self.reconnect:
+                self._lost.set()
+                self._start_watcher()
+            raise
         if push_pipeline:
-            self._resync_as_owner()
-        self._ready.set()
+            self._resync_as_owner(mark_ready=True)
+        else:
+            self._ready.set()
+            self._down_since = None
         self._start_watcher()
         return self
-
-    def manage(self) -> None:
-        """Take the switch over after ``connect(push_pipeline=False)``: resync it to the intended state now
-        and on every reconnect or promotion (what ``connect()`` does by default).
-
-        The pause between the two lets a restarted controller read back what the switch held
-        (its pool entries' placement ids, ``controller.placement``) before the resync
-        replaces it.
-        """
-        self._manage = True
-        self._wait_ready()
-        self._resync_as_owner()
 
     def _start_watcher(self) -> None:
         if self.reconnect and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name=f"p4rt-watch-{self.address}", daemon=True)
             self._watcher.start()
+
+    def _note_error(self, e: BaseException) -> None:
+        self._last_error = str(e).splitlines()[0] if str(e) else type(e).__name__
+
+    def _mark_lost(self, why: str) -> None:
+        """The session is gone (stream dropped, or the switch does not know us): reconnect."""
+        if self._connected.is_set() or self._ready.is_set():
+            log.warning("switch %s: connection lost (%s)", self.address, why)
+        self._last_error = why
+        self._connected.clear()
+        self._ready.clear()
+        self._is_master = False
+        if self._down_since is None:
+            self._down_since = time.time()
+        self._lost.set()
 
     def _open(self) -> None:
         self._teardown()
@@ -272,8 +383,8 @@ class P4RuntimeSwitch:
         except grpc.FutureTimeoutError:
             channel.close()
             raise SwitchUnreachableError(f"P4Runtime switch at {self.address} did not answer within "
-                                    f"{self.timeout_s:.1f} s (is simple_switch_grpc or kvpool-switch running "
-                                    "there?)") from None
+                                         f"{self.timeout_s:.1f} s (is simple_switch_grpc or kvpool-switch running "
+                                         "there?)", "UNAVAILABLE", self.address) from None
         self._channel = channel
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
         requests: queue.Queue[Any] = queue.Queue()
@@ -299,19 +410,22 @@ class P4RuntimeSwitch:
         except queue.Empty:
             self._teardown()
             raise SwitchUnreachableError(f"P4Runtime switch at {self.address}: no arbitration reply within "
-                                    f"{self.timeout_s:.1f} s") from None
+                                         f"{self.timeout_s:.1f} s", "DEADLINE_EXCEEDED", self.address) from None
         if reply is None:
             self._teardown()
-            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} closed the stream before arbitration")
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} closed the stream before "
+                                         "arbitration", "UNAVAILABLE", self.address)
         if isinstance(reply, grpc.RpcError):
             self._teardown()
             raise SwitchUnreachableError(f"P4Runtime switch at {self.address} refused the stream: "
-                                    f"{reply.code().name}: {reply.details()}")
+                                         f"{reply.code().name}: {reply.details()}", reply.code().name, self.address)
+        self._session += 1
         self._lost.clear()
         self._connected.set()
         if not self._is_master:
             raise NotMasterError(f"switch {self.address}: election id {self.election_id} is not the highest "
-                            f"({reply.arbitration.status.message}); this controller is a backup")
+                                 f"({reply.arbitration.status.message}); this controller is a backup",
+                                 "PERMISSION_DENIED", self.address)
 
     def _receive(self, stream: Any, requests: queue.Queue[Any]) -> None:
         try:
@@ -333,14 +447,11 @@ class P4RuntimeSwitch:
             if not self._connected.is_set():
                 self._arbitration.put(e)
             elif not self._closed.is_set():
-                log.warning("switch %s: stream channel dropped (%s)", self.address, e.code().name)
+                self._last_error = f"stream channel dropped ({e.code().name})"
         finally:
             self._arbitration.put(None)  # unblocks a connect waiting for its arbitration reply
-            if self._requests is requests:
-                self._connected.clear()
-                self._ready.clear()
-                self._is_master = False
-                self._lost.set()
+            if self._requests is requests and not self._closed.is_set():
+                self._mark_lost(self._last_error or "stream channel ended")
 
     def _handle_digest(self, msg: Any, requests: queue.Queue[Any]) -> None:
         try:
@@ -370,48 +481,91 @@ class P4RuntimeSwitch:
         self.packet_ins.put(PacketIn(bytes(msg.payload), meta))
 
     def _watch(self) -> None:
-        """Reconnect + resync after a dropped channel; resync when promoted from backup to master."""
+        """Reconnect + resync after a dropped channel (backoff, for ever); resync on promotion or a new instance."""
         delay = 0.1
+        failures = 0
+        next_check = time.monotonic() + self.check_interval_s
         while not self._closed.is_set():
             if self._promoted.is_set() and self._connected.is_set() and self._manage:
                 self._promoted.clear()
                 try:
-                    self._resync_as_owner()
+                    self._resync_as_owner(mark_ready=True)
                     log.info("switch %s: promoted to master and resynced", self.address)
                 except Exception as e:  # keep watching; the next promotion or reconnect retries
+                    self._note_error(e)
                     log.warning("switch %s: resync after promotion failed: %s", self.address, e)
             if not self._lost.wait(timeout=0.1) or self._closed.is_set():
+                if self._manage and self._ready.is_set() and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.check_interval_s
+                    self._check_instance()
                 continue
             try:
                 self._open()
                 if self._manage:
-                    self._resync_as_owner()
-                self._ready.set()
+                    self._resync_as_owner(mark_ready=True)
+                else:
+                    self._ready.set()
+                    self._down_since = None
                 self.reconnects += 1
-                log.info("switch %s: reconnected and resynced", self.address)
-                delay = 0.1
+                log.info("switch %s: reconnected and resynced (instance %d)", self.address, self.instance)
+                delay, failures = 0.1, 0
             except NotMasterError:
                 # Connected as a backup: usable for reads; a promotion triggers the resync.
                 self._ready.set()
                 self.reconnects += 1
                 log.info("switch %s: reconnected as backup", self.address)
             except Exception as e:  # anything else: the switch is not usable yet, try again later
-                log.info("switch %s: reconnect failed (%s); retrying in %.1f s", self.address,
-                         str(e).splitlines()[0], delay)
+                self._note_error(e)
+                failures += 1
+                # Say it once loudly, then quietly: a switch down for minutes must not flood the log.
+                (log.warning if failures == 1 else log.debug)(
+                    "switch %s: reconnect failed (%s); retrying in %.1f s", self.address,
+                    str(e).splitlines()[0], delay)
+                self._connected.clear()
                 self._lost.set()
-                self._closed.wait(delay)
-                delay = min(2.0, delay * 2)
+                # Jitter keeps many controllers (or switches) from retrying in lockstep.
+                self._closed.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(self.max_backoff_s, delay * 2)
+
+    def _check_instance(self) -> None:
+        """Resync when the switch runs another pipeline instance than ours (pushed by someone else)."""
+        try:
+            cookie = self.switch_cookie()
+        except P4RuntimeError as e:
+            self._note_error(e)
+            return
+        if cookie == self.cookie:
+            return
+        log.warning("switch %s: runs pipeline cookie %s, not ours (%#x): someone else pushed it; resyncing",
+                    self.address, "none" if cookie is None else f"{cookie:#x}", self.cookie)
+        try:
+            self._resync_as_owner(mark_ready=True)
+        except Exception as e:
+            self._note_error(e)
+            self._mark_lost(f"resync after a foreign pipeline push failed: {self._last_error}")
 
     def wait_connected(self, timeout_s: float | None = None) -> bool:
         """Block until the switch is connected and resynced (after a reconnect); False on timeout."""
         return self._ready.wait(self.timeout_s if timeout_s is None else timeout_s)
 
-    def _resync_as_owner(self) -> None:
+    def _resync_as_owner(self, mark_ready: bool = False) -> None:
+        """Resync holding the lock; ``mark_ready`` opens the switch to callers before the lock is released.
+
+        Setting ready inside the lock is what makes deferred writes safe: a writer that sees
+        the switch not ready (under the lock) knows a resync has still to run and will apply
+        its change to the intended state.
+        """
         with self._lock:
             self._resync_thread = threading.get_ident()
+            self._resyncing = True
             try:
                 self.resync()
+                if mark_ready:
+                    self._pending = False
+                    self._ready.set()
+                    self._down_since = None
             finally:
+                self._resyncing = False
                 self._resync_thread = None
 
     def _teardown(self) -> None:
@@ -442,33 +596,70 @@ class P4RuntimeSwitch:
     # --- RPC plumbing ----------------------------------------------------------------------------
 
     def _wait_ready(self) -> None:
-        """Wait (outside the lock) for a reconnect + resync in progress, up to ``timeout_s``."""
+        """Wait (outside the lock) for a reconnect + resync in progress, up to ``wait_ready_s``."""
         if self._resync_thread == threading.get_ident() or self._ready.is_set():
             return
-        if not self._ready.wait(self.timeout_s):
-            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected "
-                                    f"(waited {self.timeout_s:.1f} s for a reconnect)")
+        if self.wait_ready_s <= 0 or not self._ready.wait(self.wait_ready_s):
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected"
+                                         + (f" (waited {self.wait_ready_s:.1f} s for a reconnect)"
+                                            if self.wait_ready_s > 0 else "")
+                                         + (f"; last error: {self._last_error}" if self._last_error else ""),
+                                         "UNAVAILABLE", self.address)
 
-    def _require(self) -> Any:
-        """The stub, for a call made now: resync may use a connected switch, callers need a resynced one."""
+    def _require(self) -> tuple[Any, int]:
+        """(stub, session) for a call made now: resync may use a connected switch, callers need a resynced one."""
         event = self._connected if self._resync_thread == threading.get_ident() else self._ready
         if not event.is_set():
             self._wait_ready()
-        stub = self._stub
+        stub, session = self._stub, self._session
         if stub is None or not self._connected.is_set():
-            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected")
-        return stub
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address} is not connected", "UNAVAILABLE",
+                                         self.address)
+        return stub, session
+
+    def _call(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(stub)`` within one session: if the connection dropped meanwhile, the answer is discarded.
+
+        gRPC reconnects a channel by itself, so without this a call could reach a new switch
+        process (a restarted switch) and read its empty state as ours.
+        """
+        stub, session = self._require()
+        try:
+            result = fn(stub)
+        except grpc.RpcError as e:
+            raise self._rpc_error(what, e) from None
+        if session != self._session or not self._connected.is_set():
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address}: the connection dropped during "
+                                         f"{what}; its answer was discarded (the switch may have restarted)",
+                                         "UNAVAILABLE", self.address)
+        return result
 
     def _election_msg(self, msg: Any) -> None:
         msg.high, msg.low = self.election_id
 
-    def _rpc_error(self, what: str, e: grpc.RpcError) -> Exception:
+    def _rpc_error(self, what: str, e: grpc.RpcError) -> P4RuntimeError:
         code = e.code()
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return SwitchUnreachableError(f"P4Runtime switch at {self.address} unavailable ({what}): {e.details()}")
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            return NotMasterError(f"switch {self.address} refused {what}: {e.details()}")
-        return RuntimeError(f"switch {self.address}: {what} failed: {code.name}: {e.details()}")
+        name = code.name
+        details = e.details()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            err: P4RuntimeError = SwitchUnreachableError(f"P4Runtime switch at {self.address} unavailable ({what}): "
+                                                         f"{name}: {details}", name, self.address)
+            self._mark_lost(f"{what}: {name}")
+        elif code == grpc.StatusCode.PERMISSION_DENIED:
+            err = NotMasterError(f"switch {self.address} refused {what}: {details}", name, self.address)
+            if self._is_master:
+                # We hold the primary's stream as far as we know: the switch answering is not the
+                # one we arbitrated with (a restarted process behind a silently reconnected channel).
+                self._mark_lost(f"{what} refused although this controller is primary (switch restarted?)")
+        elif code == grpc.StatusCode.FAILED_PRECONDITION:
+            err = NoPipelineError(f"switch {self.address}: {what} failed: the switch runs no pipeline ({details}); "
+                                  "it restarted, a resync pushes ours", name, self.address)
+            if self._manage:
+                self._mark_lost(f"{what}: the switch runs no pipeline")
+        else:
+            err = P4RuntimeCallError(f"switch {self.address}: {what} failed: {name}: {details}", name, self.address)
+        self._note_error(err)
+        return err
 
     # --- pipeline --------------------------------------------------------------------------------
 
@@ -476,12 +667,16 @@ class P4RuntimeSwitch:
         """Cookie of the pipeline the switch runs; None when it runs none or one set without a cookie."""
         req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
             device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
+        stub, session = self._require()
         try:
-            resp = self._require().GetForwardingPipelineConfig(req, timeout=self.timeout_s)
+            resp = stub.GetForwardingPipelineConfig(req, timeout=self.timeout_s)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return None
             raise self._rpc_error("GetForwardingPipelineConfig", e) from None
+        if session != self._session:
+            raise SwitchUnreachableError(f"P4Runtime switch at {self.address}: the connection dropped while reading "
+                                         "its pipeline cookie", "UNAVAILABLE", self.address)
         if not resp.config.HasField("cookie"):
             return None
         return int(resp.config.cookie.cookie)
@@ -496,17 +691,18 @@ class P4RuntimeSwitch:
                 self.resync()
 
     def _push_pipeline(self) -> None:
-        """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and cookie."""
+        """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and a fresh cookie."""
+        cookie = make_cookie(self.pipeline_id)
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
         self._election_msg(req.election_id)
         req.config.p4info.CopyFrom(self.p4info.message)
         req.config.p4_device_config = self.device_config
-        req.config.cookie.cookie = self.cookie
-        try:
-            self._require().SetForwardingPipelineConfig(req, timeout=max(self.timeout_s, 30.0))
-        except grpc.RpcError as e:
-            raise self._rpc_error("SetForwardingPipelineConfig", e) from None
+        req.config.cookie.cookie = cookie
+        self._call("SetForwardingPipelineConfig",
+                   lambda stub: stub.SetForwardingPipelineConfig(req, timeout=max(self.timeout_s, 30.0)))
+        self.cookie = cookie
+        self.instance += 1  # a push clears the switch: registers and counters start from zero
 
     # --- encoding --------------------------------------------------------------------------------
 
@@ -540,8 +736,13 @@ class P4RuntimeSwitch:
     # --- writes ----------------------------------------------------------------------------------
 
     def _write(self, updates: Sequence[_Update]) -> list[UpdateError]:
-        """Send updates in batches; returns the rejected ones (index into ``updates``)."""
-        stub = self._require()
+        """Send updates in batches; returns the rejected ones (index into ``updates``).
+
+        A write the switch answered was applied by the switch we arbitrated with, whatever
+        happens to the connection afterwards (a restarted process refuses our writes: it has
+        no stream from us), so unlike a read it needs no session check.
+        """
+        stub, _ = self._require()
         errors: list[UpdateError] = []
         for start in range(0, len(updates), self.batch_size):
             chunk = updates[start:start + self.batch_size]
@@ -591,25 +792,60 @@ class P4RuntimeSwitch:
 
         return _Update(utype, fill, f"{_UPDATE_NAMES[utype]} {entry.describe()}")
 
+    def _deferred(self) -> bool:
+        """With the lock held: True when a write should only change the intended state (switch not ready)."""
+        return self.defer_writes and not self._ready.is_set() and self._resync_thread != threading.get_ident()
+
+    def _wait_for_write(self) -> None:
+        """Before taking the lock for a write: wait for a reconnect, unless writes are deferred meanwhile."""
+        if not self.defer_writes:
+            self._wait_ready()
+
+    def _send(self, updates: Sequence[_Update], record: Callable[[set[int]], None]) -> None:
+        """Write ``updates`` and ``record`` the accepted ones in the intended state (with the lock held).
+
+        ``record`` gets the indexes the switch rejected. With ``defer_writes``, a switch that
+        is down, or one that drops the connection, lost its pipeline or does not take our
+        writes during the write, records every update: the resync after the reconnect (or
+        after winning arbitration back) applies them.
+        """
+        if self._deferred():
+            record(set())
+            self._pending = True
+            return
+        try:
+            errors = self._write(updates)
+        except (SwitchUnreachableError, NoPipelineError, NotMasterError) as e:
+            # NotMasterError too: a restarted switch refuses our writes until we arbitrate again,
+            # and a controller that lost mastership writes its intended state when it wins it back.
+            if not self.defer_writes:
+                raise
+            record(set())
+            self._pending = True
+            log.debug("switch %s: %d update(s) left for the resync (%s)", self.address, len(updates), e)
+            return
+        record({err.index for err in errors})
+        if errors:
+            raise WriteError(self.address, len(updates), errors)
+
     def _write_entries(self, utype: int, entries: Iterable[Entry]) -> None:
-        self._wait_ready()
+        self._wait_for_write()
         with self._lock:
             normalized = [self._normalize(e) for e in entries]
             for _, e in normalized:
                 if utype != p4runtime_pb2.Update.DELETE and not e.action:
                     raise ValueError(f"{e.describe()}: an action is required")
-            updates = [self._entry_update(utype, k, e) for k, e in normalized]
-            errors = self._write(updates)
-            failed = {err.index for err in errors}
-            for i, (key, e) in enumerate(normalized):
-                if i in failed:
-                    continue
-                if utype == p4runtime_pb2.Update.DELETE:
-                    self._intended.entries.pop(key, None)
-                else:
-                    self._intended.entries[key] = e
-            if errors:
-                raise WriteError(self.address, len(updates), errors)
+
+            def record(failed: set[int]) -> None:
+                for i, (key, e) in enumerate(normalized):
+                    if i in failed:
+                        continue
+                    if utype == p4runtime_pb2.Update.DELETE:
+                        self._intended.entries.pop(key, None)
+                    else:
+                        self._intended.entries[key] = e
+
+            self._send([self._entry_update(utype, k, e) for k, e in normalized], record)
 
     def insert_entries(self, entries: Iterable[Entry]) -> None:
         """INSERT table entries in batches; WriteError lists the rejected ones (others stay applied)."""
@@ -639,16 +875,18 @@ class P4RuntimeSwitch:
 
     def set_default_action(self, table: str, action: str, params: Mapping[str, Value] | None = None) -> None:
         """MODIFY a table's default entry."""
-        self._wait_ready()
+        self._wait_for_write()
         with self._lock:
             t = self._table(table)
             call = codec.action_call(self.p4info, action, params)
             u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
             codec.encode_default_entry(self.p4info, t, call, u.entity.table_entry)
-            errors = self._write([_prebuilt(u, f"MODIFY default of {t.name} -> {call.action}")])
-            if errors:
-                raise WriteError(self.address, 1, errors)
-            self._intended.defaults[t.name] = (call.action, dict(call.params))
+
+            def record(failed: set[int]) -> None:
+                if not failed:
+                    self._intended.defaults[t.name] = (call.action, dict(call.params))
+
+            self._send([_prebuilt(u, f"MODIFY default of {t.name} -> {call.action}")], record)
 
     # --- multicast -------------------------------------------------------------------------------
 
@@ -660,27 +898,32 @@ class P4RuntimeSwitch:
     def set_multicast_group(self, group_id: int, replicas: Iterable[tuple[int, int]]) -> None:
         """Create or replace multicast group ``group_id`` with (egress port, replica id) copies."""
         reps = tuple((int(p), int(r)) for p, r in replicas)
-        self._wait_ready()
+        self._wait_for_write()
         with self._lock:
+            def record(failed: set[int]) -> None:
+                if not failed:
+                    self._intended.groups[group_id] = reps
+
             utype = p4runtime_pb2.Update.MODIFY if group_id in self._intended.groups else p4runtime_pb2.Update.INSERT
-            errors = self._write([self._group_update(utype, group_id, reps)])
-            if errors and errors[0].code in ("ALREADY_EXISTS", "NOT_FOUND"):
+            try:
+                self._send([self._group_update(utype, group_id, reps)], record)
+            except WriteError as e:
+                if e.errors[0].code not in ("ALREADY_EXISTS", "NOT_FOUND"):
+                    raise
                 # The switch disagrees with what we believed; take its word and retry the other way.
                 other = p4runtime_pb2.Update.INSERT if utype == p4runtime_pb2.Update.MODIFY else \
                     p4runtime_pb2.Update.MODIFY
-                errors = self._write([self._group_update(other, group_id, reps)])
-            if errors:
-                raise WriteError(self.address, 1, errors)
-            self._intended.groups[group_id] = reps
+                self._send([self._group_update(other, group_id, reps)], record)
 
     def delete_multicast_group(self, group_id: int) -> None:
         """Delete a multicast group."""
-        self._wait_ready()
+        self._wait_for_write()
         with self._lock:
-            errors = self._write([self._group_update(p4runtime_pb2.Update.DELETE, group_id, ())])
-            if errors:
-                raise WriteError(self.address, 1, errors)
-            self._intended.groups.pop(group_id, None)
+            def record(failed: set[int]) -> None:
+                if not failed:
+                    self._intended.groups.pop(group_id, None)
+
+            self._send([self._group_update(p4runtime_pb2.Update.DELETE, group_id, ())], record)
 
     # --- digests ---------------------------------------------------------------------------------
 
@@ -694,14 +937,15 @@ class P4RuntimeSwitch:
         """Enable (or reconfigure) a digest; its lists arrive in :attr:`digests` or ``on_digest``."""
         info = self.p4info.digest(name)
         config = DigestConfig(max_timeout_ns, max_list_size, ack_timeout_ns)
-        self._wait_ready()
+        self._wait_for_write()
         with self._lock:
+            def record(failed: set[int]) -> None:
+                if not failed:
+                    self._intended.digests[info.name] = config
+
             utype = p4runtime_pb2.Update.MODIFY if info.name in self._intended.digests else \
                 p4runtime_pb2.Update.INSERT
-            errors = self._write([self._digest_update(utype, info.name, config)])
-            if errors:
-                raise WriteError(self.address, 1, errors)
-            self._intended.digests[info.name] = config
+            self._send([self._digest_update(utype, info.name, config)], record)
 
     # --- reads -----------------------------------------------------------------------------------
 
@@ -709,11 +953,9 @@ class P4RuntimeSwitch:
         req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
         for e in entities:
             req.entities.append(e)
-        try:
-            return [e for resp in self._require().Read(req, timeout=max(self.timeout_s, 30.0))
-                    for e in resp.entities]
-        except grpc.RpcError as e:
-            raise self._rpc_error("Read", e) from None
+        result: list[Any] = self._call("Read", lambda stub: [
+            e for resp in stub.Read(req, timeout=max(self.timeout_s, 30.0)) for e in resp.entities])
+        return result
 
     def _decode_entry(self, te: Any) -> Entry:
         # A default entry has no match; any other entry the switch returns has its exact fields.
@@ -782,15 +1024,14 @@ class P4RuntimeSwitch:
         """
         out = {}
         for info in self.p4info.digests:
-            req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
-            codec.encode_digest_entry(info, None, req.entities.add().digest_entry)
+            entity = p4runtime_pb2.Entity()
+            codec.encode_digest_entry(info, None, entity.digest_entry)
             try:
-                entities = [x for resp in self._require().Read(req, timeout=max(self.timeout_s, 30.0))
-                            for x in resp.entities]
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
+                entities = self._read([entity])
+            except P4RuntimeCallError as e:
+                if e.code == "NOT_FOUND":
                     continue
-                raise self._rpc_error("Read", e) from None
+                raise
             for x in entities:
                 out[info.name] = codec.decode_digest_entry(self.p4info, x.digest_entry)[1]
         return out
@@ -816,18 +1057,72 @@ class P4RuntimeSwitch:
         with self._lock:
             return list(self._intended.entries.values())
 
+    def _attach_instance(self, counts: dict[str, int]) -> None:
+        """Find out which instance of the pipeline the switch runs; push ours when it runs none or another.
+
+        The first connect of this driver to a switch already running this pipeline adopts it
+        (:attr:`adopted`: a warm switch whose state the owner may keep). Later, a cookie of
+        this pipeline with another nonce means someone else pushed it (after a restart, say):
+        a new instance, but no push is needed.
+        """
+        cookie = self.switch_cookie()
+        first = not self._ever_connected
+        if cookie == self.cookie:
+            pass
+        elif self.runs_our_pipeline(cookie):
+            assert cookie is not None
+            self.cookie = cookie
+            if first:
+                self.adopted = True
+                log.info("switch %s already runs this pipeline (cookie %#x): adopting it", self.address, cookie)
+            else:
+                self.instance += 1
+                log.warning("switch %s: pipeline pushed by someone else (cookie %#x): a new instance",
+                            self.address, cookie)
+        else:
+            self._push_pipeline()
+            counts["pipeline"] = 1
+            if not first:
+                log.warning("switch %s ran %s: pushed ours (a new instance: registers and counters start from zero)",
+                            self.address, "no pipeline" if cookie is None else f"another pipeline ({cookie:#x})")
+        self._ever_connected = True
+
+    def adopt(self, table: str) -> list[Entry]:
+        """Take the entries ``table`` holds on the switch as intended (a warm switch): a resync keeps them.
+
+        For a controller that starts on a switch another controller programmed: call it
+        after ``connect(push_pipeline=False)`` and before :meth:`manage`, then continue
+        from the entries it returns instead of deleting them.
+        """
+        with self._lock:
+            got = self.read_entries(table)
+            for e in got:
+                key, canon = self._normalize(e)
+                self._intended.entries[key] = canon
+            return got
+
+    def manage(self) -> None:
+        """Take the switch over after ``connect(push_pipeline=False)``: resync it to the intended state now
+        and on every reconnect or promotion (what ``connect()`` does by default).
+
+        The pause between the two lets a restarted controller read back what the switch held
+        (its pool entries, their placement ids, ``controller.placement``) and :meth:`adopt`
+        what it keeps before the resync replaces the rest.
+        """
+        self._manage = True
+        self._wait_ready()
+        self._resync_as_owner(mark_ready=True)
+
     def resync(self) -> dict[str, int]:
         """Make the switch match the intended state: pipeline, entries, defaults, groups, digests.
 
-        Pushes the pipeline when the switch runs none or another one (cookie differs), then
-        reads what the switch holds and writes only the difference. Returns counts of the
-        updates sent, by kind.
+        Pushes the pipeline when the switch runs none or another one (see
+        :meth:`_attach_instance`), then reads what the switch holds and writes only the
+        difference. Returns counts of the updates sent, by kind.
         """
         counts = {"pipeline": 0, "insert": 0, "modify": 0, "delete": 0}
         with self._lock:
-            if self.switch_cookie() != self.cookie:
-                self._push_pipeline()
-                counts["pipeline"] = 1
+            self._attach_instance(counts)
             updates: list[_Update] = []
             # Entries: switch's view keyed the same way as the intended state.
             have: dict[_Key, Entry] = {}

@@ -11,19 +11,25 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from p4.v1 import p4runtime_pb2
 
 from controller.p4runtime import (
     Entry,
+    NoPipelineError,
     NotMasterError,
+    P4RuntimeCallError,
+    P4RuntimeError,
     P4RuntimeSwitch,
     SwitchUnreachableError,
     WriteError,
+    make_cookie,
 )
 from kvpool import contract
 from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
-from kvpool.p4rt.p4info import P4InfoError
+from kvpool.p4rt.p4info import P4Info, P4InfoError
 from kvpool.tcp import free_port
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.state import SwitchState
@@ -241,17 +247,22 @@ def test_reconnect_to_restarted_switch_resyncs_everything(server: P4RuntimeServe
     sw.set_multicast_group(3, [(1, 0), (2, 1)])
     sw.configure_digest("hot_digest_t", max_list_size=4, max_timeout_ns=1000)
     intended = sorted(map(repr, sw.intended_entries))
+    assert sw.health()["state"] == "up" and sw.instance == 1  # the first push
     server.stop()
     deadline = time.monotonic() + 5
     while sw.connected and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not sw.connected
+    health = sw.health()
+    assert health["state"] == "down" and health["down_since"] is not None and health["last_error"]
     with pytest.raises(SwitchUnreachableError):
         sw.insert_entries([pool(9)])  # no switch: fails after timeout_s, not recorded
     fresh = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
     try:
         assert sw.wait_connected(20), "driver did not reconnect to the restarted switch"
         assert sw.reconnects == 1
+        assert sw.instance == 2, "a switch with no pipeline is a new instance"
+        assert sw.health()["state"] == "up" and sw.health()["down_since"] is None
         assert fresh.state.pipeline is not None and fresh.state.pipeline.cookie == sw.cookie
         assert sorted(map(repr, sw.read_entries())) == intended
         assert fresh.state.entry_count("pool") == 3
@@ -326,3 +337,88 @@ def test_driver_with_the_kvpool_program(server: P4RuntimeServer) -> None:
         assert set(sw.read_digest_configs()) == {d.name for d in p4info.digests}
         sw.set_multicast_group(1, [(1, 0), (2, 1)])
         assert sw.read_multicast_groups() == {1: [(1, 0), (2, 1)]}
+
+
+def test_every_failure_is_a_typed_p4runtime_error(sw: P4RuntimeSwitch, server: P4RuntimeServer) -> None:
+    with pytest.raises(P4RuntimeCallError) as e:  # a read the switch refuses: INVALID_ARGUMENT
+        sw._read([p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(table_id=0x02FFFFFF))])
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.address == sw.address
+    with pytest.raises(WriteError) as w:
+        sw.delete_entries([pool(9)])
+    assert isinstance(w.value, P4RuntimeError) and w.value.code == "NOT_FOUND"
+    server.state.set_pipeline(P4Info.load(MINI))  # someone wiped the switch: same P4Info, no cookie
+    server.state._pipeline = None  # and then it lost its pipeline altogether (a restart without a push)
+    with pytest.raises(NoPipelineError):
+        sw.read_counter("hits")
+    assert not sw.ready  # the driver knows the session is gone: it reconnects and pushes again
+    assert sw.wait_connected(10) and server.state.pipeline is not None
+    assert sw.instance == 2
+
+
+def test_a_call_spans_one_session_or_its_answer_is_discarded(sw: P4RuntimeSwitch) -> None:
+    def reconnects_meanwhile(stub: Any) -> str:
+        sw._session += 1  # what _open does when the channel came back to a (new) switch process
+        return "the new process's answer"
+
+    with pytest.raises(SwitchUnreachableError, match="answer was discarded"):
+        sw._call("Read", reconnects_meanwhile)
+
+
+def test_deferred_writes_reach_a_restarted_switch(server: P4RuntimeServer) -> None:
+    port = server.port
+    sw = P4RuntimeSwitch(f"127.0.0.1:{port}", MINI, b"{}", timeout_s=2, wait_ready_s=0, defer_writes=True,
+                         max_backoff_s=0.2).connect()
+    try:
+        sw.insert_entries([pool(1)])
+        server.stop()
+        deadline = time.monotonic() + 5
+        while sw.connected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sw.insert_entries([pool(2)])  # the switch is down: only the intended state changes, at once
+        sw.set_multicast_group(5, [(1, 0)])
+        with pytest.raises(SwitchUnreachableError):
+            sw.read_entries("pool")  # reads do not wait (wait_ready_s=0)
+        fresh = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
+        try:
+            assert sw.wait_connected(20)
+            assert fresh.state.entry_count("pool") == 2 and set(fresh.state.multicast_groups()) == {5}
+        finally:
+            fresh.stop()
+    finally:
+        sw.close()
+
+
+def test_a_new_driver_adopts_a_warm_switch(server: P4RuntimeServer) -> None:
+    addr = f"127.0.0.1:{server.port}"
+    first = P4RuntimeSwitch(addr, MINI, b"{}", timeout_s=3).connect()
+    first.insert_entries([pool(1, slot=5), pool(2, slot=6)])
+    first.insert_entry("ipv4_lpm", {"hdr.ipv4.dstAddr": "10.0.0.0/8"}, "drop")
+    cookie = first.cookie
+    first.close()
+    second = P4RuntimeSwitch(addr, MINI, b"{}", timeout_s=3).connect(push_pipeline=False)
+    try:
+        adopted = second.adopt("pool")
+        assert sorted(e.params["slot"] for e in adopted) == [5, 6]  # type: ignore[type-var]
+        second.manage()
+        assert second.adopted and second.cookie == cookie and server.state.pipeline is not None
+        assert server.state.pipeline.cookie == cookie  # not pushed again
+        assert server.state.entry_count("pool") == 2  # kept: adopted
+        assert server.state.entry_count("ipv4_lpm") == 0  # not adopted: the resync removed it
+    finally:
+        second.close()
+
+
+def test_a_pipeline_pushed_by_someone_else_is_a_new_instance(server: P4RuntimeServer) -> None:
+    sw = P4RuntimeSwitch(f"127.0.0.1:{server.port}", MINI, b"{}", timeout_s=3, check_interval_s=0.1).connect()
+    try:
+        sw.insert_entries([pool(1)])
+        instance = sw.instance
+        other = make_cookie(sw.pipeline_id, nonce=(sw.cookie + 1))
+        server.state.set_pipeline(P4Info.load(MINI), b"{}", other)  # a push that cleared the switch
+        deadline = time.monotonic() + 10
+        while server.state.entry_count("pool") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.state.entry_count("pool") == 1, "the driver did not notice the foreign push"
+        assert sw.instance == instance + 1 and sw.cookie == other  # ours, pushed by someone else: kept
+    finally:
+        sw.close()
