@@ -66,6 +66,27 @@ class SlotAllocator:
                 return start
         return None
 
+    def reserve(self, base: int, n: int) -> None:
+        """Allocate exactly ``[base, base + n)`` (a run another controller placed); AllocatorError unless free."""
+        if n <= 0:
+            raise ValueError(f"allocation size must be positive, got {n}")
+        idx = bisect.bisect_right(self._starts, base) - 1
+        start = self._starts[idx] if idx >= 0 else None
+        if start is None or start + self._length[start] < base + n:
+            raise AllocatorError(f"slots [{base}, {base + n}) are not free")
+        length = self._length.pop(start)
+        del self._starts[idx]
+        left, right = base - start, start + length - (base + n)
+        if left:
+            self._starts.insert(idx, start)
+            self._length[start] = left
+            idx += 1
+        if right:
+            self._starts.insert(idx, base + n)
+            self._length[base + n] = right
+        self._allocated[base] = n
+        self._free -= n
+
     def free(self, base: int, n: int) -> None:
         """Return the run ``[base, base + n)`` obtained from :meth:`alloc`."""
         if self._allocated.get(base) != n:

@@ -322,6 +322,28 @@ class PolicyEngine:
             pool.unpin(key)
         return self.drain()
 
+    def restore(self, key: int, parent: int | None, position: int, nbytes: int, base_slot: int,
+                tenant: int = 0) -> None:
+        """Take ``key`` as held by the switch at ``base_slot`` in every expert (adopting a warm switch).
+
+        Every expert starts from what the switch holds, as after a hand-over; nothing is
+        written (no change is emitted). Raises (AllocatorError, QuotaError) when the chunk
+        does not fit where it is; the experts that took it keep it, so check first with
+        :meth:`can_restore`.
+        """
+        for pool in self.experts:
+            pool.restore(key, parent, position, nbytes, tenant, base_slot)
+
+    def can_restore(self, nbytes: int, base_slot: int) -> bool:
+        """Whether a chunk of ``nbytes`` at ``base_slot`` fits every expert (free slots, room in main)."""
+        for pool in self.experts:
+            n = pool.slots_for(nbytes)
+            if pool.main_used + n > pool.main_slots or base_slot < 0 or base_slot + n > pool.n_slots:
+                return False
+            if any(b < base_slot + n and base_slot < b + m for b, m in pool.allocator.allocations().items()):
+                return False
+        return True
+
     def holds(self, key: int) -> bool:
         """Whether the switch (the leader) holds ``key``."""
         return key in self.pool.residents

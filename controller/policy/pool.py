@@ -381,6 +381,21 @@ class ValuePool:
             self.changes.append(Admit(key, self.tier, base, n, self.value_of(key), "admitted by operator"))
         return True
 
+    def restore(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int, base_slot: int) -> None:
+        """Take ``key`` as resident at ``base_slot`` in main, as a switch already holds it (no change emitted).
+
+        For a controller that adopts a warm switch: the chunk starts with no counted hits
+        and competes on value like any other from its next fetch. AllocatorError when its
+        slots are taken, QuotaError when it is larger than main.
+        """
+        if key in self.residents:
+            raise QuotaError(f"chunk {key:#x} is already resident")
+        n = self.slots_for(nbytes)
+        if self.main_used + n > self.main_slots:
+            raise QuotaError(f"cannot restore {key:#x}: {n} slots, main has {self.main_slots - self.main_used} left")
+        self.allocator.reserve(base_slot, n)
+        self._install(key, parent, position, nbytes, n, base_slot, tenant, 0.0, self._gain(position, n))
+
     def evict(self, key: int, action: EvictAction, why: str = "evicted by operator") -> None:
         """Evict ``key`` now with the operator's ``action``; QuotaError if absent, pinned or a parent."""
         r = self.residents.get(key)

@@ -63,3 +63,18 @@ def test_random_churn_never_leaks_or_overlaps() -> None:
     for base, n in list(live.items()):
         a.free(base, n)
     assert a.free_slots == 1000 and a.largest_free_run == 1000
+
+
+def test_reserve_takes_exactly_a_free_run() -> None:
+    a = SlotAllocator(30)
+    a.reserve(10, 5)  # a run another controller placed, in the middle of the free space
+    assert a.allocations() == {10: 5} and a.free_slots == 25
+    assert a.alloc(10) == 0 and a.alloc(10) == 15  # first fit around it
+    with pytest.raises(AllocatorError):
+        a.reserve(12, 2)  # taken
+    with pytest.raises(AllocatorError):
+        a.reserve(25, 10)  # runs past the end
+    a.reserve(25, 5)
+    a.free(10, 5)
+    a.reserve(10, 5)  # freed runs merge and can be reserved again
+    assert a.free_slots == 0

@@ -265,3 +265,18 @@ def test_slots_match_residents_under_random_churn() -> None:
             )
     assert e.holds(7777)
     assert len(seen_bases) <= e.n_slots // 3  # freed slot runs are reused, never fresh ones beyond the pool
+
+
+def test_restore_adopts_what_a_switch_holds() -> None:
+    e = _engine(4)
+    assert e.can_restore(CHUNK, 6)
+    e.restore(7, None, 0, CHUNK, base_slot=6)
+    e.restore(8, 7, 1, CHUNK, base_slot=0)
+    assert not e.can_restore(CHUNK, 5)  # overlaps chunk 7's slots
+    with pytest.raises(QuotaError):
+        e.restore(7, None, 0, CHUNK, base_slot=9)  # already resident
+    assert e.holds(7) and e.holds(8) and e.drain() == []  # adopted: nothing to write
+    assert all(p.residents[7].base_slot == 6 for p in e.experts)
+    assert e.step([Observation(7, None, 0, CHUNK)]) == [] and e.stats["hits"] == 1  # hits continue
+    changes = e.step([Observation(k, None, 0, CHUNK) for k in (1, 2)])
+    assert [c.base_slot for c in changes if isinstance(c, Admit)] == [3, 9]  # around the adopted runs
