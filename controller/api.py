@@ -317,6 +317,9 @@ class ControllerAPI:
                                      "connected": bool(sw and sw.connected), "master": bool(sw and sw.is_master),
                                      "slots": {"total": pool["slots"], "used": pool["used"],
                                                "free": pool["slots"] - pool["used"]}}
+            # up / backup / resyncing / connecting / down, since when, the last error, reconnects.
+            entry.update(sw.health() if sw is not None else {"state": "down", "down_since": None,
+                                                             "last_error": "not started"})
             pipeline: dict[str, Any] = {"p4info": ctl.settings.p4info.name, "installed": False}
             if sw is not None:
                 pipeline["cookie"] = f"{sw.cookie:#x}"
@@ -328,6 +331,8 @@ class ControllerAPI:
             entry["pipeline"] = pipeline
             switches[name] = entry
         st["switches"] = switches
+        st["failed_epochs"] = ctl.failed_epochs
+        st["last_epoch_error"] = ctl.last_epoch_error
         st["target"] = ctl.settings.target
         st["nodes"] = ctl.directory.counts()
         st.setdefault("epoch", ctl.epoch)

@@ -208,18 +208,25 @@ def render_status(doc: dict[str, Any]) -> Any:
 
     nodes = doc.get("nodes", {})
     pool = doc.get("pool", {})
+    failed = doc.get("failed_epochs") or 0
     head = Text(f"controller: epoch {doc.get('epoch')}, mode {doc.get('mode')}, target {doc.get('target')}, "
                 f"{doc.get('catalog', 0)} chunks in the catalog, pool {pool.get('chunks', 0)} chunks; "
-                f"nodes {nodes.get('up', 0)} up, {nodes.get('down', 0)} down")
+                f"nodes {nodes.get('up', 0)} up, {nodes.get('down', 0)} down"
+                + (f"; {failed} failed epoch(s), last: {doc.get('last_epoch_error')}" if failed else ""))
     rows = []
+    now = time.time()
     for name, sw in sorted(doc.get("switches", {}).items()):
-        conn = ("master" if sw["master"] else "backup") if sw["connected"] else "DOWN"
+        state = sw.get("state") or (("master" if sw["master"] else "backup") if sw["connected"] else "down")
+        conn = {"up": "master"}.get(state, state.upper() if state == "down" else state)
+        if sw.get("down_since") and state != "up":
+            conn += f" for {now - float(sw['down_since']):.0f} s"
         pipe = sw["pipeline"]
         rows.append([name, sw["address"], sw["device_id"], conn,
                      f"{pipe['p4info']} ({'installed' if pipe.get('installed') else 'NOT installed'})",
-                     sw["slots"]["used"], sw["slots"]["free"]])
+                     sw["slots"]["used"], sw["slots"]["free"],
+                     sw.get("last_error") or "-" if state != "up" else "-"])
     return Group(head, _table(None, ["switch", "address", "device", "connection", "pipeline", "slots used",
-                                     "slots free"], rows, right=2))
+                                     "slots free", "last error"], rows, right=2))
 
 
 def render_top(doc: dict[str, Any]) -> Any:

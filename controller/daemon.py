@@ -4,9 +4,10 @@ Glue only. ``controller.fabric`` says what each switch must hold, ``controller.p
 decides which chunks the switch pool admits and evicts, ``controller.p4runtime`` ships the
 writes; this module connects them:
 
-* start: connect to every switch over P4Runtime (arbitration, pipeline push), install the
-  fabric for the chosen mode: ``plain`` (routes, ARP, writers ACL only), ``multicast``
-  (+ waiter ids and the coalescing multicast group), ``pool`` (+ pool admission);
+* start: connect to every switch over P4Runtime (arbitration), adopt the pool a warm switch
+  still holds (below), push the pipeline where none of ours runs, install the fabric for
+  the chosen mode: ``plain`` (routes, ARP, writers ACL only), ``multicast`` (+ waiter ids
+  and the coalescing multicast group), ``pool`` (+ pool admission);
 * each epoch (``pool`` mode): turn hot-chunk digests and per-slot hit counters into fetch
   observations, run ``PolicyEngine.step``, write ``pool_lookup`` inserts / deletes on every
   switch, and ask the holder to push each newly admitted chunk through the switches so
@@ -28,6 +29,23 @@ Every placement (admission, re-placement after a republish or a mismatch) gets a
 placement id (``controller.placement``): slots tagged with an older one are never served.
 The ids' high-water mark lives in a reserved ``pool_lookup`` entry that ``start`` reads
 back from switches that still run this pipeline, before it replaces their state.
+
+A switch's trouble never stops the controller. A switch that is down at start, or goes
+away later, is retried by its driver with backoff for ever; writes meanwhile change only
+the driver's intended state, which the resync after the reconnect applies (pipeline,
+tables, multicast groups, digest configs, writers, pool entries). An epoch that fails
+anyway (a read from a switch that just went away, a refused write) is logged and counted
+and the next one runs (:meth:`Controller.run`); ``status`` says per switch whether it is
+up, down since when, resyncing, and its last error. When a switch comes back as a new
+instance (restarted: registers and counters empty), its hit counters start again from
+zero and the holder is asked to push every resident chunk through it, so the pool serves
+again without waiting for demand misses.
+
+A new controller on a warm switch adopts it (``ControllerSettings.adopt``): the pool
+entries a switch running this pipeline holds are read back and kept, chunk by chunk, with
+their base slots, placement ids, generations and states, as long as the catalog knows the
+chunk and the policy has room for it where it is; the policy takes them as residents and
+hits go on without a cold wave. Entries it cannot keep are removed by the resync.
 """
 
 from __future__ import annotations
@@ -46,7 +64,7 @@ from typing import Any, Protocol
 
 from controller.directory import Directory, Role
 from controller.fabric import FabricSettings, SwitchConfig, switch_configs
-from controller.p4runtime import Digest, Entry, P4RuntimeSwitch
+from controller.p4runtime import Digest, Entry, P4RuntimeError, P4RuntimeSwitch
 from controller.placement import MARK_KEY, Placements
 from controller.policy.changes import Admit, Change, Evict, EvictAction
 from controller.policy.engine import Observation, PolicyConfig, PolicyEngine
@@ -224,6 +242,8 @@ class ControllerSettings:
     heartbeat_timeout_s: float = 3.0
     #: what the switches run ("bmv2", "model"), shown to operators
     target: str = "unknown"
+    #: keep the pool a warm switch holds (False: start from an empty pool, e.g. a fresh experiment mode)
+    adopt: bool = True
 
 
 @dataclass
@@ -253,11 +273,10 @@ class EpochReport:
 
 @dataclass
 class Resident:
-    """A chunk the switches hold: where, under which placement id and generation, and its hit reading."""
+    """A chunk the switches hold: where, under which placement id, generation and state."""
 
     info: ChunkInfo
     base_slot: int
-    last_hits: int = 0
     placement: int = 0
     generation: int = 0
     valid: bool = False
@@ -287,6 +306,13 @@ class Controller:
         self.residents: dict[int, Resident] = {}
         self.placements = Placements()
         self._refill: set[int] = set()  # re-placed chunks the holder pushes at the next epoch
+        # Per switch: slot hit counters as last read, and the switch instance they belong to
+        # (a restarted switch counts from zero again).
+        self._hits_seen: dict[str, dict[int, int]] = {}
+        self._instance_seen: dict[str, int] = {}
+        #: Epochs that failed (and the controller ran on), and the last one's error.
+        self.failed_epochs = 0
+        self.last_epoch_error: str | None = None
         self.epoch = 0
         self.sketch_epoch = self.settings.fabric.popularity_epoch
         self.reports: list[EpochReport] = []
@@ -302,41 +328,106 @@ class Controller:
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> Controller:
-        """Connect to every switch, push the pipeline and install the fabric for the mode.
+        """Connect to every switch, adopt what warm switches hold, push the pipeline where needed, install the fabric.
 
-        Switches that still run this pipeline are read first: placement ids continue above
-        every one (and the mark) they hold, so none is given twice (``controller.placement``).
+        Never fails for a switch's trouble: a switch that does not answer (or is held by
+        another controller) is taken over by its driver when it answers. Switches that still
+        run this pipeline are read first: placement ids continue above every one (and the
+        mark) they hold, so none is given twice (``controller.placement``), and their pool
+        is adopted (see the module docstring).
         """
+        warm: dict[str, list[Entry]] = {}
         for name, ep in self.endpoints.items():
             sw = self._driver_factory(ep, self.settings)
             sw.on_digest = self._digests.put
-            sw.connect(push_pipeline=False)
-            self._recover_placements(name, sw)
-            sw.manage()
             self.switches[name] = sw
+            try:
+                sw.connect(push_pipeline=False, retry_in_background=True)
+                if sw.runs_our_pipeline(sw.switch_cookie()):
+                    warm[name] = sw.read_entries(n.POOL_LOOKUP)
+            except P4RuntimeError as exc:
+                log.warning("switch %s (%s): %s; taking it over when it answers", name, ep.address,
+                            str(exc).splitlines()[0])
+        self._recover_placements(warm)
+        if self.settings.adopt and self.settings.mode is Mode.POOL:
+            self._adopt(warm)
         mark = self.placements.reserve()  # the first block: its mark entry goes in with the fabric
         for name, sw in self.switches.items():
             self._install(name, sw)
             if mark is not None:
-                sw.insert_entries([self._mark_entry(mark)])
-            log.info("switch %s (%s, device %d): programmed for mode %s", name, self.endpoints[name].address,
-                     self.endpoints[name].device_id, self.settings.mode)
+                sw.intend([self._mark_entry(mark)])
+            try:
+                # One resync: the pipeline if ours does not run there, then only what differs, so a
+                # warm switch keeps forwarding (and serving what was adopted) throughout.
+                sw.manage()
+            except P4RuntimeError as exc:
+                log.warning("switch %s: resync failed (%s); retrying when it answers again", name,
+                            str(exc).splitlines()[0])
+            self._instance_seen[name] = sw.instance
+            log.info("switch %s (%s, device %d): %s for mode %s", name, self.endpoints[name].address,
+                     self.endpoints[name].device_id, "programmed" if sw.ready else "down, programmed when it answers",
+                     self.settings.mode)
+        if self.settings.mode is Mode.POOL:
+            self._slot_hits()  # baselines: hits a warm switch counted before this controller are no fetches of ours
         self.publish_snapshot()
         return self
 
-    def _recover_placements(self, name: str, sw: P4RuntimeSwitch) -> None:
-        """Continue placement ids above what a switch running this pipeline holds (its registers too)."""
-        if sw.switch_cookie() != sw.cookie:
-            return  # another or no pipeline: ours is pushed, and a push clears every register
+    def _recover_placements(self, warm: dict[str, list[Entry]]) -> None:
+        """Continue placement ids above every placement and mark the warm switches hold (their registers too)."""
         placements: list[int] = []
         marks: list[int] = []
-        for e in sw.read_entries(n.POOL_LOOKUP):
-            pid = int(e.params.get("placement", 0))
-            (marks if e.match.get(n.KEY_CHUNK_KEY) == MARK_KEY else placements).append(pid)
+        for entries in warm.values():
+            for e in entries:
+                pid = _int_params(e).get("placement", 0)
+                (marks if _pool_key(e) == MARK_KEY else placements).append(pid)
         self.placements.recover(placements, marks)
         if placements or marks:
-            log.info("switch %s: placement ids continue above %d (read back from %d entries)", name,
-                     self.placements.last, len(placements) + len(marks))
+            log.info("placement ids continue above %d (read back from %d entries on %d switch(es))",
+                     self.placements.last, len(placements) + len(marks), len(warm))
+
+    def _adopt(self, warm: dict[str, list[Entry]]) -> None:
+        """Keep the pool entries warm switches hold: residents for the policy, intended entries for the drivers.
+
+        One resident per chunk: where switches disagree, the newest placement wins. A switch
+        that holds the chosen entry keeps it as it is (filled, no write); the others get it
+        in state FILLING, and the holder is asked to push the chunk through them.
+        """
+        found: dict[int, tuple[Entry, str]] = {}
+        for name, entries in warm.items():
+            for e in entries:
+                key, params = _pool_key(e), _int_params(e)
+                if key == MARK_KEY or params.get("state") not in (PoolState.FILLING, PoolState.VALID):
+                    continue
+                if key not in found or params["placement"] > _int_params(found[key][0])["placement"]:
+                    found[key] = (e, name)
+        kept: dict[int, Entry] = {}
+        for key, (e, name) in sorted(found.items(), key=lambda kv: _int_params(kv[1][0])["base_slot"]):
+            params = _int_params(e)
+            info = self.catalog.get(key)
+            if info is None:
+                log.info("switch %s: chunk %#x is not in the catalog: not adopted", name, key)
+                continue
+            info = ChunkInfo(key, info.parent, info.position, params["chunk_len"])
+            if info.frag_count != params["frag_count"] or not self.engine.can_restore(info.nbytes,
+                                                                                      params["base_slot"]):
+                log.info("switch %s: chunk %#x does not fit the pool where it is: not adopted", name, key)
+                continue
+            self.engine.restore(info.key, info.parent, info.position, info.nbytes, params["base_slot"])
+            self.residents[key] = Resident(info, params["base_slot"], params["placement"], params["generation"],
+                                           params["state"] == PoolState.VALID)
+            kept[key] = e
+        for name, sw in self.switches.items():
+            held = {_pool_key(e): e for e in warm.get(name, [])}
+            mine: list[Entry] = []
+            for key, e in kept.items():
+                if held.get(key) == e:
+                    mine.append(e)  # this switch holds exactly that placement: keep it as it is
+                else:
+                    mine.append(self._pool_entry(self.residents[key], PoolState.FILLING))
+                    self._refill.add(key)
+            sw.intend(mine)
+        if kept:
+            log.info("adopted %d chunk(s) from the pool of %s: hits go on", len(kept), ", ".join(sorted(warm)))
 
     def _mark_entry(self, mark: int) -> Entry:
         """The reserved entry that keeps the placement high-water mark on a switch (never served)."""
@@ -353,19 +444,14 @@ class Controller:
         return pid
 
     def _install(self, name: str, sw: P4RuntimeSwitch) -> None:
+        """Make the fabric of the mode part of the switch's intended state (the resync writes what differs)."""
         cfg = self.configs[name]
         mode = self.settings.mode
         coalescing = {n.WAITER_LOOKUP, n.WAITER_EGRESS}
-        entries = [e for e in cfg.entries if mode is not Mode.PLAIN or e.table not in coalescing]
-        sw.insert_entries(entries)
-        for table, (action, params) in cfg.defaults.items():
-            sw.set_default_action(table, action, params)
-        if mode is not Mode.PLAIN:
-            for gid, replicas in cfg.groups.items():
-                sw.set_multicast_group(gid, replicas)
-        if mode is Mode.POOL:
-            for digest, dc in cfg.digests.items():
-                sw.configure_digest(digest, dc.max_timeout_ns, dc.max_list_size, dc.ack_timeout_ns)
+        sw.intend([e for e in cfg.entries if mode is not Mode.PLAIN or e.table not in coalescing],
+                  defaults=cfg.defaults,
+                  groups=cfg.groups if mode is not Mode.PLAIN else None,
+                  digests=cfg.digests if mode is Mode.POOL else None)
 
     def close(self) -> None:
         """Close every P4Runtime connection (entries stay on the switches)."""
@@ -382,13 +468,21 @@ class Controller:
 
     # ------------------------------------------------------------------ the epoch
     def run(self, stop: threading.Event, on_epoch: Callable[[EpochReport], None] | None = None) -> None:
-        """Run epochs every ``epoch_s`` seconds until ``stop`` is set."""
+        """Run epochs every ``epoch_s`` seconds until ``stop`` is set; a failed epoch is logged and the next runs."""
         next_at = time.monotonic()
         while not stop.is_set():
-            report = self.run_epoch()
-            if on_epoch is not None:
-                on_epoch(report)
-            next_at += self.settings.epoch_s
+            try:
+                report = self.run_epoch()
+                if on_epoch is not None:
+                    on_epoch(report)
+            except Exception as exc:  # a switch's trouble, a refused write, a bug: say so and go on
+                self.failed_epochs += 1
+                self.last_epoch_error = f"epoch {self.epoch}: {type(exc).__name__}: {str(exc).splitlines()[0]}" \
+                    if str(exc) else f"epoch {self.epoch}: {type(exc).__name__}"
+                log.warning("%s; the controller runs on (%d failed epoch(s) so far)", self.last_epoch_error,
+                            self.failed_epochs)
+                log.debug("epoch %d failed", self.epoch, exc_info=True)
+            next_at = max(next_at + self.settings.epoch_s, time.monotonic())  # no burst of late epochs
             stop.wait(max(0.0, next_at - time.monotonic()))
 
     def run_epoch(self) -> EpochReport:
@@ -396,6 +490,7 @@ class Controller:
         with self._lock:
             self.epoch += 1
             report = EpochReport(self.epoch)
+            self._notice_new_instances()
             self._apply_overrides(report)
             if self.settings.mode is Mode.POOL:
                 observations = self._observe(report)
@@ -441,8 +536,7 @@ class Controller:
         if self.residents:
             hits = self._slot_hits()
             for res in self.residents.values():
-                now = hits.get(res.base_slot, 0)
-                delta, res.last_hits = now - res.last_hits, now
+                delta = hits.get(res.base_slot, 0)
                 report.slot_hits += delta
                 info = res.info
                 if delta:
@@ -454,11 +548,45 @@ class Controller:
         return obs
 
     def _slot_hits(self) -> dict[int, int]:
+        """Hits per slot since the last read, summed over the switches that answer now.
+
+        A switch that is down is skipped (its hits are counted when it answers again); the
+        first reading of a switch instance is its baseline, so a new controller does not
+        count a warm switch's past hits, nor a restarted one counts backwards.
+        """
         total: dict[int, int] = {}
-        for sw in self.switches.values():
-            for idx, value in sw.read_counter(n.SLOT_HITS).items():
-                total[idx] = total.get(idx, 0) + value.packets
+        for name, sw in self.switches.items():
+            if not sw.ready:
+                continue
+            try:
+                now = {idx: v.packets for idx, v in sw.read_counter(n.SLOT_HITS).items()}
+            except P4RuntimeError as exc:
+                log.info("switch %s: slot hits not read this epoch (%s)", name, str(exc).splitlines()[0])
+                continue
+            seen = self._hits_seen.get(name)
+            self._hits_seen[name] = now
+            if seen is None:
+                continue
+            for idx, packets in now.items():
+                delta = packets - seen.get(idx, 0)
+                if delta > 0:
+                    total[idx] = total.get(idx, 0) + delta
         return total
+
+    def _notice_new_instances(self) -> None:
+        """A switch that came back as a new instance counts hits from zero and gets the pool pushed through it."""
+        for name, sw in self.switches.items():
+            seen = self._instance_seen.get(name)
+            if seen is None or sw.instance == seen or not sw.ready:
+                continue
+            self._instance_seen[name] = sw.instance
+            self._hits_seen[name] = {}  # its counters started again from zero
+            if self.residents and self.settings.mode is Mode.POOL:
+                self._refill.update(self.residents)
+                log.warning("switch %s: a new instance (restarted; its registers are empty): asking the holder to "
+                            "push %d resident chunk(s) through it", name, len(self.residents))
+            else:
+                log.warning("switch %s: a new instance (restarted): resynced", name)
 
     def _apply(self, changes: list[Change], report: EpochReport) -> None:
         # Evictions first: an admission in the same epoch may reuse the freed slots.
@@ -499,8 +627,7 @@ class Controller:
             raise ControllerError(f"chunk {info.key:#x} at slot {base_slot} overruns the pool")
         if info.key == MARK_KEY:
             raise ControllerError(f"chunk key {MARK_KEY:#x} is reserved for the placement mark")
-        hits = self._slot_hits().get(base_slot, 0) if self.switches else 0
-        res = Resident(info, base_slot, hits, self._next_placement(), self._generation(info.key))
+        res = Resident(info, base_slot, self._next_placement(), self._generation(info.key))
         entry = self._pool_entry(res, PoolState.FILLING)
         for sw in self.switches.values():
             sw.insert_entries([entry])
@@ -587,13 +714,15 @@ class Controller:
                 sw.modify_entries([entry])
 
     def status(self) -> dict[str, Any]:
-        """Connection and pool state, for logs and the operator API."""
+        """Connection and pool state for logs and the API; per switch: up, down since, resyncing, last error."""
         used = sum(r.info.frag_count for r in self.residents.values())
         return {
             "mode": str(self.settings.mode),
             "epoch": self.epoch,
+            "failed_epochs": self.failed_epochs,
+            "last_epoch_error": self.last_epoch_error,
             "switches": {name: {"address": self.endpoints[name].address, "connected": sw.connected,
-                                "master": sw.is_master} for name, sw in self.switches.items()},
+                                "master": sw.is_master, **sw.health()} for name, sw in self.switches.items()},
             "pool": {"slots": self.settings.pool_slots, "used": used, "chunks": len(self.residents)},
             "catalog": len(self.catalog),
         }
@@ -738,7 +867,22 @@ class Controller:
                          "policy": dict(self.engine.stats)}
 
 
+def _pool_key(e: Entry) -> int:
+    """The chunk key of a ``pool_lookup`` entry read back from a switch."""
+    key = e.match.get(n.KEY_CHUNK_KEY)
+    if not isinstance(key, int):
+        raise ControllerError(f"pool entry {e.describe()} has no exact chunk key")
+    return key
+
+
+def _int_params(e: Entry) -> dict[str, int]:
+    """The action parameters of an entry read back from a switch (decoded: ints)."""
+    return {k: v for k, v in e.params.items() if isinstance(v, int)}
+
+
 def _default_driver(ep: SwitchEndpoint, settings: ControllerSettings) -> P4RuntimeSwitch:
     device_config = settings.bmv2_json if settings.bmv2_json and settings.bmv2_json.exists() else None
+    # A switch that is down must not hold the epoch loop: calls do not wait for its
+    # reconnect, and writes meanwhile go to the intended state the resync applies.
     return P4RuntimeSwitch(ep.address, settings.p4info, device_config, device_id=ep.device_id,
-                           timeout_s=settings.connect_timeout_s)
+                           timeout_s=settings.connect_timeout_s, wait_ready_s=0, defer_writes=True)

@@ -1087,6 +1087,30 @@ class P4RuntimeSwitch:
                             self.address, "no pipeline" if cookie is None else f"another pipeline ({cookie:#x})")
         self._ever_connected = True
 
+    def intend(self, entries: Iterable[Entry] = (), *, defaults: Mapping[str, tuple[str, Mapping[str, Value]]]
+               | None = None, groups: Mapping[int, Iterable[tuple[int, int]]] | None = None,
+               digests: Mapping[str, DigestConfig] | None = None) -> None:
+        """Add to the intended state without writing: the next resync makes the switch match.
+
+        Entries, default actions (table -> (action, params)), multicast groups (id ->
+        replicas) and digest configs, validated against the P4Info now. For a controller
+        that adopts a warm switch: what the switch holds already costs nothing, the rest is
+        written by the one resync of :meth:`manage`.
+        """
+        with self._lock:
+            for e in entries:
+                key, canon = self._normalize(e)
+                if not canon.action:
+                    raise ValueError(f"{canon.describe()}: an action is required")
+                self._intended.entries[key] = canon
+            for table, (action, params) in (defaults or {}).items():
+                call = codec.action_call(self.p4info, action, params)
+                self._intended.defaults[self._table(table).name] = (call.action, dict(call.params))
+            for gid, replicas in (groups or {}).items():
+                self._intended.groups[int(gid)] = tuple((int(p), int(r)) for p, r in replicas)
+            for name, config in (digests or {}).items():
+                self._intended.digests[self.p4info.digest(name).name] = config
+
     def adopt(self, table: str) -> list[Entry]:
         """Take the entries ``table`` holds on the switch as intended (a warm switch): a resync keeps them.
 
@@ -1094,12 +1118,9 @@ class P4RuntimeSwitch:
         after ``connect(push_pipeline=False)`` and before :meth:`manage`, then continue
         from the entries it returns instead of deleting them.
         """
-        with self._lock:
-            got = self.read_entries(table)
-            for e in got:
-                key, canon = self._normalize(e)
-                self._intended.entries[key] = canon
-            return got
+        got = self.read_entries(table)
+        self.intend(got)
+        return got
 
     def manage(self) -> None:
         """Take the switch over after ``connect(push_pipeline=False)``: resync it to the intended state now
@@ -1107,11 +1128,12 @@ class P4RuntimeSwitch:
 
         The pause between the two lets a restarted controller read back what the switch held
         (its pool entries, their placement ids, ``controller.placement``) and :meth:`adopt`
-        what it keeps before the resync replaces the rest.
+        or :meth:`intend` what it keeps before the resync replaces the rest. A switch that is
+        down, or held by another controller, is resynced when it answers or promotes us.
         """
         self._manage = True
-        self._wait_ready()
-        self._resync_as_owner(mark_ready=True)
+        if self._connected.is_set() and self._is_master:
+            self._resync_as_owner(mark_ready=True)
 
     def resync(self) -> dict[str, int]:
         """Make the switch match the intended state: pipeline, entries, defaults, groups, digests.

@@ -38,7 +38,8 @@ UNKNOWN = 0xDEAD
 class ModelSwitch:
     """The model switch in this process: state, pipeline, in-memory ports and its gRPC server."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        """A fresh switch (no pipeline); ``port`` 0 picks a free gRPC port, another one restarts a switch there."""
         from switchmodel.p4rt_server import P4RuntimeServer
         from switchmodel.pipeline import KvpoolPipeline
         from switchmodel.ports import MemoryPorts
@@ -46,7 +47,7 @@ class ModelSwitch:
 
         self.state = SwitchState(device_id=1)
         self.ports = MemoryPorts(KvpoolPipeline(self.state))
-        self.server = P4RuntimeServer(self.state, "127.0.0.1:0").start()
+        self.server = P4RuntimeServer(self.state, f"127.0.0.1:{port}").start()
         self.address = f"127.0.0.1:{self.server.port}"
 
     def send(self, src: Host, dst: Host, payload: bytes, sport: int = 40000) -> list[tuple[int, bytes]]:

@@ -218,7 +218,8 @@ class IntegrityBed(StarHosts):
         fabric = FabricSettings(popularity_threshold=1 << 30, pending_timeout_us=2_000_000)
         build = contract.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,
-                                      p4info=build / contract.P4INFO_FILE, bmv2_json=build / contract.BMV2_JSON_FILE)
+                                      p4info=build / contract.P4INFO_FILE, bmv2_json=build / contract.BMV2_JSON_FILE,
+                                      adopt=False)  # a clean slate per mode (the push below)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         filler = HolderPushClient(self.api(self.holder.name), fabric.fill_sink, token=self.token.value)
         ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None,

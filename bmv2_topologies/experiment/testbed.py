@@ -199,7 +199,8 @@ class Testbed(StarHosts):
         # Pending GETs must outlive the holder's queueing delay, or duplicates arriving after
         # the timeout go upstream again; 2 s is far above it and still frees a lost answer's slot.
         fabric = FabricSettings(popularity_threshold=max(2, cfg.requesters // 2), pending_timeout_us=2_000_000)
-        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1)
+        # adopt=False: each mode starts from an empty pool (a fresh pipeline below), not the last mode's.
+        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, adopt=False)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         filler = HolderPushClient(self.api(holder.name), fabric.fill_sink,
                                   token=self.token.value if self.token is not None else None)

@@ -8,6 +8,7 @@ answered by the switch itself and never reaches the holder.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,9 +56,9 @@ def switch() -> Iterator[ModelSwitch]:
     sw.stop()
 
 
-def controller(switch: ModelSwitch, mode: Mode, sink: FakeSink | None = None) -> Controller:
+def controller(switch: ModelSwitch, mode: Mode, sink: FakeSink | None = None, adopt: bool = True) -> Controller:
     settings = ControllerSettings(mode=mode, p4info=P4INFO, fabric=FabricSettings(popularity_threshold=2),
-                                  epoch_s=0.05)
+                                  epoch_s=0.05, adopt=adopt)
     catalog = Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))])
     return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink)
 
@@ -195,9 +196,10 @@ def test_a_restarted_controller_never_gives_a_placement_id_twice(switch: ModelSw
         used = first.residents[KEY].placement
         mark = first.placements.mark
         assert switch.state.lookup_exact(n.POOL_LOOKUP, MARK_KEY).params["placement"] == mark >= used
-    # A new controller process: it reads the switch back before replacing its state, so the
-    # same chunk at the same base slot gets an id above everything the first one could have used.
-    with controller(switch, Mode.POOL) as second:
+    # A new controller process that does not adopt the pool: it reads the switch back before
+    # replacing its state, so the same chunk at the same base slot gets an id above everything
+    # the first one could have used.
+    with controller(switch, Mode.POOL, adopt=False) as second:
         assert not switch.state.lookup_exact(n.POOL_LOOKUP, KEY).hit  # the first one's entries are gone
         admitted = second.submit(Override("admit", KEY))  # the sketch already reported it this epoch
         second.run_epoch()
@@ -252,3 +254,49 @@ def test_a_republish_moves_the_switches_off_the_old_bytes_before_it_returns(swit
         _fill(switch, new, generation=2)
         hdr = _served(switch)
         assert hdr is not None and hdr.generation == 2
+
+
+def test_a_new_controller_adopts_a_warm_switch(switch: ModelSwitch) -> None:
+    sink = FakeSink()
+    with controller(switch, Mode.POOL, sink) as first:
+        _admit(first, switch)
+        _fill(switch)
+        assert _served(switch) is not None
+        placed = first.residents[KEY]
+        mark = first.placements.mark
+    pushed_before = len(sink.pushed)
+    routes = switch.state.entry_count(n.IPV4_ROUTE)
+    # A new controller process on the warm switch: it keeps the pool entry as it is.
+    with controller(switch, Mode.POOL, sink) as second:
+        res = second.residents[KEY]
+        assert (res.base_slot, res.placement, res.generation) == (placed.base_slot, placed.placement,
+                                                                  placed.generation)
+        assert second.engine.holds(KEY) and second.engine.pool.residents[KEY].base_slot == placed.base_slot
+        assert _served(switch, frag=0) is not None  # hits go on: no cold wave, nothing re-pushed
+        assert switch.state.entry_count(n.IPV4_ROUTE) == routes
+        report = _epochs_until(second, lambda r: r.slot_hits >= 1)
+        assert report.slot_hits == 1 and not report.admitted  # the hit counts as a fetch of a resident
+        assert len(sink.pushed) == pushed_before
+        assert second.placements.last >= mark  # new placements continue above the first one's
+        assert second.status()["switches"]["s1"]["state"] == "up"
+
+
+def test_an_epoch_that_fails_is_counted_and_the_next_runs(switch: ModelSwitch) -> None:
+    with controller(switch, Mode.POOL) as ctl:
+        stop = threading.Event()
+        calls = {"n": 0}
+        real = ctl.run_epoch
+
+        def flaky() -> EpochReport:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("FAILED_PRECONDITION from a switch that just restarted")
+            if calls["n"] >= 4:
+                stop.set()
+            return real()
+
+        ctl.run_epoch = flaky  # type: ignore[method-assign]
+        ctl.run(stop)
+        assert calls["n"] == 4 and ctl.failed_epochs == 1
+        assert ctl.last_epoch_error is not None and "FAILED_PRECONDITION" in ctl.last_epoch_error
+        assert ctl.status()["failed_epochs"] == 1
