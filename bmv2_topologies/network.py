@@ -77,6 +77,7 @@ class SwitchHandle:
     ports: dict[int, str]  # port number -> interface name
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    command: list[str] = field(default_factory=list, repr=False)
 
 
 def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int, str],
@@ -208,11 +209,17 @@ class EmulatedNetwork:
             impair_file.unlink(missing_ok=True)  # a previous run's file would impair this one
             self.impair_files[name] = impair_file
         cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path, impair_file=impair_file)
-        log.info("starting %s (%s): %s", name, self.target, " ".join(cmd))
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        handle = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, proc)
-        self.switches[name] = handle
+        self.switches[name] = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, None, cmd)
+        log_path.write_bytes(b"")  # this run's log only; a restart appends to it
+        self._spawn(self.switches[name])
+
+    def _spawn(self, handle: SwitchHandle) -> None:
+        """Start ``handle``'s switch process (appending to its log) and wait until it listens."""
+        log.info("starting %s (%s): %s", handle.name, self.target, " ".join(handle.command))
+        with handle.log_path.open("ab") as out:
+            proc = subprocess.Popen(handle.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        handle.process = proc
+        grpc_addr, log_path = handle.grpc_addr, handle.log_path
         if not wait_listening(grpc_addr, self.switch_timeout, lambda: proc.poll() is not None, poll_s=0.1):
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-800:] if log_path.exists() else ""
@@ -221,20 +228,37 @@ class EmulatedNetwork:
             raise NetworkError(f"switch did not listen on {grpc_addr} within {self.switch_timeout:.0f} s "
                                f"(log: {log_path})")
 
+    def _kill(self, handle: SwitchHandle, sig: int = signal.SIGTERM) -> None:
+        """End ``handle``'s process group (SIGKILL if ``sig`` does not end it within 5 s)."""
+        proc = handle.process
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def restart_switch(self, name: str, sig: int = signal.SIGKILL) -> SwitchHandle:
+        """Kill switch ``name``'s process (SIGKILL: a crash) and start it again on the same ports and address.
+
+        The new process starts empty: no pipeline, no entries, no registers; returns once
+        it listens. Its controller must notice and program it again.
+        """
+        handle = self.switches.get(name)
+        if handle is None:
+            raise NetworkError(f"no switch {name!r} (switches: {', '.join(sorted(self.switches))})")
+        self._kill(handle, sig)
+        self._spawn(handle)
+        return handle
+
     def stop(self) -> None:
         """Stop the switch processes this network started, then the Mininet hosts and links."""
         for handle in self.switches.values():
-            proc = handle.process
-            if proc is None or proc.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+            self._kill(handle)
         if self.net is not None:
             self.net.stop()
             self.net = None
