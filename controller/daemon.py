@@ -244,6 +244,8 @@ class ControllerSettings:
     target: str = "unknown"
     #: keep the pool a warm switch holds (False: start from an empty pool, e.g. a fresh experiment mode)
     adopt: bool = True
+    #: longest wait between two reconnect attempts to a switch that is down
+    reconnect_backoff_s: float = 1.0
 
 
 @dataclass
@@ -885,4 +887,5 @@ def _default_driver(ep: SwitchEndpoint, settings: ControllerSettings) -> P4Runti
     # A switch that is down must not hold the epoch loop: calls do not wait for its
     # reconnect, and writes meanwhile go to the intended state the resync applies.
     return P4RuntimeSwitch(ep.address, settings.p4info, device_config, device_id=ep.device_id,
-                           timeout_s=settings.connect_timeout_s, wait_ready_s=0, defer_writes=True)
+                           timeout_s=settings.connect_timeout_s, wait_ready_s=0, defer_writes=True,
+                           max_backoff_s=settings.reconnect_backoff_s)
