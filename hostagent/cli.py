@@ -79,6 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advertise", help="address registered in the directory (default: --host)")
     parser.add_argument("--pool-bytes", type=parse_size,
                         help="capacity declared to the directory for the tier below DRAM (default 1TiB)")
+    parser.add_argument("--allow", action="append", default=None, metavar="ADDR|CIDR",
+                        help="answer GETs from these requesters besides loopback and nodes registered with the "
+                        "controller (repeat; e.g. 10.0.0.0/24)")
+    parser.add_argument("--no-verify-requesters", dest="verify_requesters", action="store_false", default=None,
+                        help="answer GETs from any source (DATA goes to whatever source a GET names)")
+    parser.add_argument("--source-budget", type=float,
+                        help="fragments per second sent to one requester (default: the pacing rate, else 100000)")
+    parser.add_argument("--serve-window", type=int,
+                        help="most fragments one GET is answered with (default: --window)")
     parser.add_argument("--token-file", help="token that mutating API calls must present, made on first start "
                         "(default $KVPOOL_TOKEN_FILE, else $XDG_RUNTIME_DIR/kvpool/token or ~/.config/kvpool/token)")
     parser.add_argument("--api-workers", type=int, help="API requests served at once (default 64)")
@@ -98,7 +107,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s",
-        "integrity_retries")}
+        "integrity_retries", "verify_requesters", "allow", "source_budget", "serve_window")}
     if overrides["rate_bytes_per_s"] is not None:
         overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])
     cfg = cfg.replace(**overrides)

@@ -31,6 +31,7 @@ from hostagent.api import MAX_BODY, make_server
 from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
 from hostagent.envelope import content_digest
+from hostagent.gate import RequesterGate, parse_allow
 from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
@@ -38,6 +39,9 @@ from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Trans
 from kvpool import auth, config, wire
 from kvpool.config import ConfigError
 from kvpool.httpjson import ApiError, ApiServer
+
+#: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).
+DEFAULT_SOURCE_BUDGET = 100_000.0
 
 log = logging.getLogger("kvpool.agent")
 
@@ -114,6 +118,15 @@ class AgentConfig:
     """Address registered in the directory (default: ``host``)."""
     pool_bytes: int = 1 << 40
     """Capacity declared to the directory for the tier below DRAM (the backend)."""
+    verify_requesters: bool = True
+    """Answer GETs only from sources the holder can verify: loopback, ``allow``, or nodes
+    registered in the controller's directory (``hostagent.gate``). False answers any source."""
+    allow: list[str] = dataclasses.field(default_factory=list)
+    """Requesters answered besides loopback and registered nodes: addresses or CIDR prefixes."""
+    source_budget: float = 0.0
+    """Fragments per second a holder sends one requester (0: its pacing rate, else 100000)."""
+    serve_window: int = 0
+    """Most fragments one GET is answered with (0: ``window_fragments``, the fleet's window)."""
 
     def transport_config(self) -> TransportConfig:
         """The transport part of this configuration."""
@@ -134,6 +147,13 @@ class AgentConfig:
             raise ConfigError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.pool_bytes <= 0:
             raise ConfigError(f"pool_bytes must be positive, got {self.pool_bytes}")
+        if self.source_budget < 0 or self.serve_window < 0:
+            raise ConfigError(f"source_budget and serve_window must be >= 0, got {self.source_budget}, "
+                              f"{self.serve_window}")
+        try:
+            parse_allow(self.allow)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.controller and not self.controller.startswith(("http://", "unix:")):
             raise ConfigError(f"controller must be http://HOST:PORT or unix:/PATH, got {self.controller!r}")
         for name in ("udp_port", "api_port"):
@@ -177,7 +197,10 @@ class Agent:
         self._backend = backend if backend is not None else self._make_backend()
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store)
-        self.transport = Transport(config.transport_config(), self.holder)
+        self.gate = self._make_gate() if config.verify_requesters else None
+        self.transport = Transport(config.transport_config(), self.holder, self.gate)
+        self._gate_stop = threading.Event()
+        self._gate_thread: threading.Thread | None = None
         self._api: ApiServer | None = None
         self._lock = threading.Lock()
         self.started_at = 0.0
@@ -187,6 +210,37 @@ class Agent:
         self.fetch_failed = 0
         self.stale_dropped = 0
         self.directory: DirectorySync | None = None
+
+    def _make_gate(self) -> RequesterGate:
+        """The holder's requester gate from the configuration (``hostagent.gate``)."""
+        cfg = self.config
+        window = cfg.serve_window or cfg.window_fragments
+        rate = cfg.source_budget or (cfg.rate_bytes_per_s / wire.DATA_DATAGRAM_LEN if cfg.rate_bytes_per_s > 0
+                                     else DEFAULT_SOURCE_BUDGET)
+        return RequesterGate(cfg.allow, window_fragments=window, rate_fragments_per_s=rate,
+                             burst_fragments=2 * window)
+
+    def _refresh_gate(self, client: ControllerClient, every_s: float = 1.0, soonest_s: float = 0.2) -> None:
+        """Keep the gate's registered addresses in step with the directory (the last set while it is away).
+
+        Every ``every_s``, and at once (at most every ``soonest_s``) after a GET from a source
+        the gate did not know: a requester that registered a moment ago is answered soon.
+        """
+        gate = self.gate
+        assert gate is not None
+        warned = False
+        while not self._gate_stop.is_set():
+            gate.missed.clear()
+            try:
+                gate.set_registered(n["address"] for n in client.nodes() if n.get("up"))
+                warned = False
+            except (ApiError, OSError, KeyError, TypeError) as exc:
+                if not warned:
+                    log.warning("requester gate: directory not read (%s); answering the last known nodes", exc)
+                    warned = True
+            if self._gate_stop.wait(soonest_s):
+                return
+            gate.missed.wait(max(0.0, every_s - soonest_s))
 
     def _make_backend(self) -> ChunkBackend | None:
         if self.config.backend == "memory":
@@ -217,6 +271,14 @@ class Agent:
             except (ApiError, ValueError) as exc:
                 self.stop()
                 raise RuntimeError(f"controller {self.config.controller}: {exc}") from None
+        if self.gate is not None:
+            if self.config.controller:
+                client = ControllerClient(self.config.controller, token=self.token.value)
+                self._gate_thread = threading.Thread(target=self._refresh_gate, args=(client,),
+                                                     name="kvpool-gate", daemon=True)
+                self._gate_thread.start()
+            elif not self.gate.allow:
+                log.warning("holder: no --controller and no --allow: only loopback requesters are answered")
         self.started_at = time.time()
         log.info("agent up: kvpool udp %s:%d, api http://%s:%d, tiers %s", self.config.host, self.transport.port,
                  self.config.api_host, self.api_port, "/".join(self.store.tier_names))
@@ -242,6 +304,10 @@ class Agent:
 
     def stop(self) -> None:
         """Leave the directory, stop the API (waiting for requests in progress), the transport and the backend."""
+        self._gate_stop.set()
+        if self._gate_thread is not None:
+            self._gate_thread.join(timeout=5)
+            self._gate_thread = None
         if self.directory is not None:
             self.store.set_listener(None)
             self.directory.stop()

@@ -54,6 +54,10 @@ class ControllerClient(JsonClient):
             out.update({int(k, 16): int(g) for k, g in answer.items()})
         return out
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node the directory has registered (``GET /v1/nodes``): node_id, address, role, up, ..."""
+        return list(self.get("/v1/nodes")["nodes"])
+
     def holders(self, key: int) -> list[dict[str, Any]]:
         """Live copies of chunk ``key`` (node_id, address, tier, nbytes, role), fastest tier first.
 

@@ -50,7 +50,10 @@ Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA r
 built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a send job;
 jobs are served round robin in quanta, paced by a token bucket (bytes/s) when a rate is
 set.  Adjacent single-fragment GETs of one request are merged into one range first
-(``merge_gets``); past ``max_queued_fragments`` queued, GETs are answered ``BUSY``.
+(``merge_gets``); past ``max_queued_fragments`` queued, GETs are answered ``BUSY``.  With a
+``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
+nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
+an answer never exceeds the requester's window.
 
 Hot path.  No Python object per packet beyond what a socket call needs: DATA is received
 with ``recv_into`` straight into slots of a preallocated ``DATA_PACKET_DTYPE`` ring
@@ -82,6 +85,7 @@ import numpy.typing as npt
 
 from hostagent import envelope
 from hostagent.fragment import Reassembler
+from hostagent.gate import RequesterGate
 from hostagent.holder import Holder
 from kvpool import wire
 
@@ -330,9 +334,12 @@ def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tu
 class Transport:
     """Both roles of a host agent on UDP: fetch chunks from holders, serve chunks to requesters."""
 
-    def __init__(self, config: TransportConfig | None = None, holder: Holder | None = None) -> None:
+    def __init__(self, config: TransportConfig | None = None, holder: Holder | None = None,
+                 gate: RequesterGate | None = None) -> None:
+        """``gate`` decides which GETs get DATA and how much (``hostagent.gate``); None answers every source."""
         self.config = config or TransportConfig()
         self.holder = holder
+        self.gate = gate
         self._c = _Counters()
         self._stats_lock = threading.Lock()
         self._submit: collections.deque[_Call] = collections.deque()
@@ -554,6 +561,8 @@ class Transport:
         }
         if self.holder is not None:
             out["holder"] = self.holder.stats()
+        if self.gate is not None:
+            out["gate"] = self.gate.stats()
         return out
 
     def active_requests(self) -> list[tuple[int, int, int, int]]:
@@ -1126,6 +1135,15 @@ class Transport:
         if self.holder is None:
             self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
             return
+        if self.gate is not None:
+            allowed = self.gate.admit(addr[0], count)
+            if allowed is None:
+                self._drop("unverified_source")  # no DATA, no NACK: the source may be forged
+                return
+            if allowed == 0:
+                self._send_nack(hdr, wire.Status.BUSY, addr)  # its budget is spent: one small datagram
+                return
+            count = allowed
         if self._queued >= self.config.max_queued_fragments:
             self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
             return

@@ -156,7 +156,9 @@ class Testbed(StarHosts):
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
                         "--single-gets", "--window", str(self.cfg.window), "--max-inflight", str(self.cfg.window),
-                        "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}"]
+                        "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}",
+                        # The star's hosts are the requesters a holder answers (no directory here).
+                        *(f"--allow={o.address}" for o in self.topo.hosts.values() if o.name != h.name)]
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
                              "--hold", str(self.cfg.hold_ms / 1000), *holder_args]

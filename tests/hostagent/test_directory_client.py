@@ -148,3 +148,23 @@ def test_only_holders_may_move_a_generation(tmp_path: Path) -> None:
             assert ControllerClient(ctl_daemon.url).generations([5]) == {}
         finally:
             requester.stop()
+
+
+def test_a_holder_answers_the_nodes_the_directory_registers(tmp_path: Path) -> None:
+    with running(tmp_path, switch=False) as ctl_daemon:
+        holder = _registered(ctl_daemon.url, "h0", "holder")
+        try:
+            gate = holder.gate
+            assert gate is not None
+            requester = TOPO.hosts["h2"].address
+            assert not gate.verified(requester)  # not registered: its GETs would get nothing
+            gate.admit(requester, 1)  # a GET from it: the holder looks at the directory again at once
+            other = _registered(ctl_daemon.url, "h2", "inference")
+            try:
+                _until(lambda: gate.verified(requester), "the holder to learn the registered requester")
+            finally:
+                other.stop()  # a clean stop deregisters
+            _until(lambda: not gate.verified(requester), "the holder to forget the deregistered requester")
+            assert holder.stats()["transport"]["gate"]["registered"] >= 1  # h0 itself
+        finally:
+            holder.stop()

@@ -1,0 +1,139 @@
+"""Who a holder answers, and how much: no DATA to a source it cannot verify, a budget per source.
+
+A GET is a small datagram and its answer can be thousands of DATA datagrams sent to the
+GET's *source address*, which UDP does not authenticate: without a check, one 74-byte GET
+with a forged source makes a holder send megabytes to a victim (reflection with
+amplification). So a holder answers a GET only when its source is one it can verify:
+
+* an address on the **allow list** (addresses or CIDR prefixes; loopback always counts:
+  a packet from 127.0.0.0/8 or ::1 cannot arrive from another host), or
+* the address of a node **registered in the controller's directory** (refreshed by the
+  agent; kept as last known while the controller is away, so a controller restart does not
+  stop serving).
+
+Switches enforce the rest of the trust model (docs/correctness.md): a host port drops
+packets whose source is not that host's, so inside a kvpool fabric a requester cannot
+borrow a registered neighbour's address.
+
+An answer is then bounded twice: to the requester's **window** (the most fragments a
+requester keeps in flight: a range GET for more is answered up to the window, the
+requester asks for the rest as it drains), and to a **token-bucket budget per source**
+(fragments per second with a burst): a source over its budget gets a NACK ``BUSY``, one
+small datagram, and asks again after its timeout. Loopback sources have no budget.
+
+A GET from a source that is not verified gets nothing at all, not even a NACK: anything
+sent would go to whoever the source names.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAX_SOURCES: Final = 4096
+"""Sources whose budgets are remembered (least recently seen first out); a forgotten one starts full."""
+
+
+def parse_allow(entries: Iterable[str]) -> list[IPNetwork]:
+    """Allow-list entries (``10.0.0.5``, ``10.0.0.0/24``, ``::1``) as networks; ValueError names a bad one."""
+    out: list[IPNetwork] = []
+    for text in entries:
+        try:
+            out.append(ipaddress.ip_network(text.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"allow: {text!r} is not an IP address or CIDR prefix") from None
+    return out
+
+
+class RequesterGate:
+    """The decision for one GET: how many fragments to answer (see the module docstring)."""
+
+    def __init__(self, allow: Iterable[str] = (), *, window_fragments: int, rate_fragments_per_s: float,
+                 burst_fragments: int, trust_loopback: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if window_fragments < 1 or rate_fragments_per_s <= 0 or burst_fragments < 1:
+            raise ValueError(f"window_fragments and burst_fragments must be >= 1 and the rate positive, got "
+                             f"{window_fragments}, {burst_fragments}, {rate_fragments_per_s}")
+        self.allow = parse_allow(allow)
+        self.window = window_fragments
+        self.rate = rate_fragments_per_s
+        self.burst = burst_fragments
+        self.trust_loopback = trust_loopback
+        self._clock = clock
+        self._registered: frozenset[IPAddress] = frozenset()
+        self._buckets: OrderedDict[IPAddress, tuple[float, float]] = OrderedDict()  # source -> (tokens, at)
+        self._lock = threading.Lock()
+        self.refused_unverified = 0
+        """GETs answered with nothing: their source is neither allowed nor registered."""
+        self.refused_budget = 0
+        """GETs answered BUSY: their source spent its budget."""
+        self.clamped = 0
+        """GETs answered with fewer fragments than asked (window or budget)."""
+        self.missed = threading.Event()
+        """Set when a source was not verified: whoever keeps the registered set may look again now."""
+
+    def set_registered(self, addresses: Iterable[str]) -> None:
+        """The addresses of the nodes the directory has registered now (replaces the last set)."""
+        parsed = set()
+        for a in addresses:
+            try:
+                parsed.add(ipaddress.ip_address(a))
+            except ValueError:
+                continue  # a node registered under a name, not an address: nothing to match
+        with self._lock:
+            self._registered = frozenset(parsed)
+
+    def _loopback(self, ip: IPAddress) -> bool:
+        return self.trust_loopback and ip.is_loopback
+
+    def verified(self, source: str) -> bool:
+        """Whether GETs from ``source`` may be answered at all."""
+        try:
+            ip = ipaddress.ip_address(source)
+        except ValueError:
+            return False
+        return self._loopback(ip) or ip in self._registered or any(ip in net for net in self.allow)
+
+    def admit(self, source: str, count: int) -> int | None:
+        """Fragments to answer of a GET for ``count`` from ``source``: None (not verified: send nothing),
+        0 (over its budget: NACK BUSY), else at most ``count``, the window and the budget left."""
+        if not self.verified(source):
+            with self._lock:
+                self.refused_unverified += 1
+            self.missed.set()
+            return None
+        ip = ipaddress.ip_address(source)
+        n = min(count, self.window)
+        if self._loopback(ip):
+            if n < count:
+                with self._lock:
+                    self.clamped += 1
+            return n
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.pop(ip, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            grant = min(n, int(tokens))
+            self._buckets[ip] = (tokens - grant, now)
+            if len(self._buckets) > MAX_SOURCES:
+                self._buckets.popitem(last=False)
+            if grant == 0:
+                self.refused_budget += 1
+            elif grant < count:
+                self.clamped += 1
+            return grant
+
+    def stats(self) -> dict[str, Any]:
+        """Refusals and clamps, and what the gate knows (for the agent's stats)."""
+        with self._lock:
+            return {"refused_unverified": self.refused_unverified, "refused_budget": self.refused_budget,
+                    "clamped": self.clamped, "registered": len(self._registered),
+                    "allow": [str(n) for n in self.allow], "window": self.window,
+                    "rate_fragments_per_s": self.rate, "burst_fragments": self.burst}

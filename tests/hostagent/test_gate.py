@@ -1,0 +1,58 @@
+"""The holder's requester gate: verified sources only, answers bounded to the window, a budget per source."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hostagent.gate import RequesterGate, parse_allow
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gate(clock: Clock, **kw: object) -> RequesterGate:
+    args: dict[str, object] = {"window_fragments": 8, "rate_fragments_per_s": 10.0, "burst_fragments": 16,
+                               "clock": clock}
+    args.update(kw)
+    return RequesterGate(**args)  # type: ignore[arg-type]
+
+
+def test_only_verified_sources_are_answered() -> None:
+    g = _gate(Clock(), allow=["10.0.1.0/24", "10.0.2.7"])
+    assert g.admit("10.0.1.9", 4) == 4 and g.admit("10.0.2.7", 4) == 4
+    assert g.admit("10.0.2.8", 4) is None and g.admit("192.0.2.1", 1) is None  # forged or unknown: nothing
+    assert g.admit("not an address", 1) is None
+    assert g.admit("127.0.0.1", 4) == 4 and g.admit("::1", 4) == 4  # loopback cannot come from elsewhere
+    g.set_registered(["10.9.9.9", "h-by-name"])  # the directory's nodes (names are skipped)
+    assert g.admit("10.9.9.9", 1) == 1
+    g.set_registered([])  # deregistered: refused again
+    assert g.admit("10.9.9.9", 1) is None
+    assert g.refused_unverified == 4 and g.missed.is_set()
+    assert not _gate(Clock(), trust_loopback=False).verified("127.0.0.1")
+
+
+def test_answers_are_bounded_to_the_window_and_the_budget() -> None:
+    clock = Clock()
+    g = _gate(clock, allow=["10.0.0.1"])
+    assert g.admit("10.0.0.1", 4096) == 8  # a range GET for more than the window: the window
+    assert g.admit("10.0.0.1", 8) == 8  # the burst (16) is spent
+    assert g.admit("10.0.0.1", 8) == 0  # over the budget: BUSY
+    clock.now += 0.5  # 5 fragments' worth of budget back
+    assert g.admit("10.0.0.1", 8) == 5
+    assert g.admit("127.0.0.1", 4096) == 8  # loopback: the window, no budget
+    st = g.stats()
+    assert (st["refused_budget"], st["clamped"]) == (1, 3)
+
+
+def test_bad_settings_are_one_line_errors() -> None:
+    with pytest.raises(ValueError, match=re.escape("'10.0.0.300' is not an IP address or CIDR prefix")):
+        parse_allow(["10.0.0.300"])
+    with pytest.raises(ValueError, match="window_fragments"):
+        RequesterGate(window_fragments=0, rate_fragments_per_s=1, burst_fragments=1)
