@@ -734,9 +734,7 @@ def _multicast_probes(run: _Run, sw: Client) -> None:
 
     def group(group_id: int, *replicas: tuple[int, int]) -> Any:
         pre = p4runtime_pb2.PacketReplicationEngineEntry()
-        pre.multicast_group_entry.multicast_group_id = group_id
-        for port, rid in replicas:
-            pre.multicast_group_entry.replicas.add(egress_port=port, instance=rid)
+        codec.encode_multicast_group(group_id, replicas, pre)
         return pre
 
     def write(utype: int, pre: Any) -> str:

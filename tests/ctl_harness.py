@@ -35,6 +35,17 @@ SLOTS = {SMALL: 1, TWO: 2, BIG: 8, OTHER: 1, HUGE: 33, CHILD: 1}
 UNKNOWN = 0xDEAD
 
 
+class FakeSink:
+    """Records the keys the controller asks the holder to push (the push itself is tested elsewhere)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[int] = []
+
+    def push(self, keys: list[int]) -> None:
+        """Record ``keys``."""
+        self.pushed.extend(keys)
+
+
 class ModelSwitch:
     """The model switch in this process: state, pipeline, in-memory ports and its gRPC server."""
 

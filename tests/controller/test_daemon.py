@@ -30,23 +30,13 @@ from controller.fabric import FabricSettings
 from controller.placement import MARK_KEY
 from kvpool import contract as n
 from kvpool import wire
-from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
+from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, FakeSink, ModelSwitch
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
 
 HOLDER, H1, H2, H3 = (TOPO.hosts[h] for h in ("h0", "h1", "h2", "h3"))
 KEY = 0x1234_5678_9ABC_DEF0
 CHUNK = bytes((i * 31 + 7) % 256 for i in range(3 * wire.FRAG_PAYLOAD + 100))  # 4 fragments
-
-
-class FakeSink:
-    """Records the keys the controller asks the holder to push (the push itself is tested elsewhere)."""
-
-    def __init__(self) -> None:
-        self.pushed: list[int] = []
-
-    def push(self, keys: list[int]) -> None:
-        self.pushed.extend(keys)
 
 
 @pytest.fixture

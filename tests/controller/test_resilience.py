@@ -31,23 +31,13 @@ from controller.placement import MARK_KEY
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.tcp import free_port
-from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, ModelSwitch
+from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, FakeSink, ModelSwitch
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
 
 HOLDER, H1, H3 = (TOPO.hosts[h] for h in ("h0", "h1", "h3"))
 KEY = 0x0DDB_A11C_0FFE_E000
 CHUNK = bytes((i * 7 + 3) % 256 for i in range(2 * wire.FRAG_PAYLOAD + 50))  # 3 fragments
-
-
-class Sink:
-    """Records the keys the controller asks the holder to push."""
-
-    def __init__(self) -> None:
-        self.pushed: list[int] = []
-
-    def push(self, keys: list[int]) -> None:
-        self.pushed.extend(keys)
 
 
 def _wait(what: str, done: Callable[[], bool], within: float = 30.0) -> None:
@@ -76,13 +66,13 @@ def _served(switch: ModelSwitch) -> bool:
 
 
 @pytest.fixture
-def looping() -> Iterator[tuple[Controller, ModelSwitch, Sink, Callable[[], ModelSwitch]]]:
+def looping() -> Iterator[tuple[Controller, ModelSwitch, FakeSink, Callable[[], ModelSwitch]]]:
     """A pool-mode controller running epochs in a thread on a model switch, and a way to restart the switch."""
     box = {"switch": ModelSwitch()}
     port = box["switch"].server.port
     settings = ControllerSettings(mode=Mode.POOL, p4info=P4INFO, bmv2_json=None, epoch_s=0.05,
                                   fabric=FabricSettings(popularity_threshold=2), connect_timeout_s=2)
-    sink = Sink()
+    sink = FakeSink()
     ctl = Controller(TOPO, [SwitchEndpoint("s1", box["switch"].address, 1)], settings,
                      Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))]), sink).start()
     stop = threading.Event()
@@ -104,7 +94,7 @@ def looping() -> Iterator[tuple[Controller, ModelSwitch, Sink, Callable[[], Mode
 
 
 def test_a_switch_restart_is_resynced_refilled_and_served_again(
-        looping: tuple[Controller, ModelSwitch, Sink, Callable[[], ModelSwitch]]) -> None:
+        looping: tuple[Controller, ModelSwitch, FakeSink, Callable[[], ModelSwitch]]) -> None:
     ctl, switch, sink, restart = looping
     for i, h in enumerate((H1, H3)):  # two missed GETs: hot
         switch.send(h, HOLDER, wire.get_packet(KEY, 0, request_id=20 + i))
@@ -129,7 +119,7 @@ def test_a_switch_restart_is_resynced_refilled_and_served_again(
 
 
 def test_status_says_a_switch_is_down_and_since_when(
-        looping: tuple[Controller, ModelSwitch, Sink, Callable[[], ModelSwitch]]) -> None:
+        looping: tuple[Controller, ModelSwitch, FakeSink, Callable[[], ModelSwitch]]) -> None:
     ctl, switch, _, _ = looping
     switch.stop()
     _wait("the switch is seen down", lambda: ctl.status()["switches"]["s1"]["state"] == "down")
