@@ -221,12 +221,12 @@ def render_status(doc: dict[str, Any]) -> Any:
         if sw.get("down_since") and state != "up":
             conn += f" for {now - float(sw['down_since']):.0f} s"
         pipe = sw["pipeline"]
-        rows.append([name, sw["address"], sw["device_id"], conn,
+        error = (sw.get("last_error") or "-") if state != "up" else "-"
+        rows.append([name, sw["address"], sw["device_id"], conn, error,
                      f"{pipe['p4info']} ({'installed' if pipe.get('installed') else 'NOT installed'})",
-                     sw["slots"]["used"], sw["slots"]["free"],
-                     sw.get("last_error") or "-" if state != "up" else "-"])
-    return Group(head, _table(None, ["switch", "address", "device", "connection", "pipeline", "slots used",
-                                     "slots free", "last error"], rows, right=2))
+                     sw["slots"]["used"], sw["slots"]["free"]])
+    return Group(head, _table(None, ["switch", "address", "device", "connection", "last error", "pipeline",
+                                     "slots used", "slots free"], rows, right=2))
 
 
 def render_top(doc: dict[str, Any]) -> Any:
