@@ -11,14 +11,18 @@ for equal-size chunks).
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from controller.policy.admission import AdmissionGate
 from controller.policy.engine import PolicyConfig, PolicyEngine
+from controller.policy.fifo import FifoPool
+from controller.policy.sketch import FrequencySketch
+from controller.policy.tiers import Tier, TierLayout, TierSpec
 from controller.policy.value import PrefillCost
 
 ONLINE = ("value", "lru", "lfu", "gdsf", "s3fifo")
@@ -119,71 +123,23 @@ def _gdsf(keys: list[int], positions: list[int], cap: int, cost: PrefillCost) ->
     return CacheResult(hits, adm, ev)
 
 
-def _s3fifo(keys: list[int], cap: int) -> CacheResult:
-    hits = np.zeros(len(keys), dtype=np.bool_)
-    small_cap = max(1, cap // 10)
-    main_cap = max(1, cap - small_cap)
-    small: deque[int] = deque()
-    main: deque[int] = deque()
-    ghost: OrderedDict[int, None] = OrderedDict()
-    freq: dict[int, int] = {}  # resident -> accesses since insertion, capped at 3
-    where: dict[int, bool] = {}  # resident -> in main
-    adm = ev = 0
-
-    def evict_main() -> None:
-        """FIFO-reinsertion over main: a chunk hit since its last lap gets another one."""
-        nonlocal ev
-        while main:
-            k0 = main.popleft()
-            f0 = freq[k0]
-            if f0 > 0:
-                freq[k0] = f0 - 1
-                main.append(k0)
-            else:
-                del freq[k0], where[k0]
-                ev += 1
-                return
-
-    def evict_small() -> None:
-        """Oldest of the small FIFO: to main if hit while there, else out (remembered as a ghost)."""
-        nonlocal ev
-        while small:
-            k0 = small.popleft()
-            if freq[k0] > 0:
-                freq[k0] = 0
-                where[k0] = True
-                main.append(k0)
-                if len(main) > main_cap:
-                    evict_main()
-            else:
-                del freq[k0], where[k0]
-                ghost[k0] = None
-                if len(ghost) > main_cap:
-                    ghost.popitem(last=False)
-                ev += 1
-                return
-
-    for i, k in enumerate(keys):
-        f = freq.get(k)
-        if f is not None:
-            hits[i] = True
-            freq[k] = min(f + 1, 3)
-            continue
-        while len(freq) >= cap:
-            if len(small) >= small_cap or not main:
-                evict_small()
-            else:
-                evict_main()
-        adm += 1
-        freq[k] = 0
-        if k in ghost:
-            del ghost[k]
-            where[k] = True
-            main.append(k)
-        else:
-            where[k] = False
-            small.append(k)
-    return CacheResult(hits, adm, ev)
+def _s3fifo(keys: list[int], cap: int, chunk_bytes: int, slot_bytes: int) -> CacheResult:
+    """S3-FIFO is the engine's own expert (:class:`~controller.policy.fifo.FifoPool`), run alone."""
+    n_slots = cap * -(-chunk_bytes // slot_bytes)
+    pool = FifoPool(
+        tier=Tier.SWITCH,
+        n_slots=n_slots,
+        slot_bytes=slot_bytes,
+        half_life=256.0,
+        gate=AdmissionGate(FrequencySketch(), 1),  # unused: S3-FIFO admits every miss
+        saving=lambda _position: 1.0,
+        layout=TierLayout({Tier.SWITCH: TierSpec(Tier.SWITCH, n_slots * slot_bytes)}),
+    )
+    pool.record = False
+    access = pool.access
+    hits = np.fromiter((access(k, None, 0, chunk_bytes, 0, 1) for k in keys), dtype=np.bool_, count=len(keys))
+    s = pool.stats
+    return CacheResult(hits, s["admitted"], s["dropped"] + s["demoted"])
 
 
 def next_use(keys: list[int]) -> list[int]:
@@ -296,5 +252,5 @@ def replay(
     if policy == "gdsf":
         return _gdsf(keys, positions, capacity_chunks, cost)
     if policy == "s3fifo":
-        return _s3fifo(keys, capacity_chunks)
+        return _s3fifo(keys, capacity_chunks, chunk_bytes, slot_bytes)
     raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES + NO_SWITCH)})")
