@@ -53,9 +53,11 @@ def _idx(pred: object) -> list[int]:
 #: expert subsets by index into DEFAULT_EXPERTS; the first index starts as leader
 SUBSETS: dict[str, list[int]] = {
     "all": list(range(len(DEFAULT_EXPERTS))),
-    # the previous default: six untilted half-lives from 16 to 65536 fetches, recency first
-    "previous": [i for i in _idx(lambda e: e.tilt == 0 and e.leaves_first)],
-    "no-tilt": [i for i in _idx(lambda e: e.tilt == 0)],
+    # the value experts alone (the default before S3-FIFO joined the race)
+    "no-s3fifo": [i for i in _idx(lambda e: e.kind == "value")],
+    # the default before that: six untilted half-lives from 16 to 65536 fetches, recency first
+    "previous": [i for i in _idx(lambda e: e.kind == "value" and e.tilt == 0 and e.leaves_first)],
+    "no-tilt": [i for i in _idx(lambda e: e.kind == "value" and e.tilt == 0)],
     "tilt-only": [i for i in _idx(lambda e: e.tilt > 0)],
 }
 # the previous default started from its recency expert (half-life 16)
@@ -103,12 +105,12 @@ class Tracker:
             return
         new = pools[self.experts[best]].residents
         old = pools[self.experts[self.leader]].residents
-        if self.fill_cost > 0:
-            fills = len(new.keys() - old.keys()) + len(self.unfilled & new.keys())
-            if sb - sl <= self.fill_cost * fills:
-                return
-        self.unfilled = {k for k, r in new.items() if k in self.unfilled or (o := old.get(k)) is None
-                         or o.base_slot != r.base_slot}
+        # The engine keeps a chunk both leaders hold where the switch has it (ValuePool.take_slots_of,
+        # which always succeeds with equal-size chunks): what the hand-over refills is the difference.
+        unfilled = {k for k in new if k in self.unfilled or k not in old}
+        if self.fill_cost > 0 and sb - sl <= self.fill_cost * len(unfilled):
+            return
+        self.unfilled = unfilled
         self.leader = best
         self.lead = self.experts[best]
         self.switches += 1
@@ -120,7 +122,7 @@ def candidates() -> list[Tracker]:
     for sub, idx in SUBSETS.items():
         for hl in (2_500.0, 10_000.0, 40_000.0):
             for margin, z in ((0.0, 1.0), (0.05, 3.0)):
-                for fill in (0.0, 0.5, 1.0):
+                for fill in (0.0, 0.25, 0.5, 1.0):
                     out.append(Tracker(f"{sub}|hl={hl:g}|m={margin:g}|z={z:g}|fill={fill:g}", idx, hl, margin, z, fill))
     return out
 

@@ -12,7 +12,9 @@ with half-lives on a geometric grid over the same fetches, as shadows (keys only
 writes), and lets the one with the most recent hits drive the switch (follow the leader, with
 hysteresis). Switching leaders costs table writes, which the engine emits and counts; chunks
 the new leader holds that the switch does not yet have count as misses until their first
-fetch fills them on its way past.
+fetch fills them on its way past. Chunks both leaders hold stay where the switch has them (the
+new leader's shadow slots are re-placed around them), so a hand-over writes and refills only
+the difference: at 24 GiB (4,095 chunks) that difference is what made the race cost points.
 
 Besides the half-life, experts differ in what they take from the prefix tree: how much a
 block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
@@ -20,7 +22,9 @@ conversations and documents, whose blocks come back together; with leaves evicte
 tilted pool keeps whole chains instead of the heads of many), and whether a block with
 resident children is protected (``leaves_first``; a copy tier above a pool that keeps every
 chunk may do without). Which combination wins depends on the workload and the pool size, so
-it is the leader race, not a constant, that decides. The expert grid and the leader's
+it is the leader race, not a constant, that decides. One expert is a classic, S3-FIFO itself
+(:class:`~controller.policy.fifo.FifoPool`): the race can only be as good as its best expert, and
+on bursty agent traffic S3-FIFO's small FIFO with ghosts beat every decayed-count pool. The expert grid and the leader's
 thresholds were chosen on the four generated workload families (tool, docqa, chat,
 synthetic) with the Mooncake conversation trace held out; docs/research.md has the
 leave-one-family-out table.
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 
 from controller.policy.admission import AdmissionGate
 from controller.policy.changes import Admit, Change, Evict, EvictAction
+from controller.policy.fifo import FifoPool
 from controller.policy.pool import ValuePool
 from controller.policy.sketch import FrequencySketch
 from controller.policy.tiers import Tier, TierLayout, TierSpec
@@ -61,6 +66,18 @@ class Expert:
     #: a chunk whose children are resident is not a victim until they are gone (always so in a tier
     #: holding the last copy, where a hit saves prefill)
     leaves_first: bool = True
+    #: "value" (a :class:`ValuePool` with the fields above) or "s3fifo" (a :class:`FifoPool`: S3-FIFO
+    #: itself, which takes only ``half_life``, for the decayed count behind its demote-or-drop choice)
+    kind: str = "value"
+
+    def label(self) -> str:
+        """A short description for change reasons and reports."""
+        if self.kind == "s3fifo":
+            return "S3-FIFO"
+        extra = "".join((f", tilt {self.tilt:g}" if self.tilt else "",
+                         f", {self.probation_hits} sightings" if self.probation_hits > 1 else "",
+                         "" if self.leaves_first else ", no leaves-first"))
+        return f"half-life {self.half_life:g}{extra}"
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field."""
@@ -74,11 +91,13 @@ class Expert:
             raise ValueError(f"expert saving must be auto, fetch or compute, got {self.saving!r}")
         if not self.tilt >= 0:
             raise ValueError(f"expert tilt must be non-negative, got {self.tilt}")
+        if self.kind not in ("value", "s3fifo"):
+            raise ValueError(f"expert kind must be value or s3fifo, got {self.kind!r}")
 
 
 #: the default experts: half-lives from recency (16 fetches) to frequency (65536), each plain and
-#: tilted towards deep blocks, one whose gate keeps first sightings out, and one recency expert
-#: without the leaves-first rule. The first one drives the switch until the evidence says otherwise:
+#: tilted towards deep blocks, one whose gate keeps first sightings out, one recency expert
+#: without the leaves-first rule, and S3-FIFO. The first one drives the switch until the evidence says otherwise:
 #: a middle of the grid (moderate half-life, moderate tilt) loses least while the race is open.
 DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(256.0, tilt=0.5),
@@ -93,6 +112,7 @@ DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(16384.0, tilt=0.5),
     Expert(65536.0, tilt=1.0),
     Expert(256.0, leaves_first=False),
+    Expert(256.0, kind="s3fifo"),
 )
 
 
@@ -126,7 +146,7 @@ class PolicyConfig:
     hit_saving: str = "auto"
     experts: tuple[Expert, ...] = DEFAULT_EXPERTS
     #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
-    leader_half_life: float = 10_000.0
+    leader_half_life: float = 40_000.0
     leader_margin: float = 0.0
     #: ... and by this many standard deviations of the (Poisson) hit counts, so noise rarely switches
     leader_z: float = 1.0
@@ -186,7 +206,8 @@ class PolicyEngine:
         for ex in config.experts:
             kind = default_kind if ex.saving == "auto" else ex.saving
             saving: Callable[[int], float] = _flat if kind == "fetch" else cost.relative
-            pool = ValuePool(
+            make = FifoPool if ex.kind == "s3fifo" else ValuePool
+            pool = make(
                 tier=config.tier,
                 n_slots=self.n_slots,
                 slot_bytes=config.slot_bytes,
@@ -291,7 +312,9 @@ class PolicyEngine:
         self._changes.extend(old_pool.changes)
         old_pool.changes = []
         old_pool.record = False
-        why = f"leader switch to half-life {new_pool.half_life:g}"
+        # Chunks both hold stay where the switch has them: only the difference is written and refilled.
+        new_pool.take_slots_of(old_pool)
+        why = f"leader switch to {self.config.experts[new].label()}"
         for key, old in old_pool.residents.items():
             nr = new_pool.residents.get(key)
             if nr is None or nr.base_slot != old.base_slot:

@@ -316,6 +316,35 @@ class ValuePool:
         if self.record:
             self.changes.append(Evict(r.key, self.tier, action, target, expected, f"{why} {by:#x}; {reason}"))
 
+    def take_slots_of(self, other: ValuePool) -> None:
+        """Re-place this (shadow) pool's chunks so those ``other`` also holds sit at ``other``'s slots.
+
+        At a hand-over the switch holds ``other``'s chunks: a chunk both pools hold then needs
+        no table write and no refill. The rest are placed first-fit around them. Nothing is
+        moved when they do not fit (only possible with mixed chunk sizes).
+        """
+        shared: list[tuple[Resident, int]] = []
+        for key, r in self.residents.items():
+            o = other.residents.get(key)
+            if o is not None and o.n_slots == r.n_slots:
+                shared.append((r, o.base_slot))
+        if all(r.base_slot == b for r, b in shared):
+            return
+        alloc = SlotAllocator(self.n_slots)
+        for r, b in shared:
+            alloc.reserve(b, r.n_slots)
+        kept = {id(r) for r, _ in shared}
+        rest = sorted((r for r in self.residents.values() if id(r) not in kept), key=lambda r: r.base_slot)
+        placed: list[tuple[Resident, int]] = []
+        for r in rest:
+            got = alloc.alloc(r.n_slots)
+            if got is None:
+                return
+            placed.append((r, got))
+        for r, b in shared + placed:
+            r.base_slot = b
+        self.allocator = alloc
+
     # ----------------------------------------------------------------- operator actions
 
     def pin(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int) -> None:

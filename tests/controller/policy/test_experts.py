@@ -1,10 +1,10 @@
-"""Expert options (position tilt, leaves first) and the leader race's hand-over costs."""
+"""Expert options (position tilt, leaves first, S3-FIFO) and the leader race's hand-over costs."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.policy import Evict, Expert, PolicyConfig, PolicyEngine
+from controller.policy import Admit, Evict, Expert, PolicyConfig, PolicyEngine
 from controller.policy.engine import DEFAULT_EXPERTS
 
 SLOT = 1000
@@ -102,5 +102,105 @@ def test_default_experts_span_recency_to_frequency_with_and_without_tree_feature
     assert min(hls) <= 16 and max(hls) >= 65536
     assert any(x.tilt > 0 for x in DEFAULT_EXPERTS) and any(x.tilt == 0 for x in DEFAULT_EXPERTS)
     assert any(not x.leaves_first for x in DEFAULT_EXPERTS)
+    assert any(x.kind == "s3fifo" for x in DEFAULT_EXPERTS)
     with pytest.raises(ValueError, match="leader_fill_cost"):
         PolicyEngine(PolicyConfig(capacity_bytes=10 * CHUNK, slot_bytes=SLOT, leader_fill_cost=-1.0))
+
+
+def test_hand_over_keeps_chunks_both_leaders_hold_where_the_switch_has_them() -> None:
+    e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=1 << 20)
+    e.experts[1].admit(99, None, 0, CHUNK, 0)  # only the shadow holds 99, in the slots the leader uses for 1
+    for k in (1, 2):
+        e.access(k, None, 0, CHUNK)
+    e.drain()
+    lead, shadow = e.experts
+    assert lead.residents[1].base_slot != shadow.residents[1].base_slot
+    e._hand_over(1)
+    changes = e.drain()
+    # 1 and 2 stay put: no write, no refill; 99 is the whole difference
+    assert {c.key for c in changes if isinstance(c, Admit)} == {99}
+    assert not any(isinstance(c, Evict) for c in changes)
+    assert e.serves(1) and e.serves(2) and e.holds(99) and not e.serves(99)
+    assert shadow.residents[1].base_slot == lead.residents[1].base_slot
+    slots = [(r.base_slot, r.n_slots) for r in shadow.residents.values()]
+    assert sorted(slots) == sorted(shadow.allocator.allocations().items())  # its allocator agrees
+
+
+def test_s3fifo_expert_is_s3fifo() -> None:
+    e = _engine(10, Expert(256.0, kind="s3fifo"))  # 10 chunks: the small FIFO's share is one
+    for k in range(1, 11):  # first sightings fill the pool through the small FIFO
+        assert e.access(k, None, 0, CHUNK) is False and e.pool.on_probation(k)
+    assert e.access(5, None, 0, CHUNK) is True  # 5 is hit while in the small FIFO
+    e.access(11, None, 0, CHUNK)  # full: the oldest, 1, leaves unhit and is remembered as a ghost
+    assert not e.holds(1) and 1 in e.pool.ghost  # type: ignore[attr-defined]
+    e.access(1, None, 0, CHUNK)  # a ghost comes back straight into main
+    assert e.holds(1) and not e.pool.on_probation(1) and not e.holds(2)
+    for k in range(100, 104):  # one-shots push 3, 4 out; 5 was hit, so it moves to main instead
+        e.access(k, None, 0, CHUNK)
+    assert e.holds(5) and not e.pool.on_probation(5) and not e.holds(3) and not e.holds(4)
+    changes = e.drain()
+    assert any(isinstance(c, Admit) and "ghost" in c.reason for c in changes)
+    with pytest.raises(ValueError, match="kind"):
+        _engine(2, Expert(10.0, kind="arc"))
+
+
+def test_s3fifo_expert_matches_the_simulator_baseline_it_replaced() -> None:
+    """The textbook S3-FIFO (small FIFO 10%, ghosts as many as main, up to 3 laps) on a seeded stream."""
+    import random
+    from collections import OrderedDict, deque
+
+    rng = random.Random(7)
+    keys = [int(400 * rng.random() ** 2) for _ in range(5000)]
+    cap = 40
+    e = _engine(cap, Expert(256.0, kind="s3fifo"))
+    got = [e.access(k, None, 0, CHUNK) for k in keys]
+    small_cap, main_cap = max(1, cap // 10), cap - max(1, cap // 10)
+    small: deque[int] = deque()
+    main: deque[int] = deque()
+    ghost: OrderedDict[int, None] = OrderedDict()
+    freq: dict[int, int] = {}
+    want = []
+    for k in keys:
+        if k in freq:
+            freq[k] = min(freq[k] + 1, 3)
+            want.append(True)
+            continue
+        want.append(False)
+        while len(freq) >= cap:
+            if len(small) >= small_cap or not main:
+                while small:
+                    k0 = small.popleft()
+                    if freq[k0]:
+                        freq[k0] = 0
+                        main.append(k0)
+                        while len(main) > main_cap:
+                            k1 = main.popleft()
+                            if freq[k1]:
+                                freq[k1] -= 1
+                                main.append(k1)
+                            else:
+                                del freq[k1]
+                                break
+                    else:
+                        del freq[k0]
+                        ghost[k0] = None
+                        if len(ghost) > main_cap:
+                            ghost.popitem(last=False)
+                        break
+            else:
+                while True:
+                    k1 = main.popleft()
+                    if freq[k1]:
+                        freq[k1] -= 1
+                        main.append(k1)
+                    else:
+                        del freq[k1]
+                        break
+        freq[k] = 0
+        if k in ghost:
+            del ghost[k]
+            main.append(k)
+        else:
+            small.append(k)
+    assert got == want
+    assert 0.2 < sum(got) / len(got) < 0.95  # a stream where eviction order matters
