@@ -17,7 +17,7 @@ defaults were chosen that way, holding the conversation trace out). "Best" follo
 target: first the fewest cells below the best of LRU/LFU/GDSF/S3-FIFO, then the best mean share
 of Belady's hit ratio.
 
-    python scripts/policy_loo.py                 # about 20 minutes on 2 cores
+    python scripts/policy_loo.py                 # about 4 minutes on 2 cores
     python scripts/policy_loo.py --quick         # 1,500 requests, three sizes
     python scripts/policy_loo.py --report results/policy_loo.json   # the table again
 """

@@ -112,7 +112,7 @@ DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(16384.0, tilt=0.5),
     Expert(65536.0, tilt=1.0),
     Expert(256.0, leaves_first=False),
-    Expert(256.0, kind="s3fifo"),
+    Expert(256.0, kind="s3fifo", leaves_first=False),
 )
 
 
@@ -153,7 +153,7 @@ class PolicyConfig:
     #: ... and by this many hits per chunk the hand-over must fill (a chunk the new leader holds and
     #: the switch does not is a miss at its next fetch, whose pass fills it). 0: the race ignores
     #: the refill, which the leave-one-family-out selection preferred on the generated families by
-    #: a hair; the conversation trace alone would have chosen 1 (docs/research.md)
+    #: a hair; the conversation trace alone would have chosen 0.25 (docs/research.md)
     leader_fill_cost: float = 0.0
     epoch_fetches: int = 512
     demote_min_hits: float = 1.0

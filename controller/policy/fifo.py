@@ -14,9 +14,11 @@ Rather than approximate it with probation knobs, :class:`FifoPool` is S3-FIFO it
 
 It is a :class:`~controller.policy.pool.ValuePool` in everything but the order of victims and
 admission (every miss is admitted), so slots, quotas, pins, operator verbs, demotion and the
-change log are the pool's own. With equal-size chunks and no pins its hits are exactly those
-of the simulator's S3-FIFO baseline (``controller.sim.caches``), which the tests check. Like
-that baseline it has no leaves-first rule (a copy tier above holders that keep everything).
+change log are the pool's own. The simulator's S3-FIFO baseline (``controller.sim.caches``) is
+this pool run alone, without the leaves-first rule, as textbook S3-FIFO; the tests check its
+hits against a textbook implementation. With ``leaves_first`` (always so in a tier holding the
+last copy) a parent of resident chunks is never a victim: leaving the small FIFO it moves to
+main, and main passes over it until its last child is gone.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ class FifoPool(ValuePool):
     def __init__(self, **kwargs: Any) -> None:
         """The :class:`ValuePool` arguments; probation and leaves-first are S3-FIFO's own here."""
         kwargs["probation_fraction"] = 0.0  # main may use every slot; the small FIFO's share is below
-        kwargs["leaves_first"] = False
         super().__init__(**kwargs)
         #: the small FIFO's share of the slots (S3-FIFO's 10%, at least one chunk's worth)
         self.small_slots = max(1, self.n_slots // 10)
@@ -132,7 +133,8 @@ class FifoPool(ValuePool):
         while self.fifo:
             key = next(iter(self.fifo))
             r = self.residents[key]
-            if self._freq.get(key, 0) > 0 or r.pinned:
+            # hit while there, pinned, or (leaves first) the parent of resident chunks: it stays, in main
+            if self._freq.get(key, 0) > 0 or r.pinned or r.children:
                 del self.fifo[key]
                 self.fifo_used -= r.n_slots
                 self.main_used += r.n_slots

@@ -134,6 +134,7 @@ def _s3fifo(keys: list[int], cap: int, chunk_bytes: int, slot_bytes: int) -> Cac
         gate=AdmissionGate(FrequencySketch(), 1),  # unused: S3-FIFO admits every miss
         saving=lambda _position: 1.0,
         layout=TierLayout({Tier.SWITCH: TierSpec(Tier.SWITCH, n_slots * slot_bytes)}),
+        leaves_first=False,  # textbook S3-FIFO: the prefix tree plays no part
     )
     pool.record = False
     access = pool.access

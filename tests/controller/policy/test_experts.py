@@ -152,50 +152,48 @@ def test_s3fifo_expert_matches_the_simulator_baseline_it_replaced() -> None:
     rng = random.Random(7)
     keys = [int(400 * rng.random() ** 2) for _ in range(5000)]
     cap = 40
-    e = _engine(cap, Expert(256.0, kind="s3fifo"))
+    e = _engine(cap, Expert(256.0, kind="s3fifo", leaves_first=False))
     got = [e.access(k, None, 0, CHUNK) for k in keys]
     small_cap, main_cap = max(1, cap // 10), cap - max(1, cap // 10)
     small: deque[int] = deque()
     main: deque[int] = deque()
     ghost: OrderedDict[int, None] = OrderedDict()
     freq: dict[int, int] = {}
+
+    def evict_main() -> None:
+        while True:
+            k1 = main.popleft()
+            if not freq[k1]:
+                del freq[k1]
+                return
+            freq[k1] -= 1
+            main.append(k1)
+
+    def evict_small() -> None:
+        while small:
+            k0 = small.popleft()
+            if not freq[k0]:
+                del freq[k0]
+                ghost[k0] = None
+                if len(ghost) > main_cap:
+                    ghost.popitem(last=False)
+                return
+            freq[k0] = 0
+            main.append(k0)
+            if len(main) > main_cap:
+                evict_main()
+
     want = []
     for k in keys:
+        want.append(k in freq)
         if k in freq:
             freq[k] = min(freq[k] + 1, 3)
-            want.append(True)
             continue
-        want.append(False)
         while len(freq) >= cap:
             if len(small) >= small_cap or not main:
-                while small:
-                    k0 = small.popleft()
-                    if freq[k0]:
-                        freq[k0] = 0
-                        main.append(k0)
-                        while len(main) > main_cap:
-                            k1 = main.popleft()
-                            if freq[k1]:
-                                freq[k1] -= 1
-                                main.append(k1)
-                            else:
-                                del freq[k1]
-                                break
-                    else:
-                        del freq[k0]
-                        ghost[k0] = None
-                        if len(ghost) > main_cap:
-                            ghost.popitem(last=False)
-                        break
+                evict_small()
             else:
-                while True:
-                    k1 = main.popleft()
-                    if freq[k1]:
-                        freq[k1] -= 1
-                        main.append(k1)
-                    else:
-                        del freq[k1]
-                        break
+                evict_main()
         freq[k] = 0
         if k in ghost:
             del ghost[k]
@@ -204,3 +202,12 @@ def test_s3fifo_expert_matches_the_simulator_baseline_it_replaced() -> None:
             small.append(k)
     assert got == want
     assert 0.2 < sum(got) / len(got) < 0.95  # a stream where eviction order matters
+
+
+def test_s3fifo_expert_keeps_leaves_first_where_the_tier_holds_the_last_copy() -> None:
+    from controller.policy import Tier
+
+    copy_tier = _engine(3, Expert(256.0, kind="s3fifo", leaves_first=False))
+    assert _first_evicted_from_a_chain(copy_tier) == 10  # textbook: the small FIFO's unhit head
+    last_copy = _engine(3, Expert(256.0, kind="s3fifo", leaves_first=False), tier=Tier.POOL, hit_saving="compute")
+    assert _first_evicted_from_a_chain(last_copy) == 12  # the leaf: the root and its child moved to main
