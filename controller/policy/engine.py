@@ -23,11 +23,11 @@ tilted pool keeps whole chains instead of the heads of many), and whether a bloc
 resident children is protected (``leaves_first``; a copy tier above a pool that keeps every
 chunk may do without). Which combination wins depends on the workload and the pool size, so
 it is the leader race, not a constant, that decides. One expert is a classic, S3-FIFO itself
-(:class:`~controller.policy.fifo.FifoPool`): the race can only be as good as its best expert, and
-on bursty agent traffic S3-FIFO's small FIFO with ghosts beat every decayed-count pool. The expert grid and the leader's
-thresholds were chosen on the four generated workload families (tool, docqa, chat,
-synthetic) with the Mooncake conversation trace held out; docs/research.md has the
-leave-one-family-out table.
+(:class:`~controller.policy.fifo.FifoPool`): the race can only be as good as its best expert,
+and on bursty agent traffic S3-FIFO's small FIFO with ghosts beat every decayed-count pool. The
+expert grid and the leader's thresholds were chosen on the four generated workload families
+(tool, docqa, chat, synthetic) with the Mooncake conversation trace held out; docs/research.md
+has the leave-one-family-out table.
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ class Expert:
 
 #: the default experts: half-lives from recency (16 fetches) to frequency (65536), each plain and
 #: tilted towards deep blocks, one whose gate keeps first sightings out, one recency expert
-#: without the leaves-first rule, and S3-FIFO. The first one drives the switch until the evidence says otherwise:
-#: a middle of the grid (moderate half-life, moderate tilt) loses least while the race is open.
+#: without the leaves-first rule, and S3-FIFO. The first one drives the switch until the evidence
+#: says otherwise: a middle of the grid (moderate half-life, moderate tilt) loses least while the
+#: race is open.
 DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(256.0, tilt=0.5),
     Expert(16.0),
