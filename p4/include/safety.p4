@@ -5,8 +5,10 @@
  * Source guard (every IPv4 packet).  host_guard maps a port that faces a host to that
  * host's address; a packet arriving there with another IPv4 source is dropped
  * (DROP_SPOOFED).  So a requester can neither pose as a holder (whose writes the switch
- * trusts) nor aim the answer to a GET at a victim.  Ports without an entry (towards other
- * switches) are not checked: switches are trusted, and every host port is guarded.
+ * trusts) nor aim the answer to a GET at a victim.  A port towards another switch has a
+ * fabric_port entry: not checked (switches are trusted), but marked (meta.from_fabric),
+ * so that a fetch is counted by Popularity once, at the switch where it entered the
+ * fabric, and not again at every switch on its way.  Ports without an entry are neither.
  *
  * Every kvpool header is checked in the order of kvpool.wire.validate, and the first
  * failure names the drop reason (ingress counts it in MyIngress.drop_reason and drops):
@@ -39,10 +41,15 @@ control Safety(inout headers_t hdr,
         host_addr = addr;
     }
 
-    // Port facing a host -> the only IPv4 source that port may send.  Miss = not checked.
+    action fabric_port() {
+        meta.from_fabric = 1;
+    }
+
+    // Port facing a host -> the only IPv4 source that port may send; port facing a
+    // switch -> marked.  Miss = not checked, not marked.
     table host_guard {
         key = { standard_metadata.ingress_port: exact; }
-        actions = { guard_source; NoAction; }
+        actions = { guard_source; fabric_port; NoAction; }
         size = GUARD_ENTRIES;
         default_action = NoAction();
     }
