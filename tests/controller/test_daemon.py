@@ -43,9 +43,11 @@ class FakeSink:
 
     def __init__(self) -> None:
         self.pushed: list[int] = []
+        self.sinks: list[str | None] = []
 
-    def push(self, keys: list[int]) -> None:
+    def push(self, keys: list[int], sink: str | None = None) -> None:
         self.pushed.extend(keys)
+        self.sinks.append(sink)
 
 
 @pytest.fixture
