@@ -13,7 +13,9 @@ MODES = ("plain", "multicast", "pool")
 SYSTEMS = ("mooncake", "kvpool_plain", "kvpool_multicast", "kvpool_pool")
 """What the side-by-side compares: Mooncake Store alone, then kvpool in each mode in front of it."""
 REQUESTER_COUNTS = (2, 4, 8, 16)
-"""The side-by-side's default requester counts N, one star each."""
+"""The side-by-side's default requester counts N, one network each."""
+TOPOLOGIES = ("star", "leaf-spine")
+"""Generated topologies (``kvpool.topology``); anything else names a topology JSON file."""
 
 
 @dataclass
@@ -22,6 +24,12 @@ class DemoConfig:
 
     requesters: int = 8
     target: str | None = None
+    topology: str = "star"
+    """``star``, ``leaf-spine`` or the path of a topology JSON file (its inference hosts are the requesters)."""
+    leaves: int = 4
+    spines: int = 2
+    holders: int | None = None
+    """Holder hosts (chunks dealt over them by prefix position); None: 1 on the star, 2 on the leaf-spine."""
     modes: tuple[str, ...] = MODES
     trace: Path | None = None
     max_requests: int = 64
@@ -36,6 +44,7 @@ class DemoConfig:
     head_dim: int = 64
     holder_mbps: float = 10.0
     host_mbps: float = 1000.0
+    fabric_mbps: float = 1000.0
     out: Path = Path("results/demo")
     seed: int = 0
     fetch_timeout_s: float = 60.0
@@ -48,6 +57,18 @@ class DemoConfig:
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
 
     @property
+    def holder_count(self) -> int:
+        """Holders a generated topology gets (``holders``, else the topology's default)."""
+        if self.holders is not None:
+            return self.holders
+        return 2 if self.topology == "leaf-spine" else 1
+
+    @property
+    def topology_file(self) -> Path | None:
+        """The topology JSON file, when ``topology`` names one."""
+        return None if self.topology in TOPOLOGIES else Path(self.topology)
+
+    @property
     def chunk_shape(self) -> tuple[int, ...]:
         """One chunk: [layers, 2 (K and V), kv_heads, block_tokens, head_dim], fp16."""
         return (self.layers, 2, self.kv_heads, self.block_tokens, self.head_dim)
@@ -55,7 +76,11 @@ class DemoConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first nonsensical option."""
         checks = {
-            "requesters": 1 <= self.requesters <= 16,
+            "requesters": 1 <= self.requesters <= (32 if self.topology == "leaf-spine" else 16),
+            "leaves": 1 <= self.leaves <= 16,
+            "spines": 1 <= self.spines <= 8,
+            "holders": self.holders is None or 1 <= self.holders <= 8,
+            "fabric_mbps": self.fabric_mbps > 0,
             "waves": self.waves >= 1,
             "hot_blocks": self.hot_blocks >= 1,
             "tail_blocks": self.tail_blocks >= 0,
@@ -74,6 +99,10 @@ class DemoConfig:
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+        path = self.topology_file
+        if path is not None and not path.is_file():
+            raise ValueError(f"--topology: {self.topology!r} is neither {' nor '.join(TOPOLOGIES)} nor a topology "
+                             "JSON file")
         if self.impair:
             from switchmodel.impair import parse_specs  # standard library only
 
@@ -91,6 +120,8 @@ class VsConfig:
 
     # The network and the prefix are the demo's (its defaults, so the two stay alike).
     requesters: int = DemoConfig.requesters
+    topology: str = DemoConfig.topology
+    holders: int | None = DemoConfig.holders
     waves: int = 5
     hot_blocks: int = DemoConfig.hot_blocks
     holder_mbps: float = DemoConfig.holder_mbps
@@ -118,7 +149,8 @@ class VsConfig:
     def demo_config(self) -> DemoConfig:
         """The demo's configuration for the same network and stream (waves of the hot prefix only)."""
         modes = tuple(s.removeprefix("kvpool_") for s in self.systems if s.startswith("kvpool_"))
-        return DemoConfig(requesters=self.requesters, target=self.target, modes=modes, waves=self.waves,
+        return DemoConfig(requesters=self.requesters, target=self.target, topology=self.topology,
+                          holders=self.holders, modes=modes, waves=self.waves,
                           hot_blocks=self.hot_blocks, tail_blocks=0, holder_mbps=self.holder_mbps,
                           window=self.window, hold_ms=self.hold_ms, out=self.out / f"n{self.requesters}",
                           seed=self.seed)

@@ -71,6 +71,9 @@ def test_bad_config_is_named(changes: dict[str, object], match: str) -> None:
 def test_demo_config_maps_systems_to_modes() -> None:
     d = VsConfig(requesters=4, systems=SYSTEMS).demo_config()
     assert d.modes == ("plain", "multicast", "pool") and d.tail_blocks == 0 and d.requesters == 4
+    fabric = VsConfig(topology="leaf-spine").demo_config()
+    assert (fabric.topology, fabric.holder_count) == ("leaf-spine", 2)
+    assert vs_document(VsConfig(topology="leaf-spine"), {8: _results()}, 1)["topology"] == "leaf-spine"
 
 
 def test_cli_rejects_bad_arguments_in_one_line() -> None:
