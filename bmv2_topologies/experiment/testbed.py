@@ -147,6 +147,10 @@ class Testbed(StarHosts):
             self.net.start()
             for sw in self.net.switches:
                 self.net.set_impairment(sw, self.cfg.impair)
+            # Routes before anything starts: hosts that talk to each other before the first
+            # mode (a Mooncake pool spread over the holder hosts) need the switches to forward.
+            with self.controller("plain"):
+                pass
             with contextlib.ExitStack() as stack:  # unwinds in reverse: captures, agents, backend
                 holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else {}
                 stack.enter_context(self._agents(holder_args))
@@ -217,15 +221,11 @@ class Testbed(StarHosts):
         self.procs.clear()
 
     # -------------------------------------------------------------- one mode
-    def run_mode(self, mode: str, progress: Callable[[], None] | None = None,
-                 replay: Replay | None = None) -> ModeResult:
-        """Program the switch for ``mode``, replay the stream (or run ``replay``), measure."""
+    def controller(self, mode: str) -> Controller:
+        """A controller for ``mode`` over every switch of the running network (not started)."""
         if self.net is None:
             raise RuntimeError("the testbed is not running")
         wl = self.workload
-        shares = self.shares(list(wl.blobs))
-        for name, keys in shares.items():
-            AgentClient(self.api(name), timeout=120).publish_chunks(keys, [wl.blobs[k] for k in keys])
         catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in wl.blobs)
         # Pending GETs must outlive the holder's queueing delay, or duplicates arriving after
         # the timeout go upstream again; 2 s is far above it and still frees a lost answer's slot.
@@ -240,7 +240,15 @@ class Testbed(StarHosts):
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         filler = HolderPushes({k: self.api(self.holder_of(wl.positions[k]).name) for k in wl.blobs},
                               SINK_ADDRESS, self.token.value if self.token is not None else None)
-        ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
+        return Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
+
+    def run_mode(self, mode: str, progress: Callable[[], None] | None = None,
+                 replay: Replay | None = None) -> ModeResult:
+        """Program the switches for ``mode``, replay the stream (or run ``replay``), measure."""
+        wl = self.workload
+        for name, keys in self.shares(list(wl.blobs)).items():
+            AgentClient(self.api(name), timeout=120).publish_chunks(keys, [wl.blobs[k] for k in keys])
+        ctl = self.controller(mode)
         result = ModeResult(mode)
         stop = threading.Event()
         with ctl:
