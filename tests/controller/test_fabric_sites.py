@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from ctl_harness import P4INFO, SKIP_REASON, ModelSwitch
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
@@ -22,6 +21,7 @@ from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import PoolState
 from kvpool.topology import Host, leaf_spine
+from tests.ctl_harness import P4INFO, SKIP_REASON, ModelSwitch
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
 
