@@ -87,7 +87,8 @@ class Safety(Control):
             elif kv.status != STATUS_OK:
                 meta.drop_reason = Drop.BAD_STATUS
 
-        if meta.drop_reason == Drop.NONE:
+        # A GET needs no writer: only fills (DATA), releases (DATA, NACK) and INVALIDATE ask.
+        if meta.drop_reason == Drop.NONE and kv.opcode != OP_GET:
             res = self.state.lookup(WRITERS, (meta.ingress_port, ip.src), meta.packet_length)
             if res.action == ALLOW_WRITER:
                 meta.is_writer = 1

@@ -20,7 +20,8 @@
  *   -> status (1..STATUS_MAX on NACK, 0 on every other opcode).
  * The writers ACL marks (ingress port, IPv4 source) pairs allowed to fill the pool, send
  * INVALIDATE and answer coalesced GETs: a holder's address counts only on the port
- * towards that holder.  The pool and coalescing controls act on meta.is_writer.
+ * towards that holder.  The pool and coalescing controls act on meta.is_writer; a GET
+ * is never looked up (no table apply for the most common kvpool packet).
  */
 #ifndef KVPOOL_SAFETY_P4
 #define KVPOOL_SAFETY_P4
@@ -133,7 +134,8 @@ control Safety(inout headers_t hdr,
             }
         }
 
-        if (meta.drop_reason == DROP_NONE) {
+        // A GET needs no writer: only fills (DATA), releases (DATA, NACK) and INVALIDATE ask.
+        if (meta.drop_reason == DROP_NONE && hdr.kv.opcode != OP_GET) {
             writers.apply();
             // Only a writer may announce a change; a stray INVALIDATE goes nowhere.
             if (hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
