@@ -148,10 +148,10 @@ def program(sw: P4RuntimeSwitch) -> None:
     """Routes for client (port 1) and holder (port 2), the holder as writer, KEY_FILLED admitted."""
     for port, mac, ip in ((1, CLIENT_MAC, CLIENT_IP), (2, HOLDER_MAC, HOLDER_IP)):
         sw.insert_entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (ip, 32)}, n.IPV4_FORWARD, {"port": port, "dst_mac": mac})
-    sw.insert_entry(n.WRITERS, {n.KEY_WRITER_SRC: HOLDER_IP}, n.ALLOW_WRITER)
+    sw.insert_entry(n.WRITERS, {n.KEY_INGRESS_PORT: 2, n.KEY_WRITER_SRC: HOLDER_IP}, n.ALLOW_WRITER)
     sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: KEY_FILLED}, n.POOL_ENTRY,
                     {"base_slot": 0, "frag_count": wire.fragment_count(len(CHUNK)), "chunk_len": len(CHUNK),
-                     "generation": 0, "state": 2})
+                     "generation": 0, "state": 2, "placement": 1})
 
 
 def fill(lab: VethLab) -> None:
@@ -221,12 +221,13 @@ def bench_pipeline(seconds: float) -> list[Row]:
     for port, mac, ip in ((1, CLIENT_MAC, CLIENT_IP), (2, HOLDER_MAC, HOLDER_IP)):
         state.insert_entry(n.IPV4_ROUTE, TableEntry({n.KEY_IPV4_DST: FieldMatch("lpm", _ip(ip), 32)},
                                                     ActionCall(n.IPV4_FORWARD, {"port": port, "dst_mac": _mac(mac)})))
-    state.insert_entry(n.WRITERS, TableEntry({n.KEY_WRITER_SRC: FieldMatch("exact", _ip(HOLDER_IP))},
+    state.insert_entry(n.WRITERS, TableEntry({n.KEY_INGRESS_PORT: FieldMatch("exact", 2),
+                                              n.KEY_WRITER_SRC: FieldMatch("exact", _ip(HOLDER_IP))},
                                              ActionCall(n.ALLOW_WRITER, {})))
     state.insert_entry(n.POOL_LOOKUP, TableEntry(
         {n.KEY_CHUNK_KEY: FieldMatch("exact", KEY_FILLED)},
         ActionCall(n.POOL_ENTRY, {"base_slot": 0, "frag_count": 4, "chunk_len": len(CHUNK), "generation": 0,
-                                  "state": 2})))
+                                  "state": 2, "placement": 1})))
     pipe = KvpoolPipeline(state)
     for i in range(4):
         pipe.process(2, data_frame(KEY_FILLED, i))
