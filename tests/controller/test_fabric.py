@@ -67,7 +67,7 @@ def test_every_switch_has_a_fill_sink_routed_toward_it() -> None:
                                     "s4": "10.0.0.251", "s5": "10.0.0.250"}
     cfgs = switch_configs(topo)
 
-    def sink_route(sw: str, addr: str) -> tuple[str, int | None]:
+    def sink_route(sw: str, addr: str) -> tuple[str, object]:
         (e,) = [e for e in cfgs[sw].entries if e.table == n.IPV4_ROUTE and e.match[n.KEY_IPV4_DST] == (addr, 32)]
         return e.action, e.params.get("port")
 
