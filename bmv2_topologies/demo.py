@@ -68,10 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="tokens per chunk (default 16)")
     p.add_argument("--holder-mbps", type=float, default=d.holder_mbps,
                    help="bandwidth of each holder's link (the bottleneck, default 10)")
-    p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester (default 600)")
+    p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
+                   "(default: the target's, 600 on the model, 64 on BMv2)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
                    help="holder waits this long before answering a GET, so GETs of requesters that start a little late "
-                   "are coalesced too (default 100)")
+                   "are coalesced too (default: the target's, 100)")
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object last (per mode: holder_bytes, ...)")

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hot-blocks", type=int, default=d.hot_blocks, help="chunks of the hot prefix (default 4)")
     p.add_argument("--holder-mbps", type=float, default=d.holder_mbps,
                    help="storage link bandwidth, the bottleneck (default 10)")
-    p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester (default 600)")
+    p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
+                   "(default: the target's, 600 on the model, 64 on BMv2)")
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--systems", default=",".join(d.systems), help="comma-separated subset of " + ",".join(SYSTEMS))

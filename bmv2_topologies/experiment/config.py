@@ -16,6 +16,10 @@ REQUESTER_COUNTS = (2, 4, 8, 16)
 """The side-by-side's default requester counts N, one network each."""
 TOPOLOGIES = ("star", "leaf-spine")
 """Generated topologies (``kvpool.topology``); anything else names a topology JSON file."""
+TARGET_KNOBS: dict[str, tuple[int, float]] = {"model": (600, 100.0), "bmv2": (64, 100.0)}
+"""Per switch target, the requesters' window (fragments in flight) and the holder's hold (ms) a
+run takes unless told: the model takes the whole hot prefix at once; BMv2 (3,000-4,700
+packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64."""
 
 
 @dataclass
@@ -48,13 +52,24 @@ class DemoConfig:
     out: Path = Path("results/demo")
     seed: int = 0
     fetch_timeout_s: float = 60.0
-    window: int = 600
-    """Fragments each requester keeps in flight (single-fragment GETs): enough for the whole
-    hot prefix, so every requester asks for all of it at once, as an engine fetching a prefix does."""
-    hold_ms: float = 100.0
-    """How long the holder waits before answering a GET (``kvpool-agent --hold``)."""
+    window: int | None = None
+    """Fragments each requester keeps in flight (single-fragment GETs); None: the target's
+    (``TARGET_KNOBS``; on the model enough for the whole hot prefix, so every requester asks
+    for all of it at once, as an engine fetching a prefix does)."""
+    hold_ms: float | None = None
+    """How long the holder waits before answering a GET (``kvpool-agent --hold``); None: the target's."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
+
+    @property
+    def in_flight(self) -> int:
+        """The requesters' window: ``window``, else the target's (the model's when none is chosen yet)."""
+        return self.window if self.window is not None else TARGET_KNOBS[self.target or "model"][0]
+
+    @property
+    def hold_s(self) -> float:
+        """The holder's hold in seconds: ``hold_ms``, else the target's."""
+        return (self.hold_ms if self.hold_ms is not None else TARGET_KNOBS[self.target or "model"][1]) / 1000
 
     @property
     def holder_count(self) -> int:
@@ -90,8 +105,8 @@ class DemoConfig:
             "host_mbps": self.host_mbps > 0,
             "max_requests": self.max_requests >= 1,
             "time_scale": self.time_scale > 0,
-            "window": 1 <= self.window <= 4096,
-            "hold_ms": 0 <= self.hold_ms <= 1000,
+            "window": self.window is None or 1 <= self.window <= 4096,
+            "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
         }
         for name, ok in checks.items():
             if not ok:
@@ -127,8 +142,8 @@ class VsConfig:
     holder_mbps: float = DemoConfig.holder_mbps
     target: str | None = None
     systems: tuple[str, ...] = SYSTEMS
-    window: int = DemoConfig.window
-    hold_ms: float = DemoConfig.hold_ms
+    window: int | None = DemoConfig.window
+    hold_ms: float | None = DemoConfig.hold_ms
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     segment_mib: int = 256

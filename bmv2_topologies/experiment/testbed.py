@@ -182,7 +182,7 @@ class Testbed(StarHosts):
         # Everything every requester may have asked for can sit in the holder's queue at
         # once (plain forwarding, all asking at the same moment): re-asking before that
         # queue drains would only duplicate it, so the retransmit timeout covers it twice.
-        queue_s = len(self.requesters()) * self.cfg.window * wire.DATA_DATAGRAM_LEN / rate
+        queue_s = len(self.requesters()) * self.cfg.in_flight * wire.DATA_DATAGRAM_LEN / rate
         rto = max(1.0, 2 * queue_s)
         assert self.token is not None  # running() loads it first
         try:
@@ -191,11 +191,11 @@ class Testbed(StarHosts):
                         "--token-file", str(self.token.path),
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                        "--single-gets", "--window", str(self.cfg.window), "--max-inflight", str(self.cfg.window),
+                        "--single-gets", "--window", str(self.cfg.in_flight), "--max-inflight", str(self.cfg.in_flight),
                         "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}"]
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
-                             "--hold", str(self.cfg.hold_ms / 1000), *holder_args.get(h.name, [])]
+                             "--hold", str(self.cfg.hold_s), *holder_args.get(h.name, [])]
                 self.procs.append(self.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60
             for h in self.topo.hosts.values():
@@ -401,7 +401,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     cfg.out.mkdir(parents=True, exist_ok=True)
     chunk_kib = len(next(iter(workload.blobs.values()))) / 1024
     print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
-          f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB",
+          f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB, "
+          f"window {cfg.in_flight}, hold {cfg.hold_s * 1000:g} ms",
           file=sys.stderr)
     results: list[ModeResult] = []
     try:
@@ -417,7 +418,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     summary = {r.mode: r.summary() for r in results}
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
            "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
-           "config": _jsonable(asdict(cfg)), **summary}
+           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "hold_ms": cfg.hold_s * 1000, **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")
     demo_plot(results, cfg.out / "demo.png")

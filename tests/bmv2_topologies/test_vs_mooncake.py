@@ -76,6 +76,16 @@ def test_demo_config_maps_systems_to_modes() -> None:
     assert vs_document(VsConfig(topology="leaf-spine"), {8: _results()}, 1)["topology"] == "leaf-spine"
 
 
+def test_window_and_hold_follow_the_target_unless_given() -> None:
+    assert (VsConfig(target="model").demo_config().in_flight, VsConfig(target="bmv2").demo_config().in_flight) == (
+        600, 64)
+    told = VsConfig(target="bmv2", window=32, hold_ms=50).demo_config()
+    assert (told.in_flight, told.hold_s) == (32, 0.05)
+    assert VsConfig(target="bmv2").demo_config().hold_s == 0.1
+    with pytest.raises(ValueError, match="--window"):
+        VsConfig(window=0).validate()
+
+
 def test_cli_rejects_bad_arguments_in_one_line() -> None:
     r = subprocess.run([sys.executable, str(REPO / "scripts/bench_vs_mooncake.py"), "--requesters", "0"],
                        capture_output=True, text=True, timeout=60)
