@@ -7,10 +7,12 @@ kernel drops.  Rows:
 
 * ``echo``: a plain Python AF_PACKET loop that copies frames from port 1 to port 2
   (the floor any Python switch pays for packet I/O);
+* ``model forward (UDP)``: plain UDP datagrams routed to the holder (parse, guard, route:
+  what every packet pays, the floor of the program on that target);
 * ``model forward``: kvpool GETs for a chunk outside the pool, routed to the holder;
 * ``model served``: GETs (with reply room) for a filled chunk, answered from switch
   memory (1482-byte replies);
-* the same two rows for ``bmv2`` when ``simple_switch_grpc`` is on PATH (a crashed
+* the same three rows for ``bmv2`` when ``simple_switch_grpc`` is on PATH (a crashed
   switch is reported in the table, not timed);
 * ``model pipeline`` (in-process, no I/O): the pipeline's own rate, for reference.
 
@@ -66,6 +68,11 @@ def get_frame(key: int, frag: int, room: bool = False) -> bytes:
     """A GET from the client to the holder, with reply room when the switch should answer it."""
     return _frame(CLIENT_MAC, HOLDER_MAC, CLIENT_IP, HOLDER_IP, 40000, wire.KVPOOL_UDP_PORT,
                   wire.get_packet(key, frag, room=room))
+
+
+def udp_frame(i: int) -> bytes:
+    """A plain UDP datagram from the client to the holder (not kvpool's port): the program's floor."""
+    return _frame(CLIENT_MAC, HOLDER_MAC, CLIENT_IP, HOLDER_IP, 40000 + i, 9, bytes(64))
 
 
 def data_frame(key: int, frag: int) -> bytes:
@@ -177,6 +184,8 @@ def bench_switch(kind: str, lab: VethLab, seconds: float, window: int,
         program(sw)
         fill(lab)
         progress(f"{kind}: forward")
+        d, s, lost = closed_loop(lab, [udp_frame(i) for i in range(16)], 1, seconds, window)
+        rows.append(Row(kind, "forward (UDP, not kvpool)", d, s, lost))
         missed = [get_frame(KEY_MISSED + i, 0) for i in range(16)]
         d, s, lost = closed_loop(lab, missed, 1, seconds, window)
         rows.append(Row(kind, "forward (GET to holder)", d, s, lost))
