@@ -18,10 +18,6 @@ Needs root and Mininet.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -40,6 +36,7 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
     from bmv2_topologies.experiment.testbed import Testbed
     from bmv2_topologies.experiment.workload import build_workload
     from kvpool import wire
+    from tests.bmv2_topologies.frozen import run_with_holder_frozen
 
     cfg = DemoConfig(topology="leaf-spine", leaves=3, spines=2, requesters=4, holders=1, waves=2, hot_blocks=1,
                      wave_gap_ms=4000, holder_mbps=100, out=tmp_path)
@@ -68,15 +65,7 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         # The holder is frozen while the first GETs of all four requesters reach the
         # switches (well under their retransmit timeout), so every duplicate finds its
         # fragment pending at its leaf and every leaf's GET finds the other's at the spine.
-        holder_pid = json.loads((bed.run_dir / "h0.ready").read_text())["pid"]
-        os.kill(holder_pid, signal.SIGSTOP)
-        thaw = threading.Timer(0.9, os.kill, (holder_pid, signal.SIGCONT))
-        thaw.start()
-        try:
-            mc = bed.run_mode("multicast")
-        finally:
-            thaw.join()
-            os.kill(holder_pid, signal.SIGCONT)
+        mc = run_with_holder_frozen(bed, "multicast")
         assert (mc.requests, mc.failed) == (8, 0)
         assert all(mc.switches[s].absorbed > 0 for s in (*leaves, spine))  # at both levels
         assert mc.switches["s1"].absorbed == mc.switches["s5"].absorbed == 0

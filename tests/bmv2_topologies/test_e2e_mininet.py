@@ -8,10 +8,6 @@ holder's exact bytes, which deserialize to the original tensor. Needs root and M
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +29,7 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
     from hostagent.client import AgentClient
     from hostagent.serialize import deserialize
     from kvpool import wire
+    from tests.bmv2_topologies.frozen import run_with_holder_frozen
 
     cfg = DemoConfig(requesters=3, waves=2, hot_blocks=1, tail_blocks=0, wave_gap_ms=4000, holder_mbps=100,
                      out=tmp_path, modes=("multicast", "pool"))
@@ -51,15 +48,7 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         # first windows of GETs reach the switch (well under their 1 s retransmit timeout),
         # so every duplicate GET finds its fragment pending; after that the multicast
         # answers keep the three in step.
-        holder_pid = json.loads((bed.run_dir / "h0.ready").read_text())["pid"]
-        os.kill(holder_pid, signal.SIGSTOP)
-        thaw = threading.Timer(0.9, os.kill, (holder_pid, signal.SIGCONT))
-        thaw.start()
-        try:
-            mc = bed.run_mode("multicast")
-        finally:
-            thaw.join()
-            os.kill(holder_pid, signal.SIGCONT)
+        mc = run_with_holder_frozen(bed, "multicast")
         assert (mc.requests, mc.failed) == (3, 0)
         traffic = holder_traffic(mc.pcaps["h0"], holder, mc.window)
         sent: dict[tuple[int, int], int] = {}
