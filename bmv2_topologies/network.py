@@ -33,6 +33,11 @@ TARGETS = ("model", "bmv2")
 BASE_GRPC_PORT = 50051
 
 
+def interface_name(switch: str, port: int) -> str:
+    """The Linux interface of ``switch``'s port ``port`` (the root namespace holds it)."""
+    return f"{switch}-eth{port}"
+
+
 class _QuietHtbQuantum(logging.Filter):
     """Drop tc's "quantum of class ... is big" warning, which Mininet reports as an error.
 
@@ -165,10 +170,10 @@ class EmulatedNetwork:
                 kwargs: dict[str, Any] = {"cls": TCLink, **opts} if opts else {}
                 if link.a.port is not None:
                     kwargs["port1"] = link.a.port
-                    kwargs["intfName1"] = f"{link.a.node}-eth{link.a.port}"
+                    kwargs["intfName1"] = interface_name(link.a.node, link.a.port)
                 if link.b.port is not None:
                     kwargs["port2"] = link.b.port
-                    kwargs["intfName2"] = f"{link.b.node}-eth{link.b.port}"
+                    kwargs["intfName2"] = interface_name(link.b.node, link.b.port)
                 net.addLink(link.a.node, link.b.node, **kwargs)
             net.build()
             self._configure_hosts()
@@ -201,7 +206,7 @@ class EmulatedNetwork:
         except OSError as exc:
             raise NetworkError(str(exc)) from None
         grpc_addr = f"127.0.0.1:{port}"
-        ports = {p: f"{name}-eth{p}" for p in self.topo.switch_ports(name)}
+        ports = {p: interface_name(name, p) for p in self.topo.switch_ports(name)}
         log_path = self.log_dir / f"{name}.log"
         impair_file = None
         if self.target == "model":

@@ -9,9 +9,12 @@ writes; this module connects them:
   the chosen mode: ``plain`` (routes, ARP, writers ACL only), ``multicast`` (+ waiter ids
   and the coalescing multicast group), ``pool`` (+ pool admission);
 * each epoch (``pool`` mode): turn hot-chunk digests and per-slot hit counters into fetch
-  observations, run ``PolicyEngine.step``, write ``pool_lookup`` inserts / deletes on every
-  switch, and ask the holder to push each newly admitted chunk through the switches so
-  they fill on pass (values never travel through the controller);
+  observations, run ``PolicyEngine.step``, place each admitted chunk on one switch of the
+  fabric (``controller.policy.site``: the meeting point of the paths its demand takes to
+  its holders; the switches below it relay its GETs with their reply room), write the
+  ``pool_lookup`` inserts / deletes there, and ask the holder to push each newly admitted
+  chunk to that switch's fill sink so it fills on pass (values never travel through the
+  controller); a report of new demand from a switch outside a chunk's site moves it;
 * every ``epochs_per_sketch_epoch`` epochs, advance the sketch epoch (a default-action
   write), which ages the data plane's popularity counts without register writes;
 * operator side (served by ``controller.api``): overrides queued with ``submit`` are applied
@@ -51,6 +54,7 @@ hits go on without a cold wave. Entries it cannot keep are removed by the resync
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import queue
@@ -63,7 +67,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from controller.directory import Directory, Role
-from controller.fabric import FabricSettings, SwitchConfig, switch_configs
+from controller.fabric import FabricSettings, SwitchConfig, sink_addresses, switch_configs
 from controller.p4runtime import Digest, Entry, P4RuntimeError, P4RuntimeSwitch
 from controller.placement import MARK_KEY, Placements
 from controller.policy.changes import Admit, Change, Evict, EvictAction
@@ -72,6 +76,7 @@ from controller.policy.operator import admit as policy_admit
 from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
+from controller.policy.site import Site, choose_site
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import POOL_SLOTS, PoolState
@@ -194,24 +199,28 @@ class Catalog:
 class FillRequester(Protocol):
     """Asks a holder to send chunks through the switches so they fill on pass."""
 
-    def push(self, keys: list[int]) -> None:
-        """Send every fragment of each chunk in ``keys`` (best effort; errors are logged)."""
+    def push(self, keys: list[int], sink: str | None = None) -> None:
+        """Send every fragment of each chunk in ``keys`` to ``sink`` (an IPv4 address; None: the
+        requester's own default), best effort; errors are logged."""
 
 
 class HolderPushClient:
-    """Asks a holder agent (``POST /v1/push`` of its API) to send chunks to the fill sink through the switches."""
+    """Asks a holder agent (``POST /v1/push`` of its API) to send chunks to a fill sink through the switches."""
 
     def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0,
                  token: str | None = None) -> None:
         self.http = JsonClient(api, timeout, "holder agent API", token)
         self.api = api
-        self.to = f"{sink}:{sink_port}"
+        self.sink = sink
+        self.sink_port = sink_port
         self.failures = 0
 
-    def push(self, keys: list[int]) -> None:
-        """Request the push; a failure is logged and counted (the next demand fetch fills instead)."""
+    def push(self, keys: list[int], sink: str | None = None) -> None:
+        """Request the push to ``sink`` (default: the one given at construction); a failure is
+        logged and counted (the next demand fetch fills instead)."""
+        to = f"{sink or self.sink}:{self.sink_port}"
         try:
-            self.http.post("/v1/push", {"keys": [f"{k:#x}" for k in keys], "to": self.to})
+            self.http.post("/v1/push", {"keys": [f"{k:#x}" for k in keys], "to": to})
         except ApiError as exc:  # ApiUnreachableError included
             self.failures += 1
             log.warning("holder %s did not accept the push of %d chunk(s): %s", self.api, len(keys), exc)
@@ -275,13 +284,18 @@ class EpochReport:
 
 @dataclass
 class Resident:
-    """A chunk the switches hold: where, under which placement id, generation and state."""
+    """A chunk the switches hold: where, under which placement id, generation and state.
+
+    ``site`` says which switch holds its bytes and which relay its GETs (``controller.policy.site``);
+    ``base_slot`` is the same on all of them (one slot space for the fabric).
+    """
 
     info: ChunkInfo
     base_slot: int
     placement: int = 0
     generation: int = 0
     valid: bool = False
+    site: Site = field(default_factory=lambda: Site(""))
 
 
 class Controller:
@@ -304,6 +318,12 @@ class Controller:
         self._driver_factory = driver_factory or _default_driver
         self.switches: dict[str, P4RuntimeSwitch] = {}
         self.configs: dict[str, SwitchConfig] = switch_configs(topo, self.settings.fabric)
+        self.sinks = sink_addresses(topo, self.settings.fabric)
+        for a, b in topo.asymmetric_pairs():
+            log.warning("routes between %s and %s differ by direction: a switch that absorbs GETs on one "
+                        "path is never released by answers on the other (coalescing there times out)", a, b)
+        # Where each chunk's fetches enter the fabric: switch -> fetches reported there.
+        self.demand: dict[int, dict[str, int]] = {}
         self.engine = PolicyEngine(PolicyConfig(capacity_bytes=self.settings.pool_slots * wire.FRAG_PAYLOAD))
         self.residents: dict[int, Resident] = {}
         self.placements = Placements()
@@ -318,7 +338,7 @@ class Controller:
         self.epoch = 0
         self.sketch_epoch = self.settings.fabric.popularity_epoch
         self.reports: list[EpochReport] = []
-        self._digests: queue.Queue[Digest] = queue.Queue()
+        self._digests: queue.Queue[tuple[str, Digest]] = queue.Queue()
         self._lock = threading.RLock()
         # Operator side (controller.api): the directory of holders, per-chunk activity, the
         # snapshot the API reads, and overrides queued for the epoch loop (the API never takes _lock).
@@ -341,7 +361,7 @@ class Controller:
         warm: dict[str, list[Entry]] = {}
         for name, ep in self.endpoints.items():
             sw = self._driver_factory(ep, self.settings)
-            sw.on_digest = self._digests.put
+            sw.on_digest = functools.partial(self._on_digest, name)
             self.switches[name] = sw
             try:
                 sw.connect(push_pipeline=False, retry_in_background=True)
@@ -374,6 +394,10 @@ class Controller:
         self.publish_snapshot()
         return self
 
+    def _on_digest(self, switch: str, digest: Digest) -> None:
+        """A digest list arrived from ``switch`` (driver thread): the epoch loop takes it."""
+        self._digests.put((switch, digest))
+
     def _recover_placements(self, warm: dict[str, list[Entry]]) -> None:
         """Continue placement ids above every placement and mark the warm switches hold (their registers too)."""
         placements: list[int] = []
@@ -390,15 +414,24 @@ class Controller:
     def _adopt(self, warm: dict[str, list[Entry]]) -> None:
         """Keep the pool entries warm switches hold: residents for the policy, intended entries for the drivers.
 
-        One resident per chunk: where switches disagree, the newest placement wins. A switch
-        that holds the chosen entry keeps it as it is (filled, no write); the others get it
-        in state FILLING, and the holder is asked to push the chunk through them.
+        One resident per chunk, at the switch whose entry holds its bytes (FILLING or VALID);
+        where switches disagree, the newest placement wins.  Its site's relays are the
+        switches holding an UPSTREAM entry of that same placement.  Entries that match are
+        kept as they are (filled, no write); a site switch whose entry differs gets it in
+        state FILLING and the holder is asked to push the chunk there; entries outside the
+        adopted sites are removed by the resync.
         """
         found: dict[int, tuple[Entry, str]] = {}
+        relays: dict[tuple[int, int], set[str]] = {}
         for name, entries in warm.items():
             for e in entries:
                 key, params = _pool_key(e), _int_params(e)
-                if key == MARK_KEY or params.get("state") not in (PoolState.FILLING, PoolState.VALID):
+                if key == MARK_KEY:
+                    continue
+                if params.get("state") == PoolState.UPSTREAM:
+                    relays.setdefault((key, params.get("placement", 0)), set()).add(name)
+                    continue
+                if params.get("state") not in (PoolState.FILLING, PoolState.VALID):
                     continue
                 if key not in found or params["placement"] > _int_params(found[key][0])["placement"]:
                     found[key] = (e, name)
@@ -415,18 +448,23 @@ class Controller:
                 log.info("switch %s: chunk %#x does not fit the pool where it is: not adopted", name, key)
                 continue
             self.engine.restore(info.key, info.parent, info.position, info.nbytes, params["base_slot"])
+            site = Site(name, frozenset(relays.get((key, params["placement"]), set()) - {name}))
             self.residents[key] = Resident(info, params["base_slot"], params["placement"], params["generation"],
-                                           params["state"] == PoolState.VALID)
+                                           params["state"] == PoolState.VALID, site=site)
             kept[key] = e
         for name, sw in self.switches.items():
             held = {_pool_key(e): e for e in warm.get(name, [])}
             mine: list[Entry] = []
             for key, e in kept.items():
-                if held.get(key) == e:
-                    mine.append(e)  # this switch holds exactly that placement: keep it as it is
-                else:
-                    mine.append(self._pool_entry(self.residents[key], PoolState.FILLING))
-                    self._refill.add(key)
+                res = self.residents[key]
+                if name == res.site.switch:
+                    if held.get(key) == e:
+                        mine.append(e)  # this switch holds exactly that placement: keep it as it is
+                    else:
+                        mine.append(self._pool_entry(res, PoolState.FILLING))
+                        self._refill.add(key)
+                elif name in res.site.relays:
+                    mine.append(held[key])  # an UPSTREAM entry of the same placement, read back
             sw.intend(mine)
         if kept:
             log.info("adopted %d chunk(s) from the pool of %s: hits go on", len(kept), ", ".join(sorted(warm)))
@@ -512,9 +550,10 @@ class Controller:
 
     def _observe(self, report: EpochReport) -> list[Observation]:
         obs: list[Observation] = []
+        moved: set[int] = set()
         while True:
             try:
-                digest = self._digests.get_nowait()
+                switch, digest = self._digests.get_nowait()
             except queue.Empty:
                 break
             if digest.name == n.FILL_MISMATCH:
@@ -533,6 +572,13 @@ class Controller:
                 act = self.activity.setdefault(info.key, ChunkActivity())
                 act.fetches += count
                 act.reported = int(item["estimate"])
+                demand = self.demand.setdefault(info.key, {})
+                demand[switch] = demand.get(switch, 0) + count
+                res = self.residents.get(info.key)
+                if res is not None and switch not in res.site.switches:
+                    moved.add(info.key)  # demand from outside its site: maybe another switch saves more
+        for key in sorted(moved):
+            self._relocate(key, report)
         # Resident chunks make no digests (popularity counts misses only): their hits on
         # fragment 0 are their fetches, read from the per-slot counters of every switch.
         if self.residents:
@@ -583,10 +629,11 @@ class Controller:
                 continue
             self._instance_seen[name] = sw.instance
             self._hits_seen[name] = {}  # its counters started again from zero
-            if self.residents and self.settings.mode is Mode.POOL:
-                self._refill.update(self.residents)
+            held = [k for k, r in self.residents.items() if r.site.switch == name]
+            if held and self.settings.mode is Mode.POOL:
+                self._refill.update(held)  # only the chunks it holds: a relay keeps no bytes
                 log.warning("switch %s: a new instance (restarted; its registers are empty): asking the holder to "
-                            "push %d resident chunk(s) through it", name, len(self.residents))
+                            "push %d resident chunk(s) through it", name, len(held))
             else:
                 log.warning("switch %s: a new instance (restarted): resynced", name)
 
@@ -612,7 +659,12 @@ class Controller:
             fresh.extend(k for k in self._refill if k in self.residents and k not in fresh)
             self._refill.clear()
         if fresh and self.filler is not None:
-            self.filler.push(fresh)
+            # One push per holding switch, to its sink: routed there, filled on pass, dropped.
+            by_sink: dict[str, list[int]] = {}
+            for key in fresh:
+                by_sink.setdefault(self.sinks[self.residents[key].site.switch], []).append(key)
+            for sink, keys in by_sink.items():
+                self.filler.push(keys, sink)
 
     def _pool_entry(self, res: Resident, state: int) -> Entry:
         return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: res.info.key}, n.POOL_ENTRY,
@@ -624,16 +676,57 @@ class Controller:
         version = self.directory.version(key)
         return 0 if version is None else version.generation
 
+    def site_of(self, key: int) -> Site:
+        """Where chunk ``key`` should live now, from its demand and its holders (``choose_site``)."""
+        # The holders the directory knows for it; every holder of the topology when it knows none.
+        known = {h.address for h in self.directory.holders(key) if h.role is Role.HOLDER}
+        names = [h.name for h in self.topo.holders() if h.address in known] or [h.name for h in self.topo.holders()]
+        return choose_site(self.topo, names, self.demand.get(key, {}))
+
+    def _install_site(self, res: Resident, state: int, old: Site | None = None) -> None:
+        """Write the entries of ``res``: ``state`` on its switch, UPSTREAM on its relays (MODIFY where ``old`` had)."""
+        had = old.switches if old is not None else frozenset()
+        for name in sorted(res.site.switches):
+            entry = self._pool_entry(res, state if name == res.site.switch else PoolState.UPSTREAM)
+            sw = self.switches.get(name)
+            if sw is None:
+                continue
+            if name in had:
+                sw.modify_entries([entry])
+            else:
+                sw.insert_entries([entry])
+        for name in sorted(had - res.site.switches):
+            if name in self.switches:
+                self.switches[name].delete_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: res.info.key})
+
     def _place(self, info: ChunkInfo, base_slot: int) -> None:
         if base_slot + info.frag_count > self.settings.pool_slots:
             raise ControllerError(f"chunk {info.key:#x} at slot {base_slot} overruns the pool")
         if info.key == MARK_KEY:
             raise ControllerError(f"chunk key {MARK_KEY:#x} is reserved for the placement mark")
-        res = Resident(info, base_slot, self._next_placement(), self._generation(info.key))
-        entry = self._pool_entry(res, PoolState.FILLING)
-        for sw in self.switches.values():
-            sw.insert_entries([entry])
+        res = Resident(info, base_slot, self._next_placement(), self._generation(info.key),
+                       site=self.site_of(info.key))
+        self._install_site(res, PoolState.FILLING)
         self.residents[info.key] = res
+        log.info("chunk %#x: held by %s at slot %d%s", info.key, res.site.switch, base_slot,
+                 f", relayed by {', '.join(sorted(res.site.relays))}" if res.site.relays else "")
+
+    def _relocate(self, key: int, report: EpochReport) -> None:
+        """Move a resident chunk to the switch its demand now meets at (a new placement, refilled by a push)."""
+        res = self.residents.get(key)
+        if res is None:
+            return
+        site = self.site_of(key)
+        if site == res.site:
+            return
+        old = res.site
+        res.site = site
+        res.placement = self._next_placement()
+        res.valid = False
+        self._install_site(res, PoolState.FILLING, old)
+        self._refill.add(key)
+        report.replaced.append(key)
+        log.info("chunk %#x: demand from outside its site; moved from %s to %s", key, old.switch, site.switch)
 
     def _replace(self, key: int, generation: int, nbytes: int, report: EpochReport) -> bool:
         """Move a resident chunk to a new placement at ``generation`` and length ``nbytes``.
@@ -655,9 +748,7 @@ class Controller:
         res.generation = generation
         res.placement = self._next_placement()
         res.valid = False
-        entry = self._pool_entry(res, PoolState.FILLING)
-        for sw in self.switches.values():
-            sw.modify_entries([entry])
+        self._install_site(res, PoolState.FILLING, res.site)
         self._refill.add(key)
         report.replaced.append(key)
         return True
@@ -694,8 +785,9 @@ class Controller:
         return {"key": f"{key:#x}", "generation": generation, "replaced": moved}
 
     def _remove(self, key: int) -> None:
-        for sw in self.switches.values():
-            sw.delete_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key})
+        for name in sorted(self.residents[key].site.switches):
+            if name in self.switches:
+                self.switches[name].delete_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: key})
         del self.residents[key]
 
     def _next_sketch_epoch(self) -> None:
@@ -711,9 +803,7 @@ class Controller:
         with self._lock:
             res = self.residents[key]
             res.valid = True
-            entry = self._pool_entry(res, PoolState.VALID)
-            for sw in self.switches.values():
-                sw.modify_entries([entry])
+            self._install_site(res, PoolState.VALID, res.site)
 
     def status(self) -> dict[str, Any]:
         """Connection and pool state for logs and the API; per switch: up, down since, resyncing, last error."""

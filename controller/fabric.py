@@ -2,8 +2,10 @@
 
 From a ``Topology`` this computes, per switch, the intended P4Runtime state of the kvpool
 program: host routes and ARP forwarding, the source guard of every port that faces a host
-(``host_guard``: only that host's address may enter there), the writers ACL (a holder's
-address on the port towards it may fill and invalidate), waiter ids for coalescing
+(``host_guard``: only that host's address may enter there) and the mark on every port that
+faces a switch (``fabric_port``: popularity counts a fetch only where it entered), the
+writers ACL (a holder's address on the port towards it may fill and invalidate), a route
+to every switch's fill sink (``sink_addresses``), waiter ids for coalescing
 (``waiter_lookup`` / ``waiter_egress`` and the multicast group whose replicas egress
 prunes by bitmap), the popularity and pending timeout settings, and the hot-chunk and
 fill-mismatch digests. Nothing here talks to a switch: the daemon
@@ -12,6 +14,7 @@ hands ``SwitchConfig`` to the P4Runtime driver, which ships it.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from controller.p4runtime import DigestConfig, Entry
@@ -33,7 +36,11 @@ class FabricSettings:
     digest_max_timeout_ns: int = 10_000_000
     digest_max_list_size: int = 64
     fill_sink: str = "10.0.0.254"
-    """Address holders send pushed chunks to: the switches fill on pass, then drop them here."""
+    """Fill sink of the first switch; switch i (topology order) has this address minus i
+    (``sink_addresses``).  A holder pushes a chunk to the sink of the switch that holds it:
+    routed toward that switch, filled on pass there, then dropped."""
+    fill_sink_mac: str = "02:00:00:00:00:fe"
+    """Destination MAC of pushed fills (switches route by IPv4; hosts need a static ARP entry)."""
 
 
 @dataclass
@@ -55,6 +62,19 @@ def waiter_ids(topo: Topology) -> dict[str, int]:
     return {h.name: i for i, h in enumerate(hosts)}
 
 
+def sink_addresses(topo: Topology, settings: FabricSettings | None = None) -> dict[str, str]:
+    """Switch -> its fill sink address: ``fill_sink`` for the first switch, one less for each next one."""
+    s = settings or FabricSettings()
+    base = ipaddress.IPv4Address(s.fill_sink)
+    sinks = {sw: str(base - i) for i, sw in enumerate(topo.switches)}
+    taken = {h.address: h.name for h in topo.hosts.values()}
+    for sw, addr in sinks.items():
+        if addr in taken:
+            raise ValueError(f"fill sink {addr} of switch {sw} is host {taken[addr]}'s address: "
+                             "choose another fill_sink")
+    return sinks
+
+
 def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> dict[str, SwitchConfig]:
     """The intended state of every switch of ``topo``."""
     s = settings or FabricSettings()
@@ -62,6 +82,8 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
         raise ValueError(f"popularity_epoch must be 1..{n.EPOCH_MAX}, got {s.popularity_epoch}")
     waiters = waiter_ids(topo)
     routes = topo.host_routes()
+    sinks = sink_addresses(topo, s)
+    sink_hops = {sw: topo.next_hops(sw) for sw in sinks}
     configs: dict[str, SwitchConfig] = {}
     for sw in topo.switches:
         cfg = SwitchConfig(sw)
@@ -74,14 +96,23 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
                                      {"port": r.port, "dst_mac": r.dst_mac}))
             cfg.entries.append(Entry(n.ARP_FORWARD, {n.KEY_ARP_TPA: (r.ip, 32)}, n.ARP_UNICAST,
                                      {"port": r.port}))
-        # Pushed fills are addressed to the sink: filled on pass, then dropped (NO_ROUTE).
-        cfg.entries.append(Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (s.fill_sink, 32)}, n.DROP_NO_ROUTE))
+        # Pushed fills are addressed to the sink of the switch that holds the chunk: routed
+        # toward it, filled on pass there, then dropped (NO_ROUTE).
+        for owner, addr in sinks.items():
+            if owner == sw:
+                cfg.entries.append(Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (addr, 32)}, n.DROP_NO_ROUTE))
+            elif sw in sink_hops[owner]:
+                cfg.entries.append(Entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (addr, 32)}, n.IPV4_FORWARD,
+                                         {"port": sink_hops[owner][sw], "dst_mac": s.fill_sink_mac}))
         # A host may send from its own address only: no requester poses as a holder or aims
-        # the answer to a GET at someone else.
+        # the answer to a GET at someone else.  A port toward a switch is marked instead:
+        # a GET arriving there was counted by popularity where it entered the fabric.
         for port, far in topo.switch_ports(sw).items():
             if far.node in topo.hosts:
                 cfg.entries.append(Entry(n.HOST_GUARD, {n.KEY_INGRESS_PORT: port}, n.GUARD_SOURCE,
                                          {"addr": topo.hosts[far.node].address}))
+            else:
+                cfg.entries.append(Entry(n.HOST_GUARD, {n.KEY_INGRESS_PORT: port}, n.FABRIC_PORT))
         # A writer is a holder's address on the port towards that holder, nowhere else.
         for holder in topo.holders():
             if holder.name in port_to:

@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, help="lowest tier below DRAM (default none)")
     parser.add_argument("--mooncake-master", help="Mooncake master RPC address host:port (backend mooncake)")
     parser.add_argument("--mooncake-metadata-url", help="Mooncake HTTP metadata URL (backend mooncake)")
+    parser.add_argument("--mooncake-segment",
+                        help="store node segment host:port to keep published chunks on (backend mooncake)")
     parser.add_argument("--rate", dest="rate_bytes_per_s", type=parse_size,
                         help="pace DATA sent to peers at this many bytes/s (default unpaced)")
     parser.add_argument("--burst", dest="burst_bytes", type=parse_size,
@@ -103,7 +105,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     cfg = load_config(args.config)
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
-        "mooncake_master", "mooncake_metadata_url", "rate_bytes_per_s", "burst_bytes", "hold_s", "window_fragments",
+        "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes", "hold_s",
+        "window_fragments",
         "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s",

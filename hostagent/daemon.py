@@ -74,6 +74,9 @@ class AgentConfig:
     """Mooncake master RPC address (backend = mooncake)."""
     mooncake_metadata_url: str = "http://127.0.0.1:8080/metadata"
     """Mooncake HTTP metadata server (backend = mooncake)."""
+    mooncake_segment: str = ""
+    """Store node segment (``host:port``) this agent's publishes are allocated on (backend = mooncake;
+    empty: Mooncake's choice)."""
     rate_bytes_per_s: float = 0.0
     """Holder pacing rate; 0 = unpaced."""
     burst_bytes: int = 256 << 10
@@ -249,7 +252,8 @@ class Agent:
             from hostagent.mooncake_backend import MooncakeBackend  # needs the mooncake package
 
             return MooncakeBackend(self.config.mooncake_master, self.config.mooncake_metadata_url,
-                                   local_hostname=self.config.host)
+                                   local_hostname=self.config.host,
+                                   preferred_segment=self.config.mooncake_segment or None)
         return None
 
     # ------------------------------------------------------------------ lifecycle

@@ -154,6 +154,15 @@ class _Store:
                 f"mooncake store client unavailable ({exc}): install mooncake-transfer-engine-non-cuda"
             ) from exc
         self._s: Any = MooncakeDistributedStore()
+        self._config: Any = None  # ReplicateConfig of every upsert; None: Mooncake's default
+
+    def prefer_segment(self, segment: str) -> None:
+        """Allocate what this client writes on ``segment`` (a store node's ``host:port``) when it has room."""
+        from mooncake.store import ReplicateConfig
+
+        config = ReplicateConfig()
+        config.preferred_segment = segment
+        self._config = config
 
     def setup(
         self, local_hostname: str, metadata_url: str, segment_bytes: int, local_buffer_bytes: int, master_address: str
@@ -173,11 +182,15 @@ class _Store:
 
     def upsert(self, key: str, data: bytes | memoryview) -> int:
         """Insert or replace from any buffer (staged through the client's local buffer)."""
-        return int(self._s.upsert(key, data))
+        if self._config is None:
+            return int(self._s.upsert(key, data))
+        return int(self._s.upsert(key, data, self._config))
 
     def upsert_from(self, key: str, addr: int, size: int) -> int:
         """Insert or replace from registered memory."""
-        return int(self._s.upsert_from(key, addr, size))
+        if self._config is None:
+            return int(self._s.upsert_from(key, addr, size))
+        return int(self._s.upsert_from(key, addr, size, self._config))
 
     def get(self, key: str) -> bytes:
         """The value, or b"" when missing or on any error."""
@@ -199,6 +212,11 @@ class _Store:
         """Remove; ``force`` ignores the read lease."""
         return int(self._s.remove(key, force))
 
+    def replica_segments(self, key: str) -> list[str]:
+        """The segments (``host:port``) holding the key's memory replicas; empty when it has none."""
+        return [str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint)
+                for r in self._s.get_replica_desc(key) if r.is_memory_replica()]
+
     def hostname(self) -> str:
         """This client's segment name (host:port)."""
         return str(self._s.get_hostname())
@@ -216,6 +234,9 @@ class MooncakeBackend:
     ``mooncake_client`` store nodes. ``zero_copy`` reads and writes through a registered
     buffer of this process (``get_into`` / ``upsert_from``), which also lifts the
     ``local_buffer_bytes`` limit on value size; otherwise the plain ``get`` / ``upsert``.
+    ``preferred_segment`` (a store node's segment name, ``host:port``) is where this client's
+    writes are allocated while it has room: a holder keeps what it publishes on its own
+    host's store node, and reads it back without crossing the network.
     """
 
     name = "mooncake"
@@ -232,6 +253,7 @@ class MooncakeBackend:
         call_timeout: float = 10.0,
         setup_timeout: float = 15.0,
         full_retry_s: float = 1.0,
+        preferred_segment: str | None = None,
     ) -> None:
         if segment_bytes < 0 or local_buffer_bytes < 0 or call_timeout <= 0 or setup_timeout <= 0 or full_retry_s < 0:
             raise ValueError("sizes and full_retry_s must be >= 0, timeouts > 0")
@@ -260,6 +282,8 @@ class MooncakeBackend:
         _probe(master_address, "master RPC", min(setup_timeout, 3.0))
         _probe(urllib.parse.urlsplit(metadata_url).netloc, "HTTP metadata server", min(setup_timeout, 3.0))
         self._store = _Store()
+        if preferred_segment:
+            self._store.prefer_segment(preferred_segment)
         self._worker = _Worker(f"mooncake-{local_hostname}")
         rc = self._worker.call(
             lambda: self._store.setup(local_hostname, metadata_url, segment_bytes, local_buffer_bytes, master_address),
@@ -331,6 +355,12 @@ class MooncakeBackend:
             time.sleep(0.01)
         if rc != OK:
             raise BackendError(f"mooncake: put {skey} ({size} bytes) failed: {error_name(rc)}")
+
+    def segments_of(self, key: int) -> list[str]:
+        """Which store nodes hold ``key`` (their segment names, ``host:port``); empty when none does."""
+        skey = store_key(key)
+        with self._lock:
+            return self._call(lambda: self._store.replica_segments(skey), f"get_replica_desc {skey}")
 
     def get(self, key: int) -> bytes | None:
         """The stored bytes, or None when the store does not have them (missing or evicted)."""

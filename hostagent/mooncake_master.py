@@ -12,9 +12,11 @@ Mooncake Store (``mooncake-transfer-engine-non-cuda`` on PyPI) has three roles:
 
 ``MooncakeMaster`` and ``MooncakeStoreNode`` start one process each on free ports, wait
 until it serves, log to a file and stop exactly the process they started, by PID. Both are
-context managers. Everything binds the given address (loopback by default, a Mininet
-host's address in experiments), except that the master's HTTP metadata server listens on
-all addresses whatever ``--http_metadata_server_host`` says (observed with 0.3.13.post1).
+context managers. A store node joins a master started elsewhere through ``MasterAddress``
+(the command line's ``--join``: store nodes on several hosts, one pool). Everything binds
+the given address (loopback by default, a Mininet host's address in experiments), except
+that the master's HTTP metadata server listens on all addresses whatever
+``--http_metadata_server_host`` says (observed with 0.3.13.post1).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Protocol, Self
 
 MASTER_BINARY = "mooncake_master"
 STORE_NODE_BINARY = "mooncake_client"
@@ -292,16 +294,11 @@ class MooncakeMaster(_ManagedProcess):
 
     def admin_get(self, path: str, timeout: float = 2.0) -> str:
         """GET a path of the master's admin server (``/metrics/summary``, ``/get_all_segments``...)."""
-        try:
-            with urllib.request.urlopen(self.admin_url + path, timeout=timeout) as resp:
-                return bytes(resp.read()).decode(errors="replace")
-        except (urllib.error.URLError, OSError) as exc:
-            raise MooncakeProcessError(f"master admin {path}: {exc}") from exc
+        return _admin_get(self.admin_url, path, timeout)
 
     def segments(self) -> list[str]:
         """Names of the memory segments currently mounted in the pool."""
-        body = self.admin_get("/get_all_segments").strip()
-        return [line.strip() for line in body.splitlines() if line.strip()]
+        return _segments(self.admin_url)
 
     def __enter__(self) -> Self:
         """Start unless already running."""
@@ -312,11 +309,66 @@ class MooncakeMaster(_ManagedProcess):
         self.stop()
 
 
+def _admin_get(admin_url: str, path: str, timeout: float = 2.0) -> str:
+    try:
+        with urllib.request.urlopen(admin_url + path, timeout=timeout) as resp:
+            return bytes(resp.read()).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise MooncakeProcessError(f"master admin {path}: {exc}") from exc
+
+
+def _segments(admin_url: str) -> list[str]:
+    body = _admin_get(admin_url, "/get_all_segments").strip()
+    return [line.strip() for line in body.splitlines() if line.strip()]
+
+
+class PoolMaster(Protocol):
+    """What a store node needs of its master: where to register, and the segments mounted so far."""
+
+    @property
+    def rpc_address(self) -> str:
+        """``host:port`` of the master's RPC service."""
+        ...
+
+    @property
+    def metadata_url(self) -> str:
+        """URL of the HTTP metadata server."""
+        ...
+
+    def segments(self) -> list[str]:
+        """Names of the memory segments currently mounted in the pool."""
+        ...
+
+
+@dataclass(frozen=True)
+class MasterAddress:
+    """A master started elsewhere (another host, another process), by its three addresses."""
+
+    rpc_address: str
+    metadata_url: str
+    admin_url: str
+
+    @classmethod
+    def from_ready(cls, path: Path) -> MasterAddress:
+        """Read the ready JSON a ``mooncake`` command wrote (``--ready-file``); one-line errors."""
+        try:
+            info = json.loads(path.read_text())
+            return cls(str(info["rpc_address"]), str(info["metadata_url"]), str(info["admin_url"]))
+        except FileNotFoundError:
+            raise MooncakeProcessError(f"{path}: no such ready file (is the master's pool running?)") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MooncakeProcessError(f"{path}: not a mooncake ready file ({exc})") from None
+
+    def segments(self) -> list[str]:
+        """Names of the memory segments currently mounted in the pool."""
+        return _segments(self.admin_url)
+
+
 class MooncakeStoreNode(_ManagedProcess):
     """A ``mooncake_client`` process that contributes ``segment_bytes`` of DRAM to the pool."""
 
     def __init__(
-        self, master: MooncakeMaster, segment_bytes: int, host: str = "127.0.0.1", log_path: Path | None = None
+        self, master: PoolMaster, segment_bytes: int, host: str = "127.0.0.1", log_path: Path | None = None
     ) -> None:
         super().__init__(STORE_NODE_BINARY, log_path)
         if segment_bytes < MIN_SEGMENT_BYTES:
@@ -387,10 +439,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eviction-ratio", type=float, default=0.05, help="share freed per eviction (default 0.05)")
     parser.add_argument("--log-dir", type=Path, default=None, help="where the logs go (default: a temp dir)")
     parser.add_argument("--ready-file", type=Path, default=None, help="also write the ready JSON line here")
+    parser.add_argument("--join", type=Path, default=None, metavar="READY_FILE",
+                        help="start only store nodes, joining the running pool whose ready JSON is in this file")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the pool, print one JSON line with its addresses, serve until SIGINT/SIGTERM."""
+    """Start the pool (or, with ``--join``, store nodes for a running one), print one JSON line, serve until stopped."""
     if args.store_nodes < 0:
         print("mooncake: --store-nodes must be >= 0", file=sys.stderr)
         return 2
@@ -408,26 +462,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"mooncake: {exc}", file=sys.stderr)
         return 2
     log_dir: Path | None = args.log_dir
-    master = MooncakeMaster(config, log_path=None if log_dir is None else log_dir / "mooncake_master.log")
+    master: MooncakeMaster | None = None
     nodes: list[MooncakeStoreNode] = []
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        master.start()
+        pool: PoolMaster
+        if args.join is not None:
+            joined = MasterAddress.from_ready(args.join)
+            pool, admin_url = joined, joined.admin_url
+        else:
+            master = MooncakeMaster(config, log_path=None if log_dir is None else log_dir / "mooncake_master.log")
+            pool, admin_url = master.start(), master.admin_url
+        prefix = f"mooncake_store_{args.host}_" if args.join is not None else "mooncake_store"
         for i in range(args.store_nodes):
-            log = None if log_dir is None else log_dir / f"mooncake_store{i}.log"
-            nodes.append(MooncakeStoreNode(master, args.segment_mib << 20, host=args.host, log_path=log).start())
-        ready = json.dumps(
-            {
-                "rpc_address": master.rpc_address,
-                "metadata_url": master.metadata_url,
-                "admin_url": master.admin_url,
-                "master_pid": master.pid,
-                "store_nodes": [{"segment": n.segment_name, "pid": n.pid, "bytes": n.segment_bytes} for n in nodes],
-                "log": str(master.log_path),
-            }
-        )
+            log = None if log_dir is None else log_dir / f"{prefix}{i}.log"
+            nodes.append(MooncakeStoreNode(pool, args.segment_mib << 20, host=args.host, log_path=log).start())
+        info: dict[str, object] = {
+            "rpc_address": pool.rpc_address,
+            "metadata_url": pool.metadata_url,
+            "admin_url": admin_url,
+            "master_pid": master.pid if master is not None else None,
+            "store_nodes": [{"segment": n.segment_name, "pid": n.pid, "bytes": n.segment_bytes} for n in nodes],
+            "log": str(master.log_path) if master is not None else None,
+        }
+        ready = json.dumps(info)
         if args.ready_file is not None:
             # Written whole before the line is printed: a reader of either never sees half.
             partial = args.ready_file.with_name(args.ready_file.name + ".tmp")
@@ -435,8 +495,11 @@ def run(args: argparse.Namespace) -> int:
             partial.replace(args.ready_file)
         print(ready, flush=True)
         while not stop.wait(0.5):
-            if not master.running:
+            if master is not None and not master.running:
                 print(f"mooncake: master exited; log {master.log_path}", file=sys.stderr)
+                return 1
+            if any(not n.running for n in nodes):
+                print("mooncake: a store node exited; see its log", file=sys.stderr)
                 return 1
         return 0
     except MooncakeProcessError as exc:
@@ -445,7 +508,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for node in nodes:
             node.stop()
-        master.stop()
+        if master is not None:
+            master.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

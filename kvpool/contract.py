@@ -93,6 +93,7 @@ TABLE_KEYS: Final[dict[str, tuple[str, ...]]] = {
 
 # --- actions ---------------------------------------------------------------------------------
 GUARD_SOURCE: Final = "MyIngress.safety.guard_source"
+FABRIC_PORT: Final = "MyIngress.safety.fabric_port"
 ALLOW_WRITER: Final = "MyIngress.safety.allow_writer"
 POOL_ENTRY: Final = "MyIngress.pool.pool_entry"
 SET_POPULARITY: Final = "MyIngress.popularity.set_popularity"
@@ -108,6 +109,7 @@ REWRITE_WAITER: Final = "MyEgress.coalesce.rewrite_waiter"
 ACTION_PARAMS: Final[dict[str, tuple[str, ...]]] = {
     NO_ACTION: (),
     GUARD_SOURCE: ("addr",),
+    FABRIC_PORT: (),
     ALLOW_WRITER: (),
     POOL_ENTRY: ("base_slot", "frag_count", "chunk_len", "generation", "state", "placement"),
     SET_POPULARITY: ("threshold", "epoch"),
@@ -255,6 +257,7 @@ class PoolState(enum.IntEnum):
     DISABLED = 0
     FILLING = 1
     VALID = 2
+    UPSTREAM = 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,6 +301,7 @@ class PoolStat(enum.IntEnum):
     NO_ROOM = 11
     REPAIR = 12
     MISMATCH_REPORTED = 13
+    UPSTREAM = 14
 
 
 class CoalesceStat(enum.IntEnum):

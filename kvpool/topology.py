@@ -167,18 +167,69 @@ class Topology:
         """
         routes: list[Route] = []
         for host in self.hosts.values():
-            dist = self._distances_from(host.name)
-            for sw in self.switches:
-                if sw not in dist:
-                    continue
-                best = min(
-                    ((dist.get(ep.node, 1 << 30), port) for port, ep in self.switch_ports(sw).items()),
-                    default=None,
-                )
-                if best is None or best[0] >= dist[sw]:
-                    continue
-                routes.append(Route(sw, host.name, host.address, best[1], host.mac))
+            for sw, port in self.next_hops(host.name).items():
+                routes.append(Route(sw, host.name, host.address, port, host.mac))
         return routes
+
+    def next_hops(self, node: str) -> dict[str, int]:
+        """For every switch that can reach ``node`` (a host or a switch), its egress port toward it.
+
+        A shortest path, the lowest port winning ties; ``node`` itself has no entry.
+        Destination-based and deterministic, so the same rule gives the host routes, the
+        routes to a switch (the fill sinks) and the paths the controller reasons about.
+        """
+        dist = self._distances_from(node)
+        hops: dict[str, int] = {}
+        for sw in self.switches:
+            if sw == node or sw not in dist:
+                continue
+            best = min(((dist.get(ep.node, 1 << 30), port) for port, ep in self.switch_ports(sw).items()),
+                       default=None)
+            if best is not None and best[0] < dist[sw]:
+                hops[sw] = best[1]
+        return hops
+
+    def attachment(self, host: str) -> str:
+        """The switch ``host`` is linked to."""
+        link = self.host_link(host)
+        end = link.b if link.a.node == host else link.a
+        if end.port is None:
+            raise TopologyError(f"host {host} is linked to host {end.node}, not to a switch")
+        return end.node
+
+    def path(self, switch: str, node: str) -> list[str]:
+        """The switches a packet crosses from ``switch`` toward ``node`` (a host or a switch), both ends included."""
+        hops = self.next_hops(node)
+        out = [switch]
+        while out[-1] in hops:
+            far = self.switch_ports(out[-1])[hops[out[-1]]]
+            if far.port is None:  # the host itself
+                break
+            if far.node in out:
+                raise TopologyError(f"routes toward {node} loop at {far.node}")
+            out.append(far.node)
+        if node in self.switches and out[-1] != node:
+            raise TopologyError(f"{switch} cannot reach {node}")
+        return out
+
+    def asymmetric_pairs(self) -> list[tuple[str, str]]:
+        """Host pairs whose two directions cross different switches (each pair once, by name).
+
+        Coalescing across switches needs an answer to retrace its GET: a switch that absorbed
+        GETs is released only by a response that passes through it.  Destination-based
+        shortest paths with the lowest port winning ties are symmetric in the generated
+        topologies; a hand-written file can break that, and the controller warns.
+        """
+        names = sorted(self.hosts)
+        attached = {h: self.attachment(h) for h in names}
+        bad: list[tuple[str, str]] = []
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                there = self.path(attached[a], b)
+                back = self.path(attached[b], a)
+                if there != back[::-1]:
+                    bad.append((a, b))
+        return bad
 
     def _distances_from(self, node: str) -> dict[str, int]:
         adj: dict[str, list[str]] = {}
@@ -230,43 +281,66 @@ def _mac(i: int) -> str:
     return "08:00:00:00:%02x:%02x" % (i >> 8, i & 0xFF)  # noqa: UP031 - fixed-width hex octets
 
 
+MAX_HOLDERS = 8
+"""Holder hosts a generator places: h0 (10.0.0.100), then h101, h102, ... (10.0.0.101, ...)."""
+
+
+def _holders(holders: int, where: str) -> list[Host]:
+    if not 1 <= holders <= MAX_HOLDERS:
+        raise TopologyError(f"{where}: holders must be 1..{MAX_HOLDERS}, got {holders}")
+    return [Host("h0" if k == 0 else f"h{100 + k}", f"10.0.0.{100 + k}/24", _mac(100 + k), "holder")
+            for k in range(holders)]
+
+
 def star(requesters: int, *, holder_mbps: float | None = None, host_mbps: float | None = None,
-         latency: str = "0ms") -> Topology:
-    """One switch, a holder on port 1 and ``requesters`` inference hosts on ports 2..N+1."""
+         latency: str = "0ms", holders: int = 1) -> Topology:
+    """One switch, the holders on ports 1..H and ``requesters`` inference hosts h1..hN on the ports after them."""
     if not 1 <= requesters <= 16:
         raise TopologyError(f"star: requesters must be 1..16, got {requesters}")
-    hosts = {"h0": Host("h0", "10.0.0.100/24", _mac(100), "holder")}
-    links = [Link(Endpoint("h0"), Endpoint("s1", 1), latency, holder_mbps)]
+    hosts: dict[str, Host] = {}
+    links: list[Link] = []
+    for port, h in enumerate(_holders(holders, "star"), start=1):
+        hosts[h.name] = h
+        links.append(Link(Endpoint(h.name), Endpoint("s1", port), latency, holder_mbps))
     for i in range(1, requesters + 1):
         hosts[f"h{i}"] = Host(f"h{i}", f"10.0.0.{i}/24", _mac(i))
-        links.append(Link(Endpoint(f"h{i}"), Endpoint("s1", i + 1), latency, host_mbps))
+        links.append(Link(Endpoint(f"h{i}"), Endpoint("s1", holders + i), latency, host_mbps))
     topo = Topology(hosts, {"s1": {}}, links)
     topo.validate("star")
     return topo
 
 
-def leaf_spine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4, *,
-               fabric_mbps: float | None = None, host_mbps: float | None = None) -> Topology:
-    """A two-tier fabric: leaf switches s1..sL, spines after them; the holder hangs off leaf 1.
+def leaf_spine(leaves: int = 4, spines: int = 2, requesters: int = 8, holders: int = 1, *,
+               holder_mbps: float | None = None, host_mbps: float | None = None,
+               fabric_mbps: float | None = None) -> Topology:
+    """A two-tier fabric: leaves s1..sL, spines after them; the holders on leaf s1, requesters on the others.
 
-    Leaf ports 1..spines go up to the spines; hosts use the ports above them.
+    Leaf port i (1..spines) goes up to spine i, spine port j down to leaf j; hosts use the
+    leaf ports above the spines.  Requesters h1..hN are dealt round-robin over leaves
+    s2..sL (over s1 when it is the only leaf), so a hot prefix is wanted behind several
+    leaves at once and every fetch crosses a spine to reach a holder.
     """
-    if leaves < 1 or spines < 1 or hosts_per_leaf < 1:
-        raise TopologyError("leaf_spine: leaves, spines and hosts_per_leaf must be >= 1")
+    if leaves < 1 or spines < 1:
+        raise TopologyError("leaf_spine: leaves and spines must be >= 1")
+    if not 1 <= requesters <= 32:
+        raise TopologyError(f"leaf_spine: requesters must be 1..32, got {requesters}")
     switches = {f"s{i}": {"tier": "leaf" if i <= leaves else "spine"} for i in range(1, leaves + spines + 1)}
     links: list[Link] = []
     for li in range(1, leaves + 1):
         for si in range(1, spines + 1):
             links.append(Link(Endpoint(f"s{li}", si), Endpoint(f"s{leaves + si}", li), "0ms", fabric_mbps))
-    hosts: dict[str, Host] = {"h0": Host("h0", "10.0.0.100/24", _mac(100), "holder")}
-    links.append(Link(Endpoint("h0"), Endpoint("s1", spines + 1), "0ms", host_mbps))
-    n = 0
-    for li in range(1, leaves + 1):
-        first_port = spines + (2 if li == 1 else 1)
-        for j in range(hosts_per_leaf):
-            n += 1
-            hosts[f"h{n}"] = Host(f"h{n}", f"10.0.0.{n}/24", _mac(n))
-            links.append(Link(Endpoint(f"h{n}"), Endpoint(f"s{li}", first_port + j), "0ms", host_mbps))
+    hosts: dict[str, Host] = {}
+    next_port = dict.fromkeys(range(1, leaves + 1), spines + 1)
+    for h in _holders(holders, "leaf_spine"):
+        hosts[h.name] = h
+        links.append(Link(Endpoint(h.name), Endpoint("s1", next_port[1]), "0ms", holder_mbps))
+        next_port[1] += 1
+    requester_leaves = list(range(2, leaves + 1)) or [1]
+    for n in range(1, requesters + 1):
+        leaf = requester_leaves[(n - 1) % len(requester_leaves)]
+        hosts[f"h{n}"] = Host(f"h{n}", f"10.0.0.{n}/24", _mac(n))
+        links.append(Link(Endpoint(f"h{n}"), Endpoint(f"s{leaf}", next_port[leaf]), "0ms", host_mbps))
+        next_port[leaf] += 1
     topo = Topology(hosts, switches, links)
     topo.validate("leaf_spine")
     return topo

@@ -7,10 +7,12 @@ kernel drops.  Rows:
 
 * ``echo``: a plain Python AF_PACKET loop that copies frames from port 1 to port 2
   (the floor any Python switch pays for packet I/O);
+* ``model forward (UDP)``: plain UDP datagrams routed to the holder (parse, guard, route:
+  what every packet pays, the floor of the program on that target);
 * ``model forward``: kvpool GETs for a chunk outside the pool, routed to the holder;
 * ``model served``: GETs (with reply room) for a filled chunk, answered from switch
   memory (1482-byte replies);
-* the same two rows for ``bmv2`` when ``simple_switch_grpc`` is on PATH (a crashed
+* the same three rows for ``bmv2`` when ``simple_switch_grpc`` is on PATH (a crashed
   switch is reported in the table, not timed);
 * ``model pipeline`` (in-process, no I/O): the pipeline's own rate, for reference.
 
@@ -66,6 +68,11 @@ def get_frame(key: int, frag: int, room: bool = False) -> bytes:
     """A GET from the client to the holder, with reply room when the switch should answer it."""
     return _frame(CLIENT_MAC, HOLDER_MAC, CLIENT_IP, HOLDER_IP, 40000, wire.KVPOOL_UDP_PORT,
                   wire.get_packet(key, frag, room=room))
+
+
+def udp_frame(i: int) -> bytes:
+    """A plain UDP datagram from the client to the holder (not kvpool's port): the program's floor."""
+    return _frame(CLIENT_MAC, HOLDER_MAC, CLIENT_IP, HOLDER_IP, 40000 + i, 9, bytes(64))
 
 
 def data_frame(key: int, frag: int) -> bytes:
@@ -148,10 +155,10 @@ def program(sw: P4RuntimeSwitch) -> None:
     """Routes for client (port 1) and holder (port 2), the holder as writer, KEY_FILLED admitted."""
     for port, mac, ip in ((1, CLIENT_MAC, CLIENT_IP), (2, HOLDER_MAC, HOLDER_IP)):
         sw.insert_entry(n.IPV4_ROUTE, {n.KEY_IPV4_DST: (ip, 32)}, n.IPV4_FORWARD, {"port": port, "dst_mac": mac})
-    sw.insert_entry(n.WRITERS, {n.KEY_WRITER_SRC: HOLDER_IP}, n.ALLOW_WRITER)
+    sw.insert_entry(n.WRITERS, {n.KEY_INGRESS_PORT: 2, n.KEY_WRITER_SRC: HOLDER_IP}, n.ALLOW_WRITER)
     sw.insert_entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: KEY_FILLED}, n.POOL_ENTRY,
                     {"base_slot": 0, "frag_count": wire.fragment_count(len(CHUNK)), "chunk_len": len(CHUNK),
-                     "generation": 0, "state": 2})
+                     "generation": 0, "state": 2, "placement": 1})
 
 
 def fill(lab: VethLab) -> None:
@@ -177,6 +184,8 @@ def bench_switch(kind: str, lab: VethLab, seconds: float, window: int,
         program(sw)
         fill(lab)
         progress(f"{kind}: forward")
+        d, s, lost = closed_loop(lab, [udp_frame(i) for i in range(16)], 1, seconds, window)
+        rows.append(Row(kind, "forward (UDP, not kvpool)", d, s, lost))
         missed = [get_frame(KEY_MISSED + i, 0) for i in range(16)]
         d, s, lost = closed_loop(lab, missed, 1, seconds, window)
         rows.append(Row(kind, "forward (GET to holder)", d, s, lost))
@@ -221,12 +230,13 @@ def bench_pipeline(seconds: float) -> list[Row]:
     for port, mac, ip in ((1, CLIENT_MAC, CLIENT_IP), (2, HOLDER_MAC, HOLDER_IP)):
         state.insert_entry(n.IPV4_ROUTE, TableEntry({n.KEY_IPV4_DST: FieldMatch("lpm", _ip(ip), 32)},
                                                     ActionCall(n.IPV4_FORWARD, {"port": port, "dst_mac": _mac(mac)})))
-    state.insert_entry(n.WRITERS, TableEntry({n.KEY_WRITER_SRC: FieldMatch("exact", _ip(HOLDER_IP))},
+    state.insert_entry(n.WRITERS, TableEntry({n.KEY_INGRESS_PORT: FieldMatch("exact", 2),
+                                              n.KEY_WRITER_SRC: FieldMatch("exact", _ip(HOLDER_IP))},
                                              ActionCall(n.ALLOW_WRITER, {})))
     state.insert_entry(n.POOL_LOOKUP, TableEntry(
         {n.KEY_CHUNK_KEY: FieldMatch("exact", KEY_FILLED)},
         ActionCall(n.POOL_ENTRY, {"base_slot": 0, "frag_count": 4, "chunk_len": len(CHUNK), "generation": 0,
-                                  "state": 2})))
+                                  "state": 2, "placement": 1})))
     pipe = KvpoolPipeline(state)
     for i in range(4):
         pipe.process(2, data_frame(KEY_FILLED, i))

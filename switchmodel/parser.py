@@ -227,6 +227,7 @@ class Meta:
 
     drop_reason: int = 0
     is_writer: int = 0
+    from_fabric: int = 0
     served: int = 0
     flood: int = 0
     pool_found: int = 0

@@ -3,7 +3,8 @@
 A slot is served only when its tag is ``{placement, frag_index}`` of the chunk's entry;
 only writer DATA that matches the entry (generation, ``frag_count``, ``chunk_len``) is
 written, and writer DATA that does not is forwarded, counted and reported by a
-``fill_mismatch_t`` digest, whose cell comes from :func:`mismatch_index`.
+``fill_mismatch_t`` digest, whose cell comes from :func:`mismatch_index`.  An entry in
+state UPSTREAM (the chunk lives on a switch nearer the holder) lets a GET keep its room.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from switchmodel.v1model import M32, Control
 
 POOL_STATE_FILLING = int(PoolState.FILLING)
 POOL_STATE_VALID = int(PoolState.VALID)
+POOL_STATE_UPSTREAM = int(PoolState.UPSTREAM)
 _REPLICA_FLAGS = FLAG_SWITCH_SERVED | FLAG_COALESCED
 
 
@@ -67,11 +69,12 @@ class Pool(Control):
         kv = pkt.kv
         assert kv is not None
         res = self.state.lookup(POOL_LOOKUP, (kv.chunk_key,), meta.packet_length)
+        keep_room = False
         if res.hit:
-            self._pool_hit(pkt, meta, res.action, res.params)
+            keep_room = self._pool_hit(pkt, meta, res.action, res.params)
         else:
             self._count(POOL_STATS, PoolStat.LOOKUP_MISS, meta)
-        if kv.opcode == OP_GET and meta.served == 0 and pkt.payload is not None:
+        if kv.opcode == OP_GET and meta.served == 0 and pkt.payload is not None and not keep_room:
             self._strip_reply_room(pkt)
 
     def _strip_reply_room(self, pkt: Packet) -> None:
@@ -82,8 +85,8 @@ class Pool(Control):
         pkt.udp[2] = KV_UDP_LEN_NO_PAYLOAD
         pkt.udp[3] = 0
 
-    def _pool_hit(self, pkt: Packet, meta: Meta, action: str, params: Mapping[str, int]) -> None:
-        """The ``pool_lookup`` hit branch of ``Pool.apply``."""
+    def _pool_hit(self, pkt: Packet, meta: Meta, action: str, params: Mapping[str, int]) -> bool:
+        """The ``pool_lookup`` hit branch of ``Pool.apply``; True when a GET keeps its room (``keep_room``)."""
         kv = pkt.kv
         assert kv is not None
         if action == POOL_ENTRY:
@@ -102,6 +105,10 @@ class Pool(Control):
         want = (meta.pool_placement << 16) | kv.frag_index
 
         if kv.opcode == OP_GET:
+            if meta.pool_state == POOL_STATE_UPSTREAM:
+                # A switch nearer the holder has the bytes: it gets the room.
+                self._count(POOL_STATS, PoolStat.UPSTREAM, meta)
+                return True
             if (kv.frag_count != 1 or kv.flags & FLAG_NO_CACHE
                     or (kv.generation != 0 and kv.generation != meta.pool_generation)
                     or not usable or kv.frag_index >= meta.pool_frag_count):
@@ -149,6 +156,7 @@ class Pool(Control):
                         self._count(POOL_STATS, PoolStat.REPAIR, meta)
         elif kv.opcode == OP_INVALIDATE:
             self._count(POOL_STATS, PoolStat.INVALIDATE, meta)
+        return False
 
     def _write_slot(self, pkt: Packet, slot: int, tag: int) -> None:
         """Action ``write_slot``: 11 slices, the slot's tag and the writer's check."""

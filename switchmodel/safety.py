@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpool.contract import (
     ALLOW_WRITER,
+    FABRIC_PORT,
     FRAG_PAYLOAD,
     GUARD_SOURCE,
     HOST_GUARD,
@@ -27,14 +28,17 @@ from switchmodel.v1model import M32, Control
 
 
 class Safety(Control):
-    """``control Safety``: spoofed sources drop; the first failed check names the reason; writers get ``is_writer``."""
+    """``control Safety``: spoofed sources drop, fabric ports are marked; the first failed check names the reason;
+    writers get ``is_writer``."""
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Safety.apply`` (IPv4 packets): source guard; for kvpool, validation (kvpool.wire's order) and writers."""
         ip = pkt.ipv4
         assert ip is not None
         guard = self.state.lookup(HOST_GUARD, (meta.ingress_port,), meta.packet_length)
-        if guard.action == GUARD_SOURCE and ip.src != guard.params["addr"]:
+        if guard.action == FABRIC_PORT:
+            meta.from_fabric = 1
+        elif guard.action == GUARD_SOURCE and ip.src != guard.params["addr"]:
             meta.drop_reason = Drop.SPOOFED
             return
         kv = pkt.kv
@@ -83,7 +87,8 @@ class Safety(Control):
             elif kv.status != STATUS_OK:
                 meta.drop_reason = Drop.BAD_STATUS
 
-        if meta.drop_reason == Drop.NONE:
+        # A GET needs no writer: only fills (DATA), releases (DATA, NACK) and INVALIDATE ask.
+        if meta.drop_reason == Drop.NONE and kv.opcode != OP_GET:
             res = self.state.lookup(WRITERS, (meta.ingress_port, ip.src), meta.packet_length)
             if res.action == ALLOW_WRITER:
                 meta.is_writer = 1

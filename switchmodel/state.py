@@ -472,9 +472,15 @@ class SwitchState:
         the table's direct counter (if any) counts the packet on the hit entry or default.
         """
         with self._lock:
-            t = self._table(table)
+            # The pipeline's per-packet path: a qualified name and a tuple of ints, looked up
+            # directly; anything else (an alias, an id, a mapping) takes the general way.
+            t = self._tables.get(table) if self._pipeline is not None else None
+            if t is None:
+                t = self._table(table)
             fields = t.info.match_fields
-            if isinstance(key, Mapping):
+            if type(key) is tuple and len(key) == len(fields):
+                values: tuple[int, ...] = key
+            elif isinstance(key, Mapping):
                 try:
                     values = tuple(int(key[f.name]) for f in fields)
                 except KeyError as e:

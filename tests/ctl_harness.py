@@ -40,10 +40,12 @@ class FakeSink:
 
     def __init__(self) -> None:
         self.pushed: list[int] = []
+        self.sinks: list[str | None] = []
 
-    def push(self, keys: list[int]) -> None:
-        """Record ``keys``."""
+    def push(self, keys: list[int], sink: str | None = None) -> None:
+        """Record ``keys`` and the fill sink they were pushed to."""
         self.pushed.extend(keys)
+        self.sinks.append(sink)
 
 
 class ModelSwitch:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from scapy.utils import RawPcapReader
 
+from bmv2_topologies.network import interface_name
 from kvpool import wire
+from kvpool.topology import Topology
 
-HOLDER_LINK = "s1-eth1"
-"""The switch port facing the holder (port 1 of the star): its counters are the holder link's bytes."""
 INCAST_WINDOW_S = 0.1
 """Seconds within which GETs for the same fragment count as concurrent (the pending timeout)."""
 
@@ -31,10 +31,30 @@ _ETH_IPV4 = b"\x08\x00"
 _UDP = 17
 
 
-def link_bytes(intf: str) -> int:
-    """Bytes an interface has received and sent so far (both directions, every protocol)."""
-    base = Path("/sys/class/net") / intf / "statistics"
-    return int((base / "rx_bytes").read_text()) + int((base / "tx_bytes").read_text())
+def link_bytes(*intfs: str) -> int:
+    """Bytes the interfaces have received and sent so far (both directions, every protocol), summed."""
+    total = 0
+    for intf in intfs:
+        base = Path("/sys/class/net") / intf / "statistics"
+        total += int((base / "rx_bytes").read_text()) + int((base / "tx_bytes").read_text())
+    return total
+
+
+def holder_links(topo: Topology) -> dict[str, str]:
+    """Holder host -> the switch interface facing it: its counters are that holder link's bytes."""
+    out: dict[str, str] = {}
+    for h in topo.holders():
+        link = topo.host_link(h.name)
+        end = link.b if link.a.node == h.name else link.a
+        assert end.port is not None  # validated: a host's link ends at a switch port
+        out[h.name] = interface_name(end.node, end.port)
+    return out
+
+
+def fabric_links(topo: Topology) -> list[str]:
+    """One switch interface per link between two switches (each link counted once)."""
+    return [interface_name(link.a.node, link.a.port) for link in topo.links
+            if link.a.port is not None and link.b.port is not None]
 
 
 class LinkCapture:

@@ -13,7 +13,13 @@ MODES = ("plain", "multicast", "pool")
 SYSTEMS = ("mooncake", "kvpool_plain", "kvpool_multicast", "kvpool_pool")
 """What the side-by-side compares: Mooncake Store alone, then kvpool in each mode in front of it."""
 REQUESTER_COUNTS = (2, 4, 8, 16)
-"""The side-by-side's default requester counts N, one star each."""
+"""The side-by-side's default requester counts N, one network each."""
+TOPOLOGIES = ("star", "leaf-spine")
+"""Generated topologies (``kvpool.topology``); anything else names a topology JSON file."""
+TARGET_KNOBS: dict[str, tuple[int, float]] = {"model": (600, 100.0), "bmv2": (64, 100.0)}
+"""Per switch target, the requesters' window (fragments in flight) and the holder's hold (ms) a
+run takes unless told: the model takes the whole hot prefix at once; BMv2 (3,000-4,700
+packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64."""
 
 
 @dataclass
@@ -22,6 +28,12 @@ class DemoConfig:
 
     requesters: int = 8
     target: str | None = None
+    topology: str = "star"
+    """``star``, ``leaf-spine`` or the path of a topology JSON file (its inference hosts are the requesters)."""
+    leaves: int = 4
+    spines: int = 2
+    holders: int | None = None
+    """Holder hosts (chunks dealt over them by prefix position); None: 1 on the star, 2 on the leaf-spine."""
     modes: tuple[str, ...] = MODES
     trace: Path | None = None
     max_requests: int = 64
@@ -36,16 +48,40 @@ class DemoConfig:
     head_dim: int = 64
     holder_mbps: float = 10.0
     host_mbps: float = 1000.0
+    fabric_mbps: float = 1000.0
     out: Path = Path("results/demo")
     seed: int = 0
     fetch_timeout_s: float = 60.0
-    window: int = 600
-    """Fragments each requester keeps in flight (single-fragment GETs): enough for the whole
-    hot prefix, so every requester asks for all of it at once, as an engine fetching a prefix does."""
-    hold_ms: float = 100.0
-    """How long the holder waits before answering a GET (``kvpool-agent --hold``)."""
+    window: int | None = None
+    """Fragments each requester keeps in flight (single-fragment GETs); None: the target's
+    (``TARGET_KNOBS``; on the model enough for the whole hot prefix, so every requester asks
+    for all of it at once, as an engine fetching a prefix does)."""
+    hold_ms: float | None = None
+    """How long the holder waits before answering a GET (``kvpool-agent --hold``); None: the target's."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
+
+    @property
+    def in_flight(self) -> int:
+        """The requesters' window: ``window``, else the target's (the model's when none is chosen yet)."""
+        return self.window if self.window is not None else TARGET_KNOBS[self.target or "model"][0]
+
+    @property
+    def hold_s(self) -> float:
+        """The holder's hold in seconds: ``hold_ms``, else the target's."""
+        return (self.hold_ms if self.hold_ms is not None else TARGET_KNOBS[self.target or "model"][1]) / 1000
+
+    @property
+    def holder_count(self) -> int:
+        """Holders a generated topology gets (``holders``, else the topology's default)."""
+        if self.holders is not None:
+            return self.holders
+        return 2 if self.topology == "leaf-spine" else 1
+
+    @property
+    def topology_file(self) -> Path | None:
+        """The topology JSON file, when ``topology`` names one."""
+        return None if self.topology in TOPOLOGIES else Path(self.topology)
 
     @property
     def chunk_shape(self) -> tuple[int, ...]:
@@ -55,7 +91,11 @@ class DemoConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first nonsensical option."""
         checks = {
-            "requesters": 1 <= self.requesters <= 16,
+            "requesters": 1 <= self.requesters <= (32 if self.topology == "leaf-spine" else 16),
+            "leaves": 1 <= self.leaves <= 16,
+            "spines": 1 <= self.spines <= 8,
+            "holders": self.holders is None or 1 <= self.holders <= 8,
+            "fabric_mbps": self.fabric_mbps > 0,
             "waves": self.waves >= 1,
             "hot_blocks": self.hot_blocks >= 1,
             "tail_blocks": self.tail_blocks >= 0,
@@ -65,8 +105,8 @@ class DemoConfig:
             "host_mbps": self.host_mbps > 0,
             "max_requests": self.max_requests >= 1,
             "time_scale": self.time_scale > 0,
-            "window": 1 <= self.window <= 4096,
-            "hold_ms": 0 <= self.hold_ms <= 1000,
+            "window": self.window is None or 1 <= self.window <= 4096,
+            "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
         }
         for name, ok in checks.items():
             if not ok:
@@ -74,6 +114,10 @@ class DemoConfig:
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+        path = self.topology_file
+        if path is not None and not path.is_file():
+            raise ValueError(f"--topology: {self.topology!r} is neither {' nor '.join(TOPOLOGIES)} nor a topology "
+                             "JSON file")
         if self.impair:
             from switchmodel.impair import parse_specs  # standard library only
 
@@ -91,13 +135,15 @@ class VsConfig:
 
     # The network and the prefix are the demo's (its defaults, so the two stay alike).
     requesters: int = DemoConfig.requesters
+    topology: str = DemoConfig.topology
+    holders: int | None = DemoConfig.holders
     waves: int = 5
     hot_blocks: int = DemoConfig.hot_blocks
     holder_mbps: float = DemoConfig.holder_mbps
     target: str | None = None
     systems: tuple[str, ...] = SYSTEMS
-    window: int = DemoConfig.window
-    hold_ms: float = DemoConfig.hold_ms
+    window: int | None = DemoConfig.window
+    hold_ms: float | None = DemoConfig.hold_ms
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     segment_mib: int = 256
@@ -118,7 +164,8 @@ class VsConfig:
     def demo_config(self) -> DemoConfig:
         """The demo's configuration for the same network and stream (waves of the hot prefix only)."""
         modes = tuple(s.removeprefix("kvpool_") for s in self.systems if s.startswith("kvpool_"))
-        return DemoConfig(requesters=self.requesters, target=self.target, modes=modes, waves=self.waves,
+        return DemoConfig(requesters=self.requesters, target=self.target, topology=self.topology,
+                          holders=self.holders, modes=modes, waves=self.waves,
                           hot_blocks=self.hot_blocks, tail_blocks=0, holder_mbps=self.holder_mbps,
                           window=self.window, hold_ms=self.hold_ms, out=self.out / f"n{self.requesters}",
                           seed=self.seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,21 @@ def percentile(values: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
 
 
+@dataclass(frozen=True)
+class SwitchCounts:
+    """What one switch did in one mode (its counters): where GETs were absorbed, hits served, slots filled."""
+
+    absorbed: int = 0
+    served: int = 0
+    fills: int = 0
+    collisions: int = 0
+
+    def summary(self) -> dict[str, int]:
+        """The per-switch JSON object."""
+        return {"absorbed_gets": self.absorbed, "served_hits": self.served, "fills": self.fills,
+                "pending_collisions": self.collisions}
+
+
 @dataclass
 class ModeResult:
     """What one mode measured."""
@@ -26,6 +42,9 @@ class ModeResult:
     failed: int = 0
     deliver_ms: list[float] = field(default_factory=list)
     holder_bytes: int = 0
+    """Both directions, every holder's link, summed."""
+    fabric_bytes: int = 0
+    """Both directions, every link between two switches, summed (0 on a star)."""
     fragments: int = 0
     switch_served: int = 0
     coalesced: int = 0
@@ -33,8 +52,9 @@ class ModeResult:
     admitted: int = 0
     peak_incast: int = 0
     seconds: float = 0.0
-    pcap: Path | None = None
-    """Capture of the holder link (kvpool headers); this mode's packets are those in ``window``."""
+    switches: dict[str, SwitchCounts] = field(default_factory=dict)
+    pcaps: dict[str, Path] = field(default_factory=dict)
+    """Capture of each holder's link (kvpool headers), by holder; this mode's packets are those in ``window``."""
     window: tuple[float, float] = (0.0, 0.0)
 
     def percentile(self, q: float) -> float:
@@ -55,6 +75,8 @@ class ModeResult:
             "pending_collisions": self.collisions,
             "chunks_admitted": self.admitted,
             "seconds": round(self.seconds, 2),
+            "fabric_bytes": self.fabric_bytes,
+            "switches": {name: c.summary() for name, c in self.switches.items()},
         }
 
 
@@ -90,21 +112,35 @@ class SystemResult:
         return out
 
 
+def _aligned(rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Rows as text columns: the first ``left`` columns left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                                    strict=True)))
+                     for row in rows)
+
+
 def demo_table(results: list[ModeResult]) -> str:
-    """The demo's results as a plain-text table, one row per mode."""
-    rows = [("mode", "deliver p50 ms", "deliver p99 ms", "holder MB", "vs plain", "switch-served", "peak incast",
-             "failed")]
+    """The demo's results as plain-text tables: one row per mode, then (several switches) one per mode and switch."""
+    fabric = any(len(r.switches) > 1 for r in results)
+    head = ("mode", "deliver p50 ms", "deliver p99 ms", "holder MB", "vs plain", *(("fabric MB",) if fabric else ()),
+            "switch-served", "peak incast", "failed")
+    rows = [head]
     plain = next((r for r in results if r.mode == "plain"), None)
     for r in results:
         s = r.summary()
         ratio = f"{r.holder_bytes / plain.holder_bytes:.3f}" if plain and plain.holder_bytes else "-"
         rows.append((r.mode, f"{s['deliver_p50_ms']:.1f}", f"{s['deliver_p99_ms']:.1f}",
-                     f"{r.holder_bytes / 1e6:.2f}", ratio, f"{s['switch_served_fraction']:.1%}",
-                     str(r.peak_incast), str(r.failed)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths,
-                                                                                               strict=True)))
-                     for row in rows)
+                     f"{r.holder_bytes / 1e6:.2f}", ratio, *((f"{r.fabric_bytes / 1e6:.2f}",) if fabric else ()),
+                     f"{s['switch_served_fraction']:.1%}", str(r.peak_incast), str(r.failed)))
+    text = _aligned(rows)
+    if not fabric:
+        return text
+    per = [("mode", "switch", "absorbed GETs", "served hits", "fills", "collisions")]
+    for r in results:
+        for name, c in r.switches.items():
+            per.append((r.mode, name, str(c.absorbed), str(c.served), str(c.fills), str(c.collisions)))
+    return text + "\n\nwhere the switches helped (counters per switch)\n" + _aligned(per, left=2)
 
 
 def demo_plot(results: list[ModeResult], path: Path) -> None:
@@ -195,6 +231,7 @@ def vs_document(cfg: VsConfig, by_n: dict[int, dict[str, SystemResult]], prefix_
     """The JSON document: per N, per system; with one N the systems are also top-level keys."""
     doc: dict[str, Any] = {
         "target": cfg.target,
+        "topology": cfg.topology,
         "holder_mbps": cfg.holder_mbps,
         "prefix_bytes": prefix_bytes,
         "waves": cfg.waves,

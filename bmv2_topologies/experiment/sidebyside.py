@@ -1,11 +1,14 @@
-"""kvpool against Mooncake Store alone, side by side on one Mininet star.
+"""kvpool against Mooncake Store alone, side by side on one Mininet network (a star or a leaf-spine).
 
-One star per requester count N: the storage host ``h0`` behind the shaped bottleneck
-link runs a real Mooncake Store (``mooncake_master`` plus one store node lending DRAM,
-``hostagent.mooncake_master``) and a ``kvpool-agent`` holder whose only tier is that
-store (``--backend mooncake --dram-bytes 0``: every GET is answered from bytes read from
-Mooncake). The hot prefix is published once into the store; then the same waves run
-four ways:
+One network per requester count N. Every storage host (the holders: ``h0`` on the star;
+``h0`` and ``h101`` on leaf ``s1`` of the leaf-spine) sits behind a shaped bottleneck
+link and runs one Mooncake store node lending DRAM (the first also runs
+``mooncake_master``; the others join its pool, ``hostagent.mooncake_master --join``) and a
+``kvpool-agent`` holder whose only tier is that store (``--backend mooncake --dram-bytes
+0``: every GET is answered from bytes read from Mooncake). The hot prefix is dealt over
+the holders by position and each holder publishes its share into its own host's store
+node (``--mooncake-segment``), so Mooncake alone and kvpool read every chunk from the
+same node. Then the same waves run four ways:
 
 * ``mooncake``: every inference node's Mooncake client gets the prefix's objects from
   the store over TCP (``bmv2_topologies.mooncake_reader``), the switch only forwarding;
@@ -16,9 +19,10 @@ four ways:
 A wave is all N requesters asking for the whole prefix at the same instant; the next
 wave starts after the last one has finished and the network has settled. Measured per
 system: the time from a wave's start until every requester holds the whole prefix
-(p50/p99 over waves), bytes on the storage host's link (both directions, from the
-switch port's counters, every protocol), and both as ratios to Mooncake alone. Every
-chunk every requester receives is checked against the published bytes.
+(p50/p99 over waves), bytes on the storage hosts' links (both directions, from the
+switch ports' counters, every protocol, summed over the storage hosts), and both as
+ratios to Mooncake alone. Every chunk every requester receives is checked against the
+published bytes.
 """
 
 from __future__ import annotations
@@ -35,29 +39,29 @@ from collections.abc import Callable, Iterator
 
 from rich.progress import Progress
 
-from bmv2_topologies.experiment.capture import HOLDER_LINK, link_bytes
+from bmv2_topologies.experiment.capture import link_bytes
 from bmv2_topologies.experiment.config import VsConfig
 from bmv2_topologies.experiment.report import ModeResult, SystemResult, vs_document, vs_plot, vs_table
-from bmv2_topologies.experiment.testbed import Testbed
+from bmv2_topologies.experiment.testbed import Testbed, build_topology
 from bmv2_topologies.experiment.workload import Request, build_workload
 from bmv2_topologies.mooncake_reader import digest
 from bmv2_topologies.network import NetworkError, mininet_available
-from hostagent.client import AgentClient
 from hostagent.mooncake_master import MooncakeProcessError, find_binary
-from kvpool import wire
-from kvpool.httpjson import ApiError
 from kvpool.topology import Host
 
 log = logging.getLogger("kvpool.vs_mooncake")
 
 
 class SideBySide:
-    """The demo's testbed with a Mooncake Store on the holder host, which the holder agent fronts."""
+    """The demo's testbed with a Mooncake store node on every holder host, which its holder agent fronts."""
 
     def __init__(self, cfg: VsConfig) -> None:
         demo_cfg = cfg.demo_config()
         self.vs = cfg
-        self.bed = Testbed(demo_cfg, build_workload(demo_cfg))
+        topo = build_topology(demo_cfg)
+        if demo_cfg.topology_file is not None:
+            demo_cfg.requesters = len(topo.inference_hosts())  # a file's requesters are its inference hosts
+        self.bed = Testbed(demo_cfg, build_workload(demo_cfg), topo)
         self.master = self.metadata = ""
         prefixes = {r.keys for r in self.bed.workload.requests}
         if len(prefixes) != 1:
@@ -72,38 +76,46 @@ class SideBySide:
 
     # -------------------------------------------------------------- lifecycle
     def running(self) -> contextlib.AbstractContextManager[Testbed]:
-        """The testbed up, with the Mooncake Store started on the holder host before the holder agent."""
+        """The testbed up, with the Mooncake Store started on the holder hosts before the holder agents."""
         return self.bed.running(self._mooncake_store)
 
     @contextlib.contextmanager
-    def _mooncake_store(self, bed: Testbed) -> Iterator[list[str]]:
-        """Start the pool on the holder; yield the holder agent's flags to use it; stop it by PID."""
-        holder = bed.holder
-        ready = bed.run_dir / "mooncake.ready"
-        with (bed.run_dir / "mooncake.stderr").open("wb") as err:
-            pool = bed.popen(holder.name, [
-                sys.executable, "-m", "hostagent.mooncake_master", "--host", holder.address,
-                "--segment-mib", str(self.vs.segment_mib), "--log-dir", str(bed.run_dir.resolve()),
-                "--ready-file", str(ready.resolve())], stdout=subprocess.DEVNULL, stderr=err)
+    def _mooncake_store(self, bed: Testbed) -> Iterator[dict[str, list[str]]]:
+        """Start the pool (master and a store node on the first holder, a store node on each other one);
+        yield each holder agent's flags to use it, with its own node preferred; stop it all by PID."""
+        procs: list[subprocess.Popen[bytes]] = []
+        flags: dict[str, list[str]] = {}
+        master_ready = bed.run_dir / "mooncake.ready"
         try:
-            deadline = time.monotonic() + 60
-            while not ready.exists():
-                if pool.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Mooncake pool on {holder.name} did not start; see "
-                                       f"{bed.run_dir}/mooncake.stderr and mooncake_master.log")
-                time.sleep(0.1)
-            info = json.loads(ready.read_text())
-            self.master, self.metadata = info["rpc_address"], info["metadata_url"]
-            yield ["--backend", "mooncake", "--mooncake-master", self.master,
-                   "--mooncake-metadata-url", self.metadata, "--dram-bytes", "0"]
+            for i, holder in enumerate(bed.topo.holders()):
+                ready = master_ready if i == 0 else bed.run_dir / f"mooncake_{holder.name}.ready"
+                join = [] if i == 0 else ["--join", str(master_ready.resolve())]
+                with (bed.run_dir / f"mooncake_{holder.name}.stderr").open("wb") as err:
+                    procs.append(bed.popen(holder.name, [
+                        sys.executable, "-m", "hostagent.mooncake_master", "--host", holder.address, *join,
+                        "--segment-mib", str(self.vs.segment_mib), "--log-dir", str(bed.run_dir.resolve()),
+                        "--ready-file", str(ready.resolve())], stdout=subprocess.DEVNULL, stderr=err))
+                deadline = time.monotonic() + 60
+                while not ready.exists():
+                    if procs[-1].poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"Mooncake store on {holder.name} did not start; see "
+                                           f"{bed.run_dir}/mooncake_{holder.name}.stderr and its logs there")
+                    time.sleep(0.1)
+                info = json.loads(ready.read_text())
+                self.master, self.metadata = info["rpc_address"], info["metadata_url"]
+                flags[holder.name] = ["--backend", "mooncake", "--mooncake-master", self.master,
+                                      "--mooncake-metadata-url", self.metadata, "--dram-bytes", "0",
+                                      "--mooncake-segment", info["store_nodes"][0]["segment"]]
+            yield flags
         finally:
-            if pool.poll() is None:
-                pool.terminate()  # it stops the master and store node it started
-                try:
-                    pool.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    pool.kill()
-                    pool.wait(timeout=5)
+            for proc in reversed(procs):  # store nodes that joined first, the master's last
+                if proc.poll() is None:
+                    proc.terminate()  # each stops the master or store node it started
+                    try:
+                        proc.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(timeout=5)
 
     # -------------------------------------------------------------- the systems
     def _each_wave(self, result: SystemResult, run_wave: Callable[[list[Request]], tuple[float, dict[int, float]]],
@@ -130,11 +142,12 @@ class SideBySide:
         keys = ",".join(f"{k:x}" for k in self.prefix)
 
         def waves(_mode: ModeResult, _progress: object) -> None:
+            links = list(self.bed.holder_links.values())
             with contextlib.ExitStack() as stack:
                 readers = [stack.enter_context(self._reader(h, keys)) for h in self.bed.requesters()]
-                before = link_bytes(HOLDER_LINK)  # after the clients connected, as for kvpool's agents
+                before = link_bytes(*links)  # after the clients connected, as for kvpool's agents
                 self._each_wave(result, lambda wave: self._mooncake_wave(readers, wave), progress)
-                result.storage_link_bytes = link_bytes(HOLDER_LINK) - before
+                result.storage_link_bytes = link_bytes(*links) - before
 
         self.bed.run_mode("plain", None, waves)
         return result
@@ -196,28 +209,21 @@ class SideBySide:
         return result
 
     def _kvpool_wave(self, wave: list[Request]) -> tuple[float, dict[int, float]]:
-        """All requesters' agents fetch the prefix at the same instant; their end times (monotonic)."""
+        """All requesters' agents fetch the prefix at the same instant; their end times (monotonic).
+
+        Each holder's share comes from that holder; every chunk is compared with the published bytes.
+        """
         hosts = self.bed.requesters()
-        holder = f"{self.bed.holder.address}:{wire.KVPOOL_UDP_PORT}"
         timeout = self.bed.cfg.fetch_timeout_s
         start = time.monotonic() + 0.3
         ends: dict[int, float] = {}
 
         def one(req: Request) -> None:
-            client = AgentClient(self.bed.api(hosts[req.requester].name), timeout=timeout + 5)
             time.sleep(max(0.0, start - time.monotonic()))
-            try:
-                keys, blobs, stopped = client.fetch_chunks(list(req.keys), holder, timeout=timeout, local=False)
-                end = time.monotonic()
-                if len(keys) != len(req.keys):
-                    error = f"got {len(keys)} of {len(req.keys)} chunks ({stopped})"
-                elif [digest(b) for b in blobs] != self.digests:
-                    error = "bytes differ from the published prefix"
-                else:
-                    ends[req.requester] = end  # one writer per key: no lock needed
-                    return
-            except ApiError as exc:
-                error = str(exc)
+            error = self.bed.fetch(hosts[req.requester], req.keys, timeout)
+            if error is None:
+                ends[req.requester] = time.monotonic()  # one writer per key: no lock needed
+                return
             log.error("%s: fetch failed: %s", hosts[req.requester].name, error)
 
         threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in wave]
@@ -229,7 +235,7 @@ class SideBySide:
 
 
 def run_one(sbs: SideBySide, bar: Progress | None = None) -> dict[str, SystemResult]:
-    """Build the star for ``sbs``'s N, run every system on it, tear it down (by PID)."""
+    """Build the network for ``sbs``'s N, run every system on it, tear it down (by PID)."""
     out: dict[str, SystemResult] = {}
     cfg = sbs.vs
     with sbs.running():
@@ -262,7 +268,7 @@ def run_side_by_side(configs: list[VsConfig], print_json: bool = False, prog: st
     out.mkdir(parents=True, exist_ok=True)
     by_n: dict[int, dict[str, SystemResult]] = {}
     prefix_bytes = 0
-    print(f"{prog}: target {base.target}, storage link {base.holder_mbps:g} Mbit/s, N = "
+    print(f"{prog}: target {base.target}, {base.topology}, storage links {base.holder_mbps:g} Mbit/s, N = "
           f"{' '.join(str(c.requesters) for c in configs)}, {base.waves} waves of a {base.hot_blocks}-chunk "
           "prefix per system", file=sys.stderr)
     try:
@@ -272,7 +278,7 @@ def run_side_by_side(configs: list[VsConfig], print_json: bool = False, prog: st
                 prefix_bytes = sbs.prefix_bytes
                 by_n[cfg.requesters] = run_one(sbs, bar)
                 bar.console.print(vs_table({cfg.requesters: by_n[cfg.requesters]}), soft_wrap=True, highlight=False)
-    except (NetworkError, RuntimeError, OSError, ValueError) as exc:
+    except (NetworkError, RuntimeError, OSError, ValueError) as exc:  # TopologyError is a ValueError
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     text = vs_table(by_n)

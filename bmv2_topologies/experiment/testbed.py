@@ -1,10 +1,13 @@
-"""The Mininet testbed: a star, real agents in every host, the controller per mode, the replay.
+"""The Mininet testbed: a star or a leaf-spine, real agents in every host, the controller per mode, the replay.
 
-A star in Mininet (one switch of the chosen target, the holder ``h0`` behind a shaped
-bottleneck link, ``N`` inference hosts), a ``kvpool-agent`` in every host reached through
-a Unix socket, and, per mode, a controller in this process that gives the switch a fresh
-pipeline and programs it for that mode. ``run_demo`` is ``kvpool demo`` from a validated
-configuration to its table, JSON and plot.
+A network in Mininet (switches of the chosen target; on the star one switch with the
+holder ``h0`` behind a shaped bottleneck link and ``N`` inference hosts, on the leaf-spine
+the holders on leaf ``s1`` behind shaped links and the requesters dealt over the other
+leaves; or any topology file), a ``kvpool-agent`` in every host reached through a Unix
+socket, and, per mode, a controller in this process that gives every switch a fresh
+pipeline and programs it for that mode. The chunks are dealt over the holders by prefix
+position; a request fetches each holder's share from it, all at once. ``run_demo`` is
+``kvpool demo`` from a validated configuration to its table, JSON and plot.
 
 Only what the testbed started is stopped, by PID; it never runs Mininet's global cleanup.
 """
@@ -28,9 +31,9 @@ from typing import Any
 
 from rich.progress import Progress
 
-from bmv2_topologies.experiment.capture import HOLDER_LINK, LinkCapture, link_bytes, peak_gets
+from bmv2_topologies.experiment.capture import LinkCapture, fabric_links, holder_links, link_bytes, peak_gets
 from bmv2_topologies.experiment.config import DemoConfig
-from bmv2_topologies.experiment.report import ModeResult, demo_plot, demo_table
+from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plot, demo_table
 from bmv2_topologies.experiment.workload import Request, Workload, build_workload
 from bmv2_topologies.network import EmulatedNetwork, NetworkError, default_target, mininet_available
 from controller.daemon import (
@@ -42,39 +45,58 @@ from controller.daemon import (
     Mode,
     SwitchEndpoint,
 )
-from controller.fabric import FabricSettings
+from controller.fabric import FabricSettings, sink_addresses
+from controller.policy.site import edge_switches
 from hostagent.client import AgentClient
 from kvpool import auth, wire
 from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
 from kvpool.httpjson import ApiError
-from kvpool.topology import Host, Topology, star
+from kvpool.topology import Host, Topology, TopologyError, leaf_spine, load, star
 
 log = logging.getLogger("kvpool.demo")
 
 SINK_ADDRESS = "10.0.0.254"
 SINK_MAC = "02:00:00:00:00:fe"
-"""The controller's fill sink: pushed DATA is addressed here and dropped past the switch."""
+"""The first switch's fill sink: pushed DATA is addressed to the holding switch's sink and dropped there
+(``controller.fabric.sink_addresses``: one per switch, counting down from this one)."""
+
+
+def fabric_sinks(topo: Topology) -> dict[str, str]:
+    """Switch -> its fill sink address (``controller.fabric.sink_addresses`` from this testbed's first sink)."""
+    return sink_addresses(topo, FabricSettings(fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC))
 
 
 def fresh_network(run_dir: Path, topo: Topology, target: str | None) -> EmulatedNetwork:
-    """An emptied ``run_dir`` and a network (not started yet) on ``topo`` whose hosts know the sink."""
+    """An emptied ``run_dir`` and a network (not started yet) on ``topo`` whose hosts know every switch's sink."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    return EmulatedNetwork(topo, target, log_dir=run_dir, extra_neighbours={SINK_ADDRESS: SINK_MAC})
+    return EmulatedNetwork(topo, target, log_dir=run_dir,
+                           extra_neighbours=dict.fromkeys(fabric_sinks(topo).values(), SINK_MAC))
 
 
-#: Extra services on the holder host, started before its agent: a context manager that
-#: yields the holder agent's extra flags (a backend it fronts, say) and stops them on exit.
-HolderBackend = Callable[["Testbed"], AbstractContextManager[list[str]]]
+#: Extra services on the holder hosts, started before their agents: a context manager that
+#: yields each holder agent's extra flags (a backend it fronts, say) and stops them on exit.
+HolderBackend = Callable[["Testbed"], AbstractContextManager[dict[str, list[str]]]]
 #: What ``Testbed.run_mode`` runs instead of replaying the stream: (result, progress callback).
 Replay = Callable[[ModeResult, Callable[[], None] | None], None]
 
 
+def build_topology(cfg: DemoConfig) -> Topology:
+    """The network ``cfg`` names: a generated star or leaf-spine, or a topology file (TopologyError if bad)."""
+    path = cfg.topology_file
+    if path is not None:
+        return load(path)
+    if cfg.topology == "leaf-spine":
+        return leaf_spine(cfg.leaves, cfg.spines, cfg.requesters, cfg.holder_count, holder_mbps=cfg.holder_mbps,
+                          host_mbps=cfg.host_mbps, fabric_mbps=cfg.fabric_mbps)
+    return star(cfg.requesters, holder_mbps=cfg.holder_mbps, host_mbps=cfg.host_mbps, holders=cfg.holder_count)
+
+
 class StarHosts:
-    """Where a star's agents are reached: the hosts of ``topo``, their API sockets under ``run_dir``."""
+    """Where a network's agents are reached: the hosts of ``topo``, their API sockets under ``run_dir``."""
 
     topo: Topology
     run_dir: Path
@@ -85,8 +107,13 @@ class StarHosts:
 
     @property
     def holder(self) -> Host:
-        """The holder host (``h0``)."""
+        """The first holder host (``h0``)."""
         return self.topo.holders()[0]
+
+    def holder_of(self, position: int) -> Host:
+        """The holder of a chunk at this position of its prefix: dealt round-robin over the holders."""
+        holders = self.topo.holders()
+        return holders[position % len(holders)]
 
     def requesters(self) -> list[Host]:
         """Inference hosts in requester order (h1, h2, ...)."""
@@ -96,14 +123,17 @@ class StarHosts:
 class Testbed(StarHosts):
     """One network, agents in every host, the controller reprogrammed per mode."""
 
-    def __init__(self, cfg: DemoConfig, workload: Workload) -> None:
+    def __init__(self, cfg: DemoConfig, workload: Workload, topo: Topology | None = None) -> None:
+        """``topo``: the network, when the caller built it already (else ``build_topology(cfg)``)."""
         self.cfg = cfg
         self.workload = workload
         self.run_dir = cfg.out / "run"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.net: EmulatedNetwork | None = None
-        self.topo: Topology = star(cfg.requesters, holder_mbps=cfg.holder_mbps, host_mbps=cfg.host_mbps)
-        self.capture: LinkCapture | None = None
+        self.topo: Topology = topo if topo is not None else build_topology(cfg)
+        self.sinks = fabric_sinks(self.topo)
+        self.holder_links = holder_links(self.topo)
+        self.captures: dict[str, LinkCapture] = {}
         self.token: Token | None = None
         """The operator's token (made if missing): the agents check it, the clients here send it."""
 
@@ -117,14 +147,20 @@ class Testbed(StarHosts):
             self.net.start()
             for sw in self.net.switches:
                 self.net.set_impairment(sw, self.cfg.impair)
-            with contextlib.ExitStack() as stack:  # unwinds in reverse: capture, agents, backend
-                holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else []
+            # Routes before anything starts: hosts that talk to each other before the first
+            # mode (a Mooncake pool spread over the holder hosts) need the switches to forward.
+            with self.controller("plain"):
+                pass
+            with contextlib.ExitStack() as stack:  # unwinds in reverse: captures, agents, backend
+                holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else {}
                 stack.enter_context(self._agents(holder_args))
-                # One capture of the holder link for the whole run; each mode reads its time window.
-                self.capture = stack.enter_context(LinkCapture(self.run_dir / "holder_link.pcap", HOLDER_LINK))
+                # One capture per holder link for the whole run; each mode reads its time window.
+                for name, intf in self.holder_links.items():
+                    pcap = self.run_dir / f"holder_link_{name}.pcap"
+                    self.captures[name] = stack.enter_context(LinkCapture(pcap, intf))
                 yield self
         finally:
-            self.capture = None
+            self.captures = {}
             self.net.stop()
 
     def popen(self, host: str, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
@@ -134,7 +170,7 @@ class Testbed(StarHosts):
         return self.net.popen(host, args, **kwargs)
 
     @contextlib.contextmanager
-    def _agents(self, holder_args: list[str]) -> Iterator[None]:
+    def _agents(self, holder_args: dict[str, list[str]]) -> Iterator[None]:
         exe = [sys.executable, "-m", "hostagent.cli"]
         # The holder paces to its link (as a real holder paces to its NIC), with a shallow
         # bucket: an unpaced burst would overflow the shaped link's queue and turn into
@@ -146,7 +182,7 @@ class Testbed(StarHosts):
         # Everything every requester may have asked for can sit in the holder's queue at
         # once (plain forwarding, all asking at the same moment): re-asking before that
         # queue drains would only duplicate it, so the retransmit timeout covers it twice.
-        queue_s = self.cfg.requesters * self.cfg.window * wire.DATA_DATAGRAM_LEN / rate
+        queue_s = len(self.requesters()) * self.cfg.in_flight * wire.DATA_DATAGRAM_LEN / rate
         rto = max(1.0, 2 * queue_s)
         assert self.token is not None  # running() loads it first
         try:
@@ -155,13 +191,13 @@ class Testbed(StarHosts):
                         "--token-file", str(self.token.path),
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                        "--single-gets", "--window", str(self.cfg.window), "--max-inflight", str(self.cfg.window),
+                        "--single-gets", "--window", str(self.cfg.in_flight), "--max-inflight", str(self.cfg.in_flight),
                         "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}",
-                        # The star's hosts are the requesters a holder answers (no directory here).
+                        # The testbed's hosts are the requesters a holder answers (no directory here).
                         *(f"--allow={o.address}" for o in self.topo.hosts.values() if o.name != h.name)]
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
-                             "--hold", str(self.cfg.hold_ms / 1000), *holder_args]
+                             "--hold", str(self.cfg.hold_s), *holder_args.get(h.name, [])]
                 self.procs.append(self.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60
             for h in self.topo.hosts.values():
@@ -187,26 +223,36 @@ class Testbed(StarHosts):
         self.procs.clear()
 
     # -------------------------------------------------------------- one mode
-    def run_mode(self, mode: str, progress: Callable[[], None] | None = None,
-                 replay: Replay | None = None) -> ModeResult:
-        """Program the switch for ``mode``, replay the stream (or run ``replay``), measure."""
+    def controller(self, mode: str) -> Controller:
+        """A controller for ``mode`` over every switch of the running network (not started)."""
         if self.net is None:
             raise RuntimeError("the testbed is not running")
-        wl, cfg = self.workload, self.cfg
-        holder = self.holder
-        hc = AgentClient(self.api(holder.name), timeout=120)
-        keys = list(wl.blobs)
-        hc.publish_chunks(keys, [wl.blobs[k] for k in keys])
-        catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in keys)
+        wl = self.workload
+        catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in wl.blobs)
         # Pending GETs must outlive the holder's queueing delay, or duplicates arriving after
         # the timeout go upstream again; 2 s is far above it and still frees a lost answer's slot.
-        fabric = FabricSettings(popularity_threshold=max(2, cfg.requesters // 2), pending_timeout_us=2_000_000)
-        # adopt=False: each mode starts from an empty pool (a fresh pipeline below), not the last mode's.
-        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, adopt=False)
+        # A switch counts the fetches of its own requesters: hot when half of its busiest
+        # edge switch's requesters fetch a chunk.
+        busiest = max(edge_switches(self.topo).values(), default=1)
+        fabric = FabricSettings(popularity_threshold=max(2, busiest // 2), pending_timeout_us=2_000_000,
+                                fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC)
+        build = n.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
+        # adopt=False: each mode starts from an empty pool (a fresh pipeline), not the last mode's.
+        settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,
+                                      p4info=build / n.P4INFO_FILE, bmv2_json=build / n.BMV2_JSON_FILE,
+                                      adopt=False)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
-        filler = HolderPushClient(self.api(holder.name), fabric.fill_sink,
-                                  token=self.token.value if self.token is not None else None)
-        ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
+        filler = HolderPushes({k: self.api(self.holder_of(wl.positions[k]).name) for k in wl.blobs},
+                              SINK_ADDRESS, self.token.value if self.token is not None else None)
+        return Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
+
+    def run_mode(self, mode: str, progress: Callable[[], None] | None = None,
+                 replay: Replay | None = None) -> ModeResult:
+        """Program the switches for ``mode``, replay the stream (or run ``replay``), measure."""
+        wl = self.workload
+        for name, keys in self.shares(list(wl.blobs)).items():
+            AgentClient(self.api(name), timeout=120).publish_chunks(keys, [wl.blobs[k] for k in keys])
+        ctl = self.controller(mode)
         result = ModeResult(mode)
         stop = threading.Event()
         with ctl:
@@ -216,7 +262,9 @@ class Testbed(StarHosts):
                 sw.push_pipeline()
             loop = threading.Thread(target=ctl.run, args=(stop,), name="controller-epochs", daemon=True)
             loop.start()
-            before = link_bytes(HOLDER_LINK)
+            links = list(self.holder_links.values())
+            fabric_intfs = fabric_links(self.topo)
+            before, fabric_before = link_bytes(*links), link_bytes(*fabric_intfs)
             t0, wall0 = time.monotonic(), time.time()
             try:
                 (replay or self._replay)(result, progress)
@@ -225,43 +273,72 @@ class Testbed(StarHosts):
                 stop.set()
                 loop.join(timeout=10)
             result.seconds = time.monotonic() - t0
-            result.holder_bytes = link_bytes(HOLDER_LINK) - before
+            result.holder_bytes = link_bytes(*links) - before
+            result.fabric_bytes = link_bytes(*fabric_intfs) - fabric_before
             result.window = (wall0, time.time())
-            if self.capture is not None and self.capture.path.exists():
-                result.pcap = self.capture.path
-                result.peak_incast = peak_gets(result.pcap, holder.address, result.window)
+            for name, capture in self.captures.items():
+                if capture.path.exists():
+                    result.pcaps[name] = capture.path
+                    incast = peak_gets(capture.path, self.topo.hosts[name].address, result.window)
+                    result.peak_incast = max(result.peak_incast, incast)
             result.admitted = sum(len(r.admitted) for r in ctl.reports)
-            result.switch_served, result.coalesced, result.collisions = switch_counters(ctl)
+            result.switches = switch_counters(ctl)
+            result.switch_served = sum(c.served for c in result.switches.values())
+            result.coalesced = sum(c.absorbed for c in result.switches.values())
+            result.collisions = sum(c.collisions for c in result.switches.values())
         result.fragments = wl.fragments
         return result
 
+    def shares(self, keys: list[int]) -> dict[str, list[int]]:
+        """Holder name -> the keys of ``keys`` it holds, in their order (by prefix position)."""
+        out: dict[str, list[int]] = {}
+        for key in keys:
+            out.setdefault(self.holder_of(self.workload.positions[key]).name, []).append(key)
+        return out
+
+    def fetch(self, requester: Host, keys: tuple[int, ...], timeout: float) -> str | None:
+        """``requester`` fetches ``keys``, each holder's share from it, all shares at once; None or what went wrong.
+
+        Every received chunk is compared with the holder's bytes.
+        """
+        wl = self.workload
+        errors: list[str] = []
+
+        def share(holder: str, part: list[int]) -> None:
+            client = AgentClient(self.api(requester.name), timeout=timeout + 5)
+            try:
+                # local=False: the requester neither answers from nor keeps a local copy, so
+                # every request crosses the network, as on a node whose HBM has moved on.
+                got, blobs, stopped = client.fetch_chunks(
+                    part, f"{self.topo.hosts[holder].address}:{wire.KVPOOL_UDP_PORT}", timeout=timeout, local=False)
+            except ApiError as exc:
+                errors.append(str(exc))
+                return
+            errors.extend(f"chunk {k:#x} differs from the holder's bytes" for k, b in zip(got, blobs, strict=True)
+                          if b != wl.blobs[k])
+            if len(got) != len(part):
+                errors.append(f"got {len(got)} of {len(part)} chunks from {holder} ({stopped})")
+
+        threads = [threading.Thread(target=share, args=item, daemon=True) for item in self.shares(list(keys)).items()]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return "; ".join(errors) if errors else None
+
     def _replay(self, result: ModeResult, progress: Callable[[], None] | None) -> None:
-        wl, cfg = self.workload, self.cfg
-        holder = self.holder
+        cfg = self.cfg
         hosts = self.requesters()
         lock = threading.Lock()
         start = time.monotonic() + 0.5
 
         def one(req: Request) -> None:
-            client = AgentClient(self.api(hosts[req.requester].name), timeout=cfg.fetch_timeout_s + 5)
             delay = start + req.at_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             t = time.monotonic()
-            error = None
-            try:
-                # local=False: the requester neither answers from nor keeps a local copy, so
-                # every request crosses the network, as on a node whose HBM has moved on.
-                keys, blobs, stopped = client.fetch_chunks(list(req.keys), f"{holder.address}:{wire.KVPOOL_UDP_PORT}",
-                                                           timeout=cfg.fetch_timeout_s, local=False)
-                elapsed = (time.monotonic() - t) * 1000
-                for key, blob in zip(keys, blobs, strict=True):
-                    if blob != wl.blobs[key]:
-                        error = f"chunk {key:#x} differs from the holder's bytes"
-                if len(keys) != len(req.keys):
-                    error = f"got {len(keys)} of {len(req.keys)} chunks ({stopped})"
-            except ApiError as exc:
-                error, elapsed = str(exc), float("nan")
+            error = self.fetch(hosts[req.requester], req.keys, cfg.fetch_timeout_s)
+            elapsed = (time.monotonic() - t) * 1000 if error is None else float("nan")
             with lock:
                 result.requests += 1
                 if error is None:
@@ -272,22 +349,39 @@ class Testbed(StarHosts):
                 if progress is not None:
                     progress()
 
-        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in wl.requests]
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in self.workload.requests]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
 
 
-def switch_counters(ctl: Controller) -> tuple[int, int, int]:
-    """Fragments the switches served from memory, GETs they absorbed, and pending-slot collisions."""
-    served = coalesced = collisions = 0
-    for sw in ctl.switches.values():
-        served += sw.read_counter(n.POOL_STATS, PoolStat.HIT)[PoolStat.HIT].packets
+class HolderPushes:
+    """The controller's fill requester when chunks are dealt over several holders: each key goes to its holder."""
+
+    def __init__(self, api_of: dict[int, str], sink: str, token: str | None) -> None:
+        self.api_of = api_of
+        self.clients = {api: HolderPushClient(api, sink, token=token) for api in set(api_of.values())}
+
+    def push(self, keys: list[int], sink: str | None = None) -> None:
+        """Ask each holder to push its keys among ``keys`` to ``sink``."""
+        by_api: dict[str, list[int]] = {}
+        for key in keys:
+            by_api.setdefault(self.api_of[key], []).append(key)
+        for api, part in by_api.items():
+            self.clients[api].push(part, sink)
+
+
+def switch_counters(ctl: Controller) -> dict[str, SwitchCounts]:
+    """Per switch: GETs it absorbed, hits it served from memory, fragments it filled, pending-slot collisions."""
+    out: dict[str, SwitchCounts] = {}
+    for name in sorted(ctl.switches, key=lambda s: int(s[1:])):
+        sw = ctl.switches[name]
+        pool = sw.read_counter(n.POOL_STATS)
         coal = sw.read_counter(n.COALESCE_STATS)
-        coalesced += coal[CoalesceStat.ABSORBED].packets
-        collisions += coal[CoalesceStat.COLLISION].packets
-    return served, coalesced, collisions
+        out[name] = SwitchCounts(absorbed=coal[CoalesceStat.ABSORBED].packets, served=pool[PoolStat.HIT].packets,
+                                 fills=pool[PoolStat.FILL].packets, collisions=coal[CoalesceStat.COLLISION].packets)
+    return out
 
 
 # ---------------------------------------------------------------------------------- kvpool demo
@@ -300,17 +394,21 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
         return 1
     cfg.target = cfg.target or default_target()
     try:
+        topo = build_topology(cfg)
+        if cfg.topology_file is not None:
+            cfg.requesters = len(topo.inference_hosts())  # a file's requesters are its inference hosts
         workload = build_workload(cfg)
-    except (ValueError, OSError) as exc:
+        bed = Testbed(cfg, workload, topo)
+    except (TopologyError, ValueError, OSError) as exc:
         print(f"kvpool demo: {exc}", file=sys.stderr)
         return 1
     cfg.out.mkdir(parents=True, exist_ok=True)
     chunk_kib = len(next(iter(workload.blobs.values()))) / 1024
-    print(f"kvpool demo: target {cfg.target}, star of {cfg.requesters} requesters, holder link "
-          f"{cfg.holder_mbps:g} Mbit/s, {len(workload.requests)} requests over {len(workload.blobs)} chunks of "
-          f"{chunk_kib:.0f} KiB", file=sys.stderr)
+    print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
+          f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB, "
+          f"window {cfg.in_flight}, hold {cfg.hold_s * 1000:g} ms",
+          file=sys.stderr)
     results: list[ModeResult] = []
-    bed = Testbed(cfg, workload)
     try:
         with bed.running(), Progress(transient=True) as bar:
             for mode in cfg.modes:
@@ -322,7 +420,9 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     text = demo_table(results)
     print(text)
     summary = {r.mode: r.summary() for r in results}
-    doc = {"target": cfg.target, "requesters": cfg.requesters, "config": _jsonable(asdict(cfg)), **summary}
+    doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
+           "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
+           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "hold_ms": cfg.hold_s * 1000, **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")
     demo_plot(results, cfg.out / "demo.png")
@@ -330,6 +430,17 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     if print_json:
         print(json.dumps(doc))
     return 0 if all(r.failed == 0 for r in results) else 1
+
+
+def describe(topo: Topology) -> str:
+    """One phrase for the banner: the shape of the network and where its hosts are."""
+    tiers = [spec.get("tier") for spec in topo.switches.values()]
+    hosts = f"{len(topo.holders())} holder(s), {len(topo.inference_hosts())} requesters"
+    if len(topo.switches) == 1:
+        return f"star ({hosts})"
+    if tiers.count("spine"):
+        return f"leaf-spine of {tiers.count('leaf')} leaves and {tiers.count('spine')} spines ({hosts})"
+    return f"{len(topo.switches)} switches ({hosts})"
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

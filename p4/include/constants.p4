@@ -99,6 +99,8 @@ const bit<7>  DEFAULT_SKETCH_EPOCH       = 1;
 const bit<8> POOL_STATE_FILLING  = 1;  // every writer DATA is written; filled fragments served
 const bit<8> POOL_STATE_VALID    = 2;  // served; writer DATA rewrites a slot only if it is not
                                        // current or the DATA answers a NO_CACHE request (repair)
+const bit<8> POOL_STATE_UPSTREAM = 3;  // held by a switch nearer the holder: GETs keep their
+                                       // reply room past this one; neither filled nor served here
 
 // Count saturates instead of wrapping (count-min counters are {tag:8, count:24}).
 const bit<24> SKETCH_COUNT_MAX = 0xFFFFFF;
@@ -145,6 +147,7 @@ const bit<32> POOL_SLOT_RANGE       = 10;  // base_slot + frag_index >= POOL_SLO
 const bit<32> POOL_NO_ROOM          = 11;  // servable GET without reply room: sent to the holder
 const bit<32> POOL_REPAIR           = 12;  // NO_CACHE writer DATA rewrote a slot that looked current
 const bit<32> POOL_MISMATCH_REPORTED = 13; // fill mismatch sent to the controller (fill_mismatch_t)
+const bit<32> POOL_UPSTREAM         = 14;  // GET for a chunk held upstream: passed on with its room
 #define POOL_STATS 16
 
 // Index into MyIngress.coalesce.coalesce_stats.

@@ -110,6 +110,7 @@ struct headers_t {
 struct metadata_t {
     dropReason_t drop_reason;    // DROP_NONE or why ingress drops the packet
     bit<1>       is_writer;      // (ingress port, source) on the writers ACL
+    bit<1>       from_fabric;    // arrived on a port towards another switch (host_guard)
     bit<1>       served;         // GET turned into a DATA reply by the switch
     bit<1>       flood;          // ARP flooded through a multicast group
 

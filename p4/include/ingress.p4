@@ -6,7 +6,8 @@
  *   2. IPv4: Safety (host-port source guard); kvpool header: validation, writers ACL,
  *      INVALIDATE needs a writer
  *   3. Pool: lookup; GET hit -> reply built in place; writer DATA fill
- *   4. GET not served: Popularity (sketch, digest); single-fragment GET: Coalesce
+ *   4. GET not served that entered the fabric here (not from a fabric port): Popularity
+ *      (sketch, digest); single-fragment GET not served: Coalesce
  *      DATA/NACK from a writer: Coalesce release (multicast to the waiters)
  *   5. absorbed GET -> egress (which records it, then drops it)
  *      otherwise TTL check/decrement (not for the switch's own replies) and, unless
@@ -48,7 +49,7 @@ control MyIngress(inout headers_t hdr,
                 bool single_get = is_get && hdr.kv.frag_count == 1;
                 bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
                                 && meta.is_writer == 1;
-                if (is_get) {
+                if (is_get && meta.from_fabric == 0) {
                     popularity.apply(hdr, meta, standard_metadata);
                 }
                 if (single_get || response) {

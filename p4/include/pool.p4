@@ -46,6 +46,12 @@
  * holder, the coalescing state and the links beyond the first hop see a plain GET.  A
  * plain GET the switch could otherwise answer counts as POOL_NO_ROOM and goes on.
  *
+ * Across a fabric the controller gives a chunk's bytes to one switch (the one nearest the
+ * requesters that all their GETs for it cross, docs/operations.md) and installs the
+ * chunk in state UPSTREAM on the switches between the requesters and that one: there a
+ * GET keeps its room (POOL_UPSTREAM) for the switch above to answer, and nothing is filled
+ * or served.  The first switch without an UPSTREAM entry strips the room as above.
+ *
  * INVALIDATE (writers only; Safety drops the rest) is counted and forwarded to its
  * destination; it changes no switch state.  Registers written per packet: a fill reads
  * and writes slot_tag once and writes slot_check and the slices; every new cell is at
@@ -185,6 +191,7 @@ control Pool(inout headers_t hdr,
     }
 
     apply {
+        bool keep_room = false;
         if (pool_lookup.apply().hit) {
             slotIdx_t slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
             // Checking base_slot too guards against the sum wrapping around 2^32.
@@ -196,7 +203,11 @@ control Pool(inout headers_t hdr,
             slotTag_t tag;
 
             if (hdr.kv.opcode == OP_GET) {
-                if (hdr.kv.frag_count != 1
+                if (meta.pool_state == POOL_STATE_UPSTREAM) {
+                    // A switch nearer the holder has the bytes: it gets the room.
+                    keep_room = true;
+                    pool_stats.count(POOL_UPSTREAM);
+                } else if (hdr.kv.frag_count != 1
                         || (hdr.kv.flags & FLAG_NO_CACHE) != 0
                         || (hdr.kv.generation != 0 && hdr.kv.generation != meta.pool_generation)
                         || !usable
@@ -280,7 +291,7 @@ control Pool(inout headers_t hdr,
             pool_stats.count(POOL_LOOKUP_MISS);
         }
 
-        if (hdr.kv.opcode == OP_GET && meta.served == 0 && hdr.payload[0].isValid()) {
+        if (hdr.kv.opcode == OP_GET && meta.served == 0 && hdr.payload[0].isValid() && !keep_room) {
             strip_reply_room();
         }
     }

@@ -5,8 +5,10 @@
  * Source guard (every IPv4 packet).  host_guard maps a port that faces a host to that
  * host's address; a packet arriving there with another IPv4 source is dropped
  * (DROP_SPOOFED).  So a requester can neither pose as a holder (whose writes the switch
- * trusts) nor aim the answer to a GET at a victim.  Ports without an entry (towards other
- * switches) are not checked: switches are trusted, and every host port is guarded.
+ * trusts) nor aim the answer to a GET at a victim.  A port towards another switch has a
+ * fabric_port entry: not checked (switches are trusted), but marked (meta.from_fabric),
+ * so that a fetch is counted by Popularity once, at the switch where it entered the
+ * fabric, and not again at every switch on its way.  Ports without an entry are neither.
  *
  * Every kvpool header is checked in the order of kvpool.wire.validate, and the first
  * failure names the drop reason (ingress counts it in MyIngress.drop_reason and drops):
@@ -18,7 +20,8 @@
  *   -> status (1..STATUS_MAX on NACK, 0 on every other opcode).
  * The writers ACL marks (ingress port, IPv4 source) pairs allowed to fill the pool, send
  * INVALIDATE and answer coalesced GETs: a holder's address counts only on the port
- * towards that holder.  The pool and coalescing controls act on meta.is_writer.
+ * towards that holder.  The pool and coalescing controls act on meta.is_writer; a GET
+ * is never looked up (no table apply for the most common kvpool packet).
  */
 #ifndef KVPOOL_SAFETY_P4
 #define KVPOOL_SAFETY_P4
@@ -39,10 +42,15 @@ control Safety(inout headers_t hdr,
         host_addr = addr;
     }
 
-    // Port facing a host -> the only IPv4 source that port may send.  Miss = not checked.
+    action fabric_port() {
+        meta.from_fabric = 1;
+    }
+
+    // Port facing a host -> the only IPv4 source that port may send; port facing a
+    // switch -> marked.  Miss = not checked, not marked.
     table host_guard {
         key = { standard_metadata.ingress_port: exact; }
-        actions = { guard_source; NoAction; }
+        actions = { guard_source; fabric_port; NoAction; }
         size = GUARD_ENTRIES;
         default_action = NoAction();
     }
@@ -126,7 +134,8 @@ control Safety(inout headers_t hdr,
             }
         }
 
-        if (meta.drop_reason == DROP_NONE) {
+        // A GET needs no writer: only fills (DATA), releases (DATA, NACK) and INVALIDATE ask.
+        if (meta.drop_reason == DROP_NONE && hdr.kv.opcode != OP_GET) {
             writers.apply();
             // Only a writer may announce a change; a stray INVALIDATE goes nowhere.
             if (hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {

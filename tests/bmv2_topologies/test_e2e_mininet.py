@@ -8,10 +8,6 @@ holder's exact bytes, which deserialize to the original tensor. Needs root and M
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +29,7 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
     from hostagent.client import AgentClient
     from hostagent.serialize import deserialize
     from kvpool import wire
+    from tests.bmv2_topologies.frozen import run_with_holder_frozen
 
     cfg = DemoConfig(requesters=3, waves=2, hot_blocks=1, tail_blocks=0, wave_gap_ms=4000, holder_mbps=100,
                      out=tmp_path, modes=("multicast", "pool"))
@@ -51,18 +48,9 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         # first windows of GETs reach the switch (well under their 1 s retransmit timeout),
         # so every duplicate GET finds its fragment pending; after that the multicast
         # answers keep the three in step.
-        holder_pid = json.loads((bed.run_dir / "h0.ready").read_text())["pid"]
-        os.kill(holder_pid, signal.SIGSTOP)
-        thaw = threading.Timer(0.9, os.kill, (holder_pid, signal.SIGCONT))
-        thaw.start()
-        try:
-            mc = bed.run_mode("multicast")
-        finally:
-            thaw.join()
-            os.kill(holder_pid, signal.SIGCONT)
+        mc = run_with_holder_frozen(bed, "multicast")
         assert (mc.requests, mc.failed) == (3, 0)
-        assert mc.pcap is not None
-        traffic = holder_traffic(mc.pcap, holder, mc.window)
+        traffic = holder_traffic(mc.pcaps["h0"], holder, mc.window)
         sent: dict[tuple[int, int], int] = {}
         for (k, i, _dst), n in traffic.data_out.items():
             sent[(k, i)] = sent.get((k, i), 0) + n
@@ -80,14 +68,13 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)
-        assert pool.pcap is not None
-        traffic = holder_traffic(pool.pcap, holder, pool.window)
+        traffic = holder_traffic(pool.pcaps["h0"], holder, pool.window)
         to_sink = sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == "10.0.0.254")
         assert to_sink == frags  # the push that filled the switch, one copy of each fragment
         # The second wave starts 4 s after the first (which starts 0.5 s into the window):
         # from then on nothing reaches the holder, and nothing leaves it for a requester.
         wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
-        later = holder_traffic(pool.pcap, holder, wave2)
+        later = holder_traffic(pool.pcaps["h0"], holder, wave2)
         assert later.gets_in == 0
         assert not [k for k in later.data_out if k[2] != "10.0.0.254"]
 

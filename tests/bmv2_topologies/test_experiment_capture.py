@@ -1,7 +1,8 @@
-"""The experiment harness without Mininet: reading a holder-link capture (scapy) and the wave stream."""
+"""The experiment harness without Mininet: holder-link captures (scapy), the wave stream, topologies, tables."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,20 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.utils import wrpcap
 
-from bmv2_topologies.experiment.capture import INCAST_WINDOW_S, holder_traffic, kvpool_packets, peak_gets
+from bmv2_topologies.experiment.capture import (
+    INCAST_WINDOW_S,
+    fabric_links,
+    holder_links,
+    holder_traffic,
+    kvpool_packets,
+    peak_gets,
+)
 from bmv2_topologies.experiment.config import DemoConfig
-from bmv2_topologies.experiment.report import ModeResult, demo_table
+from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_table
+from bmv2_topologies.experiment.testbed import build_topology, describe
 from bmv2_topologies.experiment.workload import build_workload
 from kvpool import wire
+from kvpool.topology import leaf_spine
 
 HOLDER, SINK = "10.0.0.100", "10.0.0.254"
 KEY = 0xABCD_0000_0000_0001
@@ -81,3 +91,45 @@ def test_wave_workload_and_table() -> None:
     pool = ModeResult("pool", requests=6, deliver_ms=[5.0], holder_bytes=500_000, fragments=10, switch_served=5)
     text = demo_table([plain, pool]).splitlines()
     assert text[0].split()[0] == "mode" and "0.250" in text[2] and "50.0%" in text[2]
+
+
+def test_a_fabric_table_shows_where_the_switches_helped() -> None:
+    counts = {"s1": SwitchCounts(), "s2": SwitchCounts(absorbed=40), "s5": SwitchCounts(absorbed=7, served=30,
+                                                                                          fills=10)}
+    pool = ModeResult("pool", requests=4, deliver_ms=[5.0], holder_bytes=100, fabric_bytes=3_000_000,
+                      switches=counts)
+    lines = demo_table([pool]).splitlines()
+    assert "fabric MB" in lines[0] and "3.00" in lines[1]
+    assert lines[3] == "where the switches helped (counters per switch)"
+    assert lines[6].split() == ["pool", "s2", "40", "0", "0", "0"]
+    assert lines[7].split() == ["pool", "s5", "7", "30", "10", "0"]
+    assert pool.summary()["switches"]["s5"] == {"absorbed_gets": 7, "served_hits": 30, "fills": 10,
+                                                "pending_collisions": 0}
+    star = ModeResult("pool", switches={"s1": SwitchCounts(served=3)})
+    assert "where the switches" not in demo_table([star]) and "fabric MB" not in demo_table([star])
+
+
+def test_topologies_of_the_demo_and_their_links(tmp_path: Path) -> None:
+    topo = build_topology(DemoConfig(topology="leaf-spine", requesters=5))
+    assert (len(topo.holders()), len(topo.inference_hosts()), len(topo.switches)) == (2, 5, 6)
+    assert describe(topo) == "leaf-spine of 4 leaves and 2 spines (2 holder(s), 5 requesters)"
+    assert holder_links(topo) == {"h0": "s1-eth3", "h101": "s1-eth4"}
+    assert fabric_links(topo) == [f"s{leaf}-eth{spine}" for leaf in range(1, 5) for spine in (1, 2)]
+    star = build_topology(DemoConfig(requesters=2))
+    assert describe(star) == "star (1 holder(s), 2 requesters)" and fabric_links(star) == []
+    path = tmp_path / "fabric.json"
+    path.write_text(json.dumps(leaf_spine(2, 1, 3).to_dict()))
+    assert build_topology(DemoConfig(topology=str(path))).to_dict() == leaf_spine(2, 1, 3).to_dict()
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"topology": "ring"}, "--topology: 'ring' is neither star nor leaf-spine nor a topology JSON file"),
+    ({"topology": "leaf-spine", "requesters": 33}, "--requesters"),
+    ({"requesters": 17}, "--requesters"),
+    ({"holders": 0}, "--holders"),
+    ({"leaves": 0}, "--leaves"),
+])
+def test_bad_demo_config_is_named(changes: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DemoConfig(**changes).validate()  # type: ignore[arg-type]
+    DemoConfig(topology="leaf-spine", requesters=32).validate()

@@ -71,6 +71,19 @@ def test_bad_config_is_named(changes: dict[str, object], match: str) -> None:
 def test_demo_config_maps_systems_to_modes() -> None:
     d = VsConfig(requesters=4, systems=SYSTEMS).demo_config()
     assert d.modes == ("plain", "multicast", "pool") and d.tail_blocks == 0 and d.requesters == 4
+    fabric = VsConfig(topology="leaf-spine").demo_config()
+    assert (fabric.topology, fabric.holder_count) == ("leaf-spine", 2)
+    assert vs_document(VsConfig(topology="leaf-spine"), {8: _results()}, 1)["topology"] == "leaf-spine"
+
+
+def test_window_and_hold_follow_the_target_unless_given() -> None:
+    assert (VsConfig(target="model").demo_config().in_flight, VsConfig(target="bmv2").demo_config().in_flight) == (
+        600, 64)
+    told = VsConfig(target="bmv2", window=32, hold_ms=50).demo_config()
+    assert (told.in_flight, told.hold_s) == (32, 0.05)
+    assert VsConfig(target="bmv2").demo_config().hold_s == 0.1
+    with pytest.raises(ValueError, match="--window"):
+        VsConfig(window=0).validate()
 
 
 def test_cli_rejects_bad_arguments_in_one_line() -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fabric import FabricSettings, switch_configs, waiter_ids
+from controller.fabric import FabricSettings, sink_addresses, switch_configs, waiter_ids
 from kvpool import contract as n
 from kvpool.contract import COALESCE_MCAST_GRP
 from kvpool.tcp import free_port
 from kvpool.topology import leaf_spine, star
 
-KVPOOL_P4INFO = n.P4INFO_PATH
+KVPOOL_P4INFO = n.build_dir() / n.P4INFO_FILE
 
 
 def test_star_config() -> None:
@@ -41,21 +41,44 @@ def test_waiter_ids_sort_numerically_and_are_bounded() -> None:
 
 
 def test_leaf_spine_replicas_go_up_for_remote_waiters() -> None:
-    topo = leaf_spine(2, 2, 2)
+    topo = leaf_spine(2, 2, 4, holders=2)  # holders h0, h101 on s1 (ports 3, 4); h1..h4 on s2 (ports 3..6)
     cfgs = switch_configs(topo)
-    # On leaf s1, waiters h3/h4 live on leaf s2: their replicas leave by spine port 1.
-    assert cfgs["s1"].groups[COALESCE_MCAST_GRP] == [(4, 0), (5, 1), (1, 2), (1, 3)]
+    # On leaf s1 every waiter lives on leaf s2: their replicas leave by spine port 1.
+    assert cfgs["s1"].groups[COALESCE_MCAST_GRP] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert cfgs["s2"].groups[COALESCE_MCAST_GRP] == [(3, 0), (4, 1), (5, 2), (6, 3)]
     assert all(len(c.groups[COALESCE_MCAST_GRP]) == 4 for c in cfgs.values())
-    # Ports between switches are not guarded (switches are trusted); host ports are.
-    guarded = {e.match[n.KEY_INGRESS_PORT] for e in cfgs["s1"].entries if e.table == n.HOST_GUARD}
-    assert guarded == {p for p, far in topo.switch_ports("s1").items() if far.node in topo.hosts}
-    assert 1 not in guarded and guarded
-    # On a spine, the holder's address is a writer only on the port towards the holder's leaf.
-    holder = topo.holders()[0]
+    # Host ports are guarded; ports between switches are marked as fabric ports instead
+    # (switches are trusted; popularity counts a fetch where it entered the fabric).
+    guards = {e.match[n.KEY_INGRESS_PORT]: e.action for e in cfgs["s1"].entries if e.table == n.HOST_GUARD}
+    assert guards == {1: n.FABRIC_PORT, 2: n.FABRIC_PORT, 3: n.GUARD_SOURCE, 4: n.GUARD_SOURCE}
+    spine = {e.match[n.KEY_INGRESS_PORT]: e.action for e in cfgs["s3"].entries if e.table == n.HOST_GUARD}
+    assert spine == {1: n.FABRIC_PORT, 2: n.FABRIC_PORT}
+    # On every switch, each holder's address is a writer only on the port towards that holder.
     for sw, cfg in cfgs.items():
-        (writer,) = [e.match for e in cfg.entries if e.table == n.WRITERS]
-        route = next(r for r in topo.host_routes() if r.switch == sw and r.host == holder.name)
-        assert writer == {n.KEY_INGRESS_PORT: route.port, n.KEY_WRITER_SRC: holder.address}
+        writers = sorted((e.match[n.KEY_WRITER_SRC], e.match[n.KEY_INGRESS_PORT]) for e in cfg.entries
+                         if e.table == n.WRITERS)
+        ports = {r.host: r.port for r in topo.host_routes() if r.switch == sw}
+        assert writers == [("10.0.0.100", ports["h0"]), ("10.0.0.101", ports["h101"])]
+
+
+def test_every_switch_has_a_fill_sink_routed_toward_it() -> None:
+    topo = leaf_spine(3, 2, 2)  # leaves s1..s3, spines s4, s5
+    assert sink_addresses(topo) == {"s1": "10.0.0.254", "s2": "10.0.0.253", "s3": "10.0.0.252",
+                                    "s4": "10.0.0.251", "s5": "10.0.0.250"}
+    cfgs = switch_configs(topo)
+
+    def sink_route(sw: str, addr: str) -> tuple[str, object]:
+        (e,) = [e for e in cfgs[sw].entries if e.table == n.IPV4_ROUTE and e.match[n.KEY_IPV4_DST] == (addr, 32)]
+        return e.action, e.params.get("port")
+
+    # A push to the sink of spine s4 leaves the holders' leaf s1 by its port 1 and is dropped at s4.
+    assert sink_route("s1", "10.0.0.251") == (n.IPV4_FORWARD, 1)
+    assert sink_route("s4", "10.0.0.251") == (n.DROP_NO_ROUTE, None)
+    # To leaf s2's sink: up through spine s4 (lowest port), down its port 2.
+    assert sink_route("s1", "10.0.0.253") == (n.IPV4_FORWARD, 1)
+    assert sink_route("s4", "10.0.0.253") == (n.IPV4_FORWARD, 2)
+    with pytest.raises(ValueError, match="host h1's address"):
+        sink_addresses(topo, FabricSettings(fill_sink="10.0.0.1"))
 
 
 def test_bad_settings() -> None:
@@ -72,7 +95,7 @@ def test_config_is_accepted_by_the_model_switch() -> None:
     port = free_port()
     server = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
     try:
-        cfg = switch_configs(leaf_spine(2, 2, 3))["s1"]
+        cfg = switch_configs(leaf_spine(2, 2, 6))["s1"]
         with P4RuntimeSwitch(f"127.0.0.1:{port}", KVPOOL_P4INFO, b"", timeout_s=3) as sw:
             sw.connect()
             sw.insert_entries(cfg.entries)
@@ -82,7 +105,8 @@ def test_config_is_accepted_by_the_model_switch() -> None:
                 sw.set_multicast_group(gid, replicas)
             for name, dc in cfg.digests.items():
                 sw.configure_digest(name, dc.max_timeout_ns, dc.max_list_size)
-            assert len(sw.read_entries(n.IPV4_ROUTE)) == 8  # 7 hosts + the fill sink
+            assert len(sw.read_entries(n.IPV4_ROUTE)) == 11  # 7 hosts + the fill sinks of the 4 switches
+            assert len(sw.read_entries(n.HOST_GUARD)) == 3  # the holder's port, the two spine ports
             assert len(sw.read_entries(n.WAITER_LOOKUP)) == 6
             assert sw.read_multicast_groups() == cfg.groups
             assert sw.read_default_action(n.POPULARITY_CONFIG) == (n.SET_POPULARITY, {"threshold": 4, "epoch": 1})

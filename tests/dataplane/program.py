@@ -24,6 +24,7 @@ HOLDER = host(3)
 FILLING = PoolState.FILLING
 VALID = PoolState.VALID
 DISABLED = PoolState.DISABLED
+UPSTREAM = PoolState.UPSTREAM
 
 
 def routes(sw: P4RuntimeSwitch) -> None:

@@ -50,6 +50,28 @@ def test_fill_on_pass_then_hits_are_served_by_the_switch(target: Target) -> None
         assert target.pipeline.stats.beyond_bmv2_headroom == 0
 
 
+def test_upstream_entry_passes_the_get_on_with_its_room_and_stores_nothing(target: Target) -> None:
+    # The chunk lives on a switch nearer the holder: this one lets the GET keep its room
+    # for it, and the holder's DATA passing on the way back is not written here.
+    program.routes(target.sw)
+    program.writer(target.sw, HOLDER)
+    program.admit(target.sw, KEY, BASE, len(CHUNK), state=program.UPSTREAM)
+    get = get_frame(host(2), HOLDER, KEY, 1, request_id=5, room=True)
+    target.send(2, get)
+    target.expect(HOLDER.port, with_ttl(get, 63))  # DATA-sized: the room is still there
+    _fill(target)
+    target.expect_no_other_packets()
+    assert target.counter(n.POOL_STATS, PoolStat.UPSTREAM) == 1
+    assert target.counters(n.SLOT_FILLS) == {}
+    assert target.counters(n.SLOT_HITS) == {}
+    # The switch above (here: the same switch, its entry now holding the bytes) answers it.
+    program.replace(target.sw, KEY, BASE, len(CHUNK))
+    _fill(target)
+    target.send(4, get)
+    target.expect(2, served_frame(host(2), HOLDER, KEY, 1, CHUNK, request_id=5))
+    target.expect_no_other_packets()
+
+
 def test_non_writer_data_is_forwarded_but_not_stored(target: Target) -> None:
     program.routes(target.sw)
     program.admit(target.sw, KEY, BASE, len(CHUNK))  # no writer on the ACL

@@ -106,3 +106,17 @@ def test_sketch_cells_sit_where_bmv2_puts_them(target: Target) -> None:
     for reg, index in cells:
         assert target.state.register_read(reg, index) == (tag << 24) | 4
     assert sum(1 for i in range(n.SKETCH_COLS) if target.state.register_read(n.SKETCH_ROWS[0], i)) == 1
+
+
+def test_a_get_from_a_fabric_port_was_counted_where_it_entered(target: Target) -> None:
+    # Port 2 faces another switch: the GETs crossing it were counted by that switch already.
+    _setup(target, threshold=1)
+    target.sw.insert_entry(n.HOST_GUARD, {n.KEY_INGRESS_PORT: 2}, n.FABRIC_PORT)
+    frame = get_frame(host(1), HOLDER, KEY)
+    target.send(2, frame)  # host 1's GET, arriving through the fabric: forwarded, not counted
+    target.expect(HOLDER.port, with_ttl(frame, 63))
+    target.expect_no_other_packets()
+    assert target.counters(n.POPULARITY_STATS) == {}
+    assert _digests(target, wait_s=0.3) == []
+    _get(target, KEY)  # the same GET straight from host 1's own port counts
+    assert target.counters(n.POPULARITY_STATS) == {PopStat.COUNTED: 1, PopStat.REPORTED: 1}

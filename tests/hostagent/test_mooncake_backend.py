@@ -361,3 +361,45 @@ def test_pool_in_one_namespace_serves_a_client_in_another(tmp_path: Path) -> Non
         pool.wait(timeout=30)
         for ns in (holder, reader):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "plain"])
+def test_a_preferred_segment_keeps_the_writes_on_that_store_node(tmp_path: Path, zero_copy: bool) -> None:
+    # Two store nodes, one pool: a holder prefers its own host's node for what it publishes.
+    master, first = start_pool(tmp_path, 32 << 20)
+    second = MooncakeStoreNode(master, 32 << 20, log_path=tmp_path / "store2.log")
+    with master, first, second.start():
+        keys = list(range(0x5E60, 0x5E60 + 8))
+        with MooncakeBackend.for_master(master, zero_copy=zero_copy, preferred_segment=second.segment_name) as b:
+            values = {k: payload(k, 300_000) for k in keys}
+            for k, v in values.items():
+                b.put(k, v)
+            assert {k: b.segments_of(k) for k in keys} == {k: [second.segment_name] for k in keys}
+            assert all(b.get(k) == v for k, v in values.items())
+            assert b.segments_of(0x5E5F) == []
+
+
+def test_store_nodes_join_a_running_pool_from_its_ready_file(tmp_path: Path) -> None:
+    master, node = start_pool(tmp_path, 16 << 20)
+    with master, node:
+        ready = tmp_path / "pool.ready"
+        ready.write_text(json.dumps({"rpc_address": master.rpc_address, "metadata_url": master.metadata_url,
+                                     "admin_url": master.admin_url}))
+        joined = tmp_path / "joined.ready"
+        proc = subprocess.Popen([sys.executable, "-m", "hostagent.mooncake_master", "--join", str(ready),
+                                 "--segment-mib", "16", "--log-dir", str(tmp_path), "--ready-file", str(joined)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+        try:
+            assert proc.stdout is not None
+            info = json.loads(proc.stdout.readline())
+            (added,) = info["store_nodes"]
+            assert info["master_pid"] is None and info["rpc_address"] == master.rpc_address
+            assert added["segment"] in master.segments() and len(master.segments()) == 2
+            assert json.loads(joined.read_text()) == info
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+        assert proc.returncode == 0
+    bad = subprocess.run([sys.executable, "-m", "hostagent.mooncake_master", "--join", str(tmp_path / "none")],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 1 and "no such ready file" in bad.stderr

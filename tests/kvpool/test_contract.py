@@ -163,7 +163,8 @@ def test_geometry_and_values_match_constants_p4() -> None:
              "SKETCH_COUNT_MAX", "KV_UDP_LEN_NO_PAYLOAD", "KV_UDP_LEN_DATA", "KV_IPV4_LEN_DATA",
              "KV_IPV4_LEN_NO_PAYLOAD", "SWITCH_REPLY_TTL", "MAX_FRAG_INDEX"]
     assert {name: getattr(contract, name) for name in names} == {name: C[name] for name in names}
-    assert (int(PoolState.FILLING), int(PoolState.VALID)) == (C["POOL_STATE_FILLING"], C["POOL_STATE_VALID"])
+    assert (int(PoolState.FILLING), int(PoolState.VALID), int(PoolState.UPSTREAM)) == (
+        C["POOL_STATE_FILLING"], C["POOL_STATE_VALID"], C["POOL_STATE_UPSTREAM"])
 
 
 def test_opcodes_flags_status() -> None:
@@ -238,7 +239,7 @@ def _readme_enum(name: str) -> dict[str, int]:
 )
 def test_readme_enums_match_p4_indices(labels: type[enum.IntEnum], prefix: str, size_name: str) -> None:
     skip = {"DROP_REASONS", "POOL_SLOTS", "POOL_ENTRIES", "POOL_STATS", "POOL_STATE_DISABLED",
-            "POOL_STATE_FILLING", "POOL_STATE_VALID", "POP_STATS", "POPULARITY_STATS"}
+            "POOL_STATE_FILLING", "POOL_STATE_VALID", "POOL_STATE_UPSTREAM", "POP_STATS", "POPULARITY_STATS"}
     in_p4 = {k[len(prefix):]: v for k, v in C.items() if k.startswith(prefix) and k not in skip}
     documented = _readme_enum(labels.__name__)
     assert documented == in_p4

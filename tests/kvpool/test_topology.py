@@ -22,8 +22,9 @@ def test_committed_star_matches_generator() -> None:
 
 def test_committed_leaf_spine_loads() -> None:
     topo = load(TOPO_DIR / "leaf_spine.json")
-    assert topo.to_dict() == leaf_spine(2, 2, 4, fabric_mbps=1000, host_mbps=1000).to_dict()
-    assert set(topo.switches) == {"s1", "s2", "s3", "s4"}
+    assert topo.to_dict() == leaf_spine(4, 2, 8, 2, holder_mbps=100, host_mbps=1000, fabric_mbps=1000).to_dict()
+    assert set(topo.switches) == {f"s{i}" for i in range(1, 7)}
+    assert [h.name for h in topo.holders()] == ["h0", "h101"]
 
 
 def test_star_routes_point_at_host_ports() -> None:
@@ -32,16 +33,64 @@ def test_star_routes_point_at_host_ports() -> None:
     assert routes == {("s1", "h0"): 1, ("s1", "h1"): 2, ("s1", "h2"): 3, ("s1", "h3"): 4}
 
 
+def test_star_with_two_holders_puts_requesters_after_them() -> None:
+    topo = star(2, holders=2)
+    assert {h.name: h.address for h in topo.holders()} == {"h0": "10.0.0.100", "h101": "10.0.0.101"}
+    routes = {(r.switch, r.host): r.port for r in topo.host_routes()}
+    assert routes == {("s1", "h0"): 1, ("s1", "h101"): 2, ("s1", "h1"): 3, ("s1", "h2"): 4}
+
+
+def test_leaf_spine_puts_holders_on_one_leaf_and_deals_requesters_over_the_others() -> None:
+    topo = leaf_spine(4, 2, 8, 2)
+    assert {h.name: topo.attachment(h.name) for h in topo.holders()} == {"h0": "s1", "h101": "s1"}
+    leaves = {h.name: topo.attachment(h.name) for h in topo.inference_hosts()}
+    assert leaves == {"h1": "s2", "h2": "s3", "h3": "s4", "h4": "s2", "h5": "s3", "h6": "s4", "h7": "s2",
+                      "h8": "s3"}
+    assert {s for s, spec in topo.switches.items() if spec["tier"] == "spine"} == {"s5", "s6"}
+    # One leaf only: the requesters share it with the holders.
+    alone = leaf_spine(1, 1, 3)
+    assert {alone.attachment(h) for h in alone.hosts} == {"s1"}
+
+
 def test_leaf_spine_routes_cross_the_fabric() -> None:
     topo = leaf_spine(2, 2, 2)
     routes = {(r.switch, r.host): r.port for r in topo.host_routes()}
-    # h3 sits on leaf s2 (hosts there start at port 3): leaf s1 sends it up spine port 1 (lowest
-    # port among equal-cost paths), the spines send it down their port 2, s2 delivers locally.
-    assert routes[("s1", "h3")] == 1
-    assert routes[("s3", "h3")] == 2 and routes[("s4", "h3")] == 2
-    assert routes[("s2", "h3")] == 3
-    assert routes[("s2", "h0")] in (1, 2)
+    # h1 and h2 sit on leaf s2 (hosts there start at port 3): leaf s1 sends them up spine
+    # port 1 (lowest port among equal-cost paths), the spines send them down their port 2,
+    # s2 delivers locally.
+    assert routes[("s1", "h1")] == 1
+    assert routes[("s3", "h1")] == 2 and routes[("s4", "h1")] == 2
+    assert (routes[("s2", "h1")], routes[("s2", "h2")]) == (3, 4)
+    assert routes[("s2", "h0")] == 1
     assert len(routes) == 4 * len(topo.hosts)
+
+
+def test_paths_to_hosts_and_switches() -> None:
+    topo = leaf_spine(4, 2, 3)
+    assert topo.path("s3", "h0") == ["s3", "s5", "s1"]
+    assert topo.path("s1", "h2") == ["s1", "s5", "s3"]
+    assert topo.path("s1", "h0") == ["s1"]
+    assert topo.path("s6", "s2") == ["s6", "s2"]
+    assert topo.next_hops("s5") == {"s1": 1, "s2": 1, "s3": 1, "s4": 1, "s6": 1}
+    with pytest.raises(TopologyError, match="is linked to"):
+        Topology.from_dict({"switches": {"s1": {}}, "hosts": {
+            "h0": {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64", "role": "holder"},
+            "h1": {"ip": "10.0.0.1/24", "mac": "08:00:00:00:00:01"}},
+            "links": [["h0", "h1"]]}).attachment("h0")
+
+
+def test_generated_fabrics_are_symmetric_and_a_crossed_one_is_not() -> None:
+    assert leaf_spine(4, 2, 8, 2).asymmetric_pairs() == []
+    assert star(4).asymmetric_pairs() == []
+    # Leaf s1 reaches the spines as s3 (port 1) then s4, leaf s2 the other way round: the
+    # lowest port sends s1's packets through s3 and s2's back through s4.
+    crossed = Topology.from_dict({
+        "switches": {"s1": {}, "s2": {}, "s3": {}, "s4": {}},
+        "hosts": {"h0": {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64", "role": "holder"},
+                  "h1": {"ip": "10.0.0.1/24", "mac": "08:00:00:00:00:01"}},
+        "links": [["s1-p1", "s3-p1"], ["s1-p2", "s4-p1"], ["s2-p1", "s4-p2"], ["s2-p2", "s3-p2"],
+                  ["h0", "s1-p3"], ["h1", "s2-p3"]]})
+    assert crossed.asymmetric_pairs() == [("h0", "h1")]
 
 
 def test_round_trip_through_dict() -> None:
@@ -91,3 +140,12 @@ def test_star_size_limits() -> None:
     assert len(star(16).hosts) == 17
     with pytest.raises(TopologyError, match=r"1\.\.16"):
         star(17)
+
+
+def test_generator_limits_name_the_parameter() -> None:
+    with pytest.raises(TopologyError, match=r"holders must be 1\.\.8"):
+        star(2, holders=0)
+    with pytest.raises(TopologyError, match=r"requesters must be 1\.\.32"):
+        leaf_spine(4, 2, 33)
+    with pytest.raises(TopologyError, match="leaves and spines"):
+        leaf_spine(0, 2, 2)
