@@ -42,6 +42,8 @@ from kvpool.httpjson import ApiError, ApiServer
 
 #: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).
 DEFAULT_SOURCE_BUDGET = 100_000.0
+#: A source's burst, in serve windows (see ``_make_gate``).
+SOURCE_BURST_WINDOWS = 4
 
 log = logging.getLogger("kvpool.agent")
 
@@ -220,8 +222,12 @@ class Agent:
         window = cfg.serve_window or cfg.window_fragments
         rate = cfg.source_budget or (cfg.rate_bytes_per_s / wire.DATA_DATAGRAM_LEN if cfg.rate_bytes_per_s > 0
                                      else DEFAULT_SOURCE_BUDGET)
+        # The burst is several windows, not one: a coalescing switch sends one GET per
+        # fragment under the first waiter's source, so on a fabric one source stands for the
+        # windows of requesters behind other leaves too (two leaves' windows of 64 under a
+        # spine, plus their retransmissions, overran a burst of 2 windows on a frozen holder).
         return RequesterGate(cfg.allow, window_fragments=window, rate_fragments_per_s=rate,
-                             burst_fragments=2 * window)
+                             burst_fragments=SOURCE_BURST_WINDOWS * window)
 
     def _refresh_gate(self, client: ControllerClient, every_s: float = 1.0, soonest_s: float = 0.2) -> None:
         """Keep the gate's registered addresses in step with the directory (the last set while it is away).

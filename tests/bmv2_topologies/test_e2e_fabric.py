@@ -77,8 +77,12 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
 
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (8, 0, 1)
-        # Held by the spine, filled by the holder's push to its sink, served there only.
-        assert pool.switches[spine].fills == frags and pool.switches[spine].served >= 2 * frags
+        # Held by the spine, filled by the holder's push to its sink, served there only.  When
+        # one leaf's hot report reaches the controller an epoch before the other's, the chunk
+        # is first sited at that leaf and moves to the spine with the second report (a new
+        # placement: the leaf's bytes are never served), so the spine may fill more than once
+        # and a leaf may have filled; what must hold is where it ends and who served it.
+        assert pool.switches[spine].fills >= frags and pool.switches[spine].served >= 2 * frags
         assert sum(c.served for s, c in pool.switches.items() if s != spine) == 0
         traffic = holder_traffic(pool.pcaps["h0"], "10.0.0.100", pool.window)
         assert sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == sink) == frags
