@@ -232,6 +232,8 @@ class Cell:
             "scheme": self.scheme, "requesters": self.requesters, "mode": self.mode, "requests": requests,
             "failed": len(self.errors),
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "ttft_p50_ms_by_wave": [percentile([a["ttft_ms"] for a in self.answers if a["wave"] == w], 50)
+                                    for w in range(waves)],
             "fetch_p50_ms": percentile([a["fetch_ms"] for a in self.answers], 50),
             "prefill_p50_ms": percentile([a["prefill_ms"] for a in self.answers], 50),
             "wait_p50_ms": percentile([a["wait_ms"] for a in self.answers], 50),

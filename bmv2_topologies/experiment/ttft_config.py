@@ -104,8 +104,13 @@ class TtftConfig:
     threads: int = 1
     """torch threads per host."""
     holder_mbps: float = 20.0
-    hold_ms: float = DemoConfig.hold_ms
-    """How long the holder waits before answering a GET (the testbed's coalescing knob; every fetch pays it)."""
+    hold_ms: float = 20.0
+    """How long the holder waits before answering a GET, so GETs of requesters that drift apart are coalesced.
+
+    Every fetch pays it twice (fragment 0 first, to learn the chunk's length, then the
+    rest): the demo's 100 ms cost 200 ms of TTFT here, 0 ms lets 8 requesters' GETs miss
+    each other (measured in docs/research.md); 20 ms keeps coalescing near one copy.
+    """
     target: str | None = None
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
@@ -120,6 +125,8 @@ class TtftConfig:
             "requesters": (1, 2), "modes": ("plain", "multicast"), "schemes": ("serial",), "waves": 1,
             "prefix_tokens": 128, "suffix_tokens": 8, "sweep_tokens": (32, 128), "sweep_reps": 1, "steps": 4,
             "model": QUICK_MODEL, "settle_s": 0.5, "fetch_timeout_s": 30.0, "quick": True,
+            # The demo's hold: the test checks one copy with coalescing on a machine busy with other work.
+            "hold_ms": DemoConfig.hold_ms,
         }
         return cls(**(base | changes))  # type: ignore[arg-type]
 
