@@ -88,7 +88,7 @@ class TtftConfig:
     requesters: tuple[int, ...] = (1, 4, 8)
     modes: tuple[str, ...] = MODES
     schemes: tuple[str, ...] = SCHEMES
-    waves: int = 2
+    waves: int = 3
     """Waves per (scheme, requester count, mode); every requester of a wave starts at the same instant."""
     prefix_tokens: int = 512
     """The shared prefix (a hot system prompt), published on the holder; a multiple of ``block_tokens``."""
@@ -96,7 +96,7 @@ class TtftConfig:
     """Each request's own tokens after the prefix (different for every requester and wave)."""
     sweep_tokens: tuple[int, ...] = (64, 128, 256, 512, 1024)
     """Prefix lengths of the break-even sweep (one requester, full prefill vs fetch + the rest)."""
-    sweep_reps: int = 2
+    sweep_reps: int = 3
     block_tokens: int = 16
     steps: int = 8
     """Greedy tokens generated per request (all compared between full prefill and fetched KV)."""
