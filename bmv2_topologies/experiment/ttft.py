@@ -496,27 +496,31 @@ def table(res: dict[str, Any]) -> str:
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
-    """TTFT p50 (and p99) against requesters per mode, and the break-even sweep."""
+    """TTFT p50 (and p99) against requesters per mode, one panel per compute scheme, and the break-even sweep."""
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    schemes = [s for s in ("serial", "shared") if any(c["scheme"] == s for c in res["cells"])]
+    fig, axes = plt.subplots(1, len(schemes) + 1, figsize=(4.6 * (len(schemes) + 1), 4.2))
     colors = {"full": "black", "plain": "tab:red", "multicast": "tab:blue", "pool": "tab:green"}
-    for scheme, style in (("serial", "-"), ("shared", "--")):
+    ns = sorted({c["requesters"] for c in res["cells"]})
+    top = max(c["ttft_p99_ms"] for c in res["cells"]) * 1.05
+    for ax, scheme in zip(axes, schemes, strict=False):
         for mode, color in colors.items():
             cs = sorted((c for c in res["cells"] if c["scheme"] == scheme and c["mode"] == mode),
                         key=lambda c: c["requesters"])
-            if not cs:
-                continue
-            ns = [c["requesters"] for c in cs]
-            a.plot(ns, [c["ttft_p50_ms"] for c in cs], style, marker="o", color=color,
-                   label=f"{mode if mode == 'full' else 'kvpool ' + mode} ({scheme})")
-            a.scatter(ns, [c["ttft_p99_ms"] for c in cs], marker="_", s=120, color=color)
-    ns = sorted({c["requesters"] for c in res["cells"]})
-    a.set_xticks(ns, [str(n) for n in ns])
-    a.set_xlabel("simultaneous requesters (same prefix)")
-    a.set_ylabel("TTFT ms (p50; dash: p99)")
-    a.set_title(f"{res['prefix_tokens']}-token shared prefix, {res['holder_mbps']:g} Mbit/s holder link", fontsize=10)
-    a.grid(True, alpha=0.3)
-    a.legend(fontsize=7)
+            if cs:
+                have = [c["requesters"] for c in cs]
+                ax.plot(have, [c["ttft_p50_ms"] for c in cs], marker="o", color=color,
+                        label="full prefill" if mode == "full" else f"fetch via kvpool, {mode}")
+                ax.scatter(have, [c["ttft_p99_ms"] for c in cs], marker="_", s=160, color=color)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_ylim(0, top)
+        ax.set_xlabel("simultaneous requesters (same prefix)")
+        ax.set_ylabel("TTFT ms (dot: p50, dash: p99)")
+        what = "one host computes at a time" if scheme == "serial" else "all hosts compute at once on 2 cores"
+        ax.set_title(f"{scheme}: {what}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    b = axes[-1]
     med = res["sweep"]["medians"]
     ps = sorted(int(p) for p in med)
     b.plot(ps, [med[str(p)]["full_ms"] for p in ps], marker="o", color="black", label="full prefill")
@@ -526,12 +530,14 @@ def plot(res: dict[str, Any], path: Path) -> None:
         b.axvline(res["sweep"]["crossing_tokens"], color="grey", linestyle="--", label="break-even")
     b.set_xscale("log", base=2)
     b.set_xticks(ps, [str(p) for p in ps])
-    b.set_xlabel("shared prefix tokens (1 requester)")
-    b.set_ylabel("TTFT ms")
-    b.set_title("break-even: recompute vs fetch", fontsize=10)
+    b.set_xlabel("shared prefix tokens (1 requester, serial)")
+    b.set_ylabel("TTFT ms (median)")
+    b.set_title("break-even: recompute vs fetch", fontsize=9)
     b.grid(True, alpha=0.3)
     b.legend(fontsize=7)
-    fig.suptitle(f"ttft: a {res['model']['layers']}-layer, {res['model']['hidden']}-wide Llama on every host")
+    m = res["model"]
+    fig.suptitle(f"ttft: a {m['layers']}-layer, {m['hidden']}-wide Llama on every host; {res['prefix_tokens']}-token "
+                 f"shared prefix, {res['holder_mbps']:g} Mbit/s holder link", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
