@@ -557,7 +557,9 @@ def execute(cfg: TtftConfig, out: Path, log_fn: Callable[[str], None] = lambda _
     t0 = time.perf_counter()
     try:
         res = TtftRun(cfg, folder, log_fn).run()
-    except (NetworkError, OSError) as exc:
+    except TtftError:
+        raise
+    except (NetworkError, RuntimeError, OSError) as exc:  # the testbed's: a switch or agent did not come up
         raise TtftError(str(exc)) from exc
     res["quick"] = cfg.quick
     res["runtime_s"] = time.perf_counter() - t0
