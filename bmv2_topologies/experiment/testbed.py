@@ -66,6 +66,17 @@ def fresh_network(run_dir: Path, topo: Topology, target: str | None) -> Emulated
     return EmulatedNetwork(topo, target, log_dir=run_dir, extra_neighbours={SINK_ADDRESS: SINK_MAC})
 
 
+def reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for ``procs`` (already asked to end) for up to 10 s each, kill any still running; empty the list."""
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    procs.clear()
+
+
 #: Extra services on the holder host, started before its agent: a context manager that
 #: yields the holder agent's extra flags (a backend it fronts, say) and stops them on exit.
 HolderBackend = Callable[["Testbed"], AbstractContextManager[list[str]]]
@@ -178,13 +189,7 @@ class Testbed(StarHosts):
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        self.procs.clear()
+        reap(self.procs)
 
     # -------------------------------------------------------------- one mode
     def run_mode(self, mode: str, progress: Callable[[], None] | None = None,

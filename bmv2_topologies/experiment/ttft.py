@@ -40,7 +40,7 @@ import torch
 from bmv2_topologies.experiment.capture import holder_traffic
 from bmv2_topologies.experiment.config import DemoConfig
 from bmv2_topologies.experiment.report import ModeResult, percentile
-from bmv2_topologies.experiment.testbed import SINK_ADDRESS, Testbed
+from bmv2_topologies.experiment.testbed import SINK_ADDRESS, Testbed, reap
 from bmv2_topologies.experiment.ttft_config import ModelSpec, TtftConfig
 from bmv2_topologies.experiment.workload import Workload
 from bmv2_topologies.network import NetworkError, default_target, mininet_available
@@ -167,13 +167,7 @@ class Hosts:
                 with contextlib.suppress(OSError):
                     p.stdin.write(b'{"quit": true}\n')
                     p.stdin.close()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        self.procs.clear()
+        reap(self.procs)
 
     def wave(self, prompts: list[list[int]], *, fetch: bool, serial: bool) -> list[dict[str, Any]]:
         """Requesters 0..len(prompts)-1 start their request at the same instant; their answers in order."""
