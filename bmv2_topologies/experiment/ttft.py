@@ -43,7 +43,7 @@ from bmv2_topologies.experiment.report import ModeResult, percentile
 from bmv2_topologies.experiment.testbed import SINK_ADDRESS, Testbed, reap
 from bmv2_topologies.experiment.ttft_config import ModelSpec, TtftConfig
 from bmv2_topologies.experiment.workload import Workload
-from bmv2_topologies.network import NetworkError, default_target, mininet_available
+from bmv2_topologies.network import NetworkError, mininet_available
 from bmv2_topologies.ttft_host import build_model, fingerprint
 from controller.sim.experiments.common import md_table, pyplot
 from hostagent.chunking import chunk_keys
@@ -262,7 +262,7 @@ class TtftRun:
         t = time.perf_counter()
         self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
         self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed in {time.perf_counter() - t:.1f} s")
-        demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target or default_target(), modes=cfg.modes,
+        demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target, modes=cfg.modes,
                           block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, hold_ms=cfg.hold_ms, out=out,
                           fetch_timeout_s=cfg.fetch_timeout_s, seed=cfg.seed)
         self.bed = Testbed(demo, self.workload)

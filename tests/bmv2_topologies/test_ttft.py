@@ -49,6 +49,7 @@ def test_bad_model_spec_is_named(text: str, match: str) -> None:
     ({"schemes": ("gpu",)}, "unknown compute scheme 'gpu'"),
     ({"sweep_tokens": (64, 70)}, "sweep-tokens"),
     ({"suffix_tokens": 0}, "suffix-tokens: invalid value 0$"),
+    ({"target": "tofino"}, "target: invalid value 'tofino'$"),
 ])
 def test_bad_config_is_named(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -60,6 +61,7 @@ def test_quick_config_is_small_and_valid() -> None:
     q.validate()
     TtftConfig().validate()
     assert q.requesters == (1, 2) and q.model == QUICK_MODEL and q.quick
+    assert q.target == TtftConfig().target == "model"  # not BMv2 because it is installed: its figures are the model's
     assert q.published_tokens == 128 and TtftConfig().published_tokens == 1024
 
 
