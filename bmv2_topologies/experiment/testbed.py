@@ -77,6 +77,17 @@ def fresh_network(run_dir: Path, topo: Topology, target: str | None) -> Emulated
                            extra_neighbours=dict.fromkeys(fabric_sinks(topo).values(), SINK_MAC))
 
 
+def reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for ``procs`` (already asked to end) for up to 10 s each, kill any still running; empty the list."""
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    procs.clear()
+
+
 #: Extra services on the holder hosts, started before their agents: a context manager that
 #: yields each holder agent's extra flags (a backend it fronts, say) and stops them on exit.
 HolderBackend = Callable[["Testbed"], AbstractContextManager[dict[str, list[str]]]]
@@ -214,13 +225,7 @@ class Testbed(StarHosts):
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        self.procs.clear()
+        reap(self.procs)
 
     # -------------------------------------------------------------- one mode
     def controller(self, mode: str) -> Controller:

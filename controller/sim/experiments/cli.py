@@ -26,10 +26,11 @@ QUESTIONS = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register ``kvpool experiment`` options."""
+def add_arguments(parser: argparse.ArgumentParser, extra: dict[str, str] | None = None) -> None:
+    """Register ``kvpool experiment`` options; ``extra`` adds questions answered elsewhere (name: help)."""
+    questions = QUESTIONS | (extra or {})
     parser.add_argument(
-        "question", choices=sorted(QUESTIONS), help="; ".join(f"{k}: {v}" for k, v in QUESTIONS.items())
+        "question", choices=sorted(questions), help="; ".join(f"{k}: {v}" for k, v in questions.items())
     )
     parser.add_argument("--quick", action="store_true", help="reduced run (under a minute), as the tests use")
     parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default results/)")
