@@ -37,6 +37,12 @@ Endpoints:
 ``POST /v1/prefetch``
     Same arguments; fetches into the local tiers and answers JSON ``{"found",
     "requested", "bytes", "seconds", "stopped"}`` (no chunk bytes cross the API).
+``POST /v1/hints``
+    The controller's hints (``kvpool.hints``): ``{"ttl_s", "merge", "chunks": [{"key",
+    "path": "single" | "servable", "nbytes"}, ...]}``: whether the switches merge duplicate
+    single GETs, and the chunks worth asking for one fragment at a time (hot, pooled); they
+    replace the previous ones and expire after ``ttl_s``.
+    Answers ``{"chunks": n}``.  ``GET /v1/stats`` shows them under ``transport.hints``.
 
 Chunk bundle (``application/octet-stream``, little-endian): ``u64 n``, then ``n`` pairs
 ``u64 key, u64 length``, then the ``n`` chunks back to back.
@@ -69,6 +75,8 @@ from hostagent.tiers import Blob
 from hostagent.transport import Address, ChunkIntegrityError, parse_address
 from kvpool import wire
 from kvpool.auth import Token
+from kvpool.hints import HintError, Hints
+from kvpool.hints import parse as parse_hints
 from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")
@@ -106,6 +114,9 @@ class AgentService(Protocol):
 
     def push(self, keys: Sequence[int], to: Address) -> list[int]:
         """Send the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
+
+    def set_hints(self, hints: Hints) -> int:
+        """Replace the fabric's hints; the number of chunks named."""
 
 
 def pack_bundle(keys: Sequence[int], blobs: Sequence[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
@@ -181,6 +192,7 @@ class AgentApi:
         r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True))
         r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False))
         r.add("POST", "/v1/push", self.push)
+        r.add("POST", "/v1/hints", self.hints)
         return r
 
     def put_chunk(self, req: Request) -> Response:
@@ -285,6 +297,15 @@ class AgentApi:
                            f"to must be an IPv4 host:port, got {to[:80]!r}") from None
         held = set(self.agent.push(keys, (host, port)))
         return Response.json({"pushed": len(held), "missing": [format_key(k) for k in keys if k not in held]})
+
+
+    def hints(self, req: Request) -> Response:
+        """``POST /v1/hints``: replace the fabric's hints."""
+        try:
+            hints = parse_hints(req.json())
+        except HintError as exc:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_hints", str(exc)) from None
+        return Response.json({"chunks": self.agent.set_hints(hints)})
 
 
 def _key_arg(text: str) -> int:

@@ -59,8 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst", dest="burst_bytes", type=parse_size,
                         help="pacing token bucket depth in bytes (default 256KiB)")
     parser.add_argument("--hold", dest="hold_s", type=float,
-                        help="seconds a holder waits before answering a GET, so a coalescing switch merges "
-                        "more duplicates (default 0)")
+                        help="seconds a holder waits before answering a single-fragment GET of a chunk the "
+                        "controller reported hot or pooled, so a coalescing switch merges more duplicates "
+                        "(default 0; other GETs are answered at once)")
+    parser.add_argument("--max-queue", dest="max_queue_s", type=float,
+                        help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
+                        "hint (default 0.5; 0: bounded by fragments only)")
     parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
     parser.add_argument("--max-inflight", dest="max_inflight_fragments", type=int,
                         help="fragments in flight over all requests")
@@ -73,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-socket", help="also serve the API on this Unix socket path (reachable from other "
                         "network namespaces)")
     parser.add_argument("--single-gets", action="store_true", default=None,
-                        help="one GET per fragment, so a switch can serve and coalesce them (default: range GETs)")
+                        help="one GET per fragment for every chunk, so a switch can serve and coalesce them "
+                        "(default: range GETs, single GETs only for chunks the controller's hints name)")
     parser.add_argument("--fetch-timeout", dest="fetch_timeout_s", type=float, help="default deadline of one fetch")
     parser.add_argument("--controller", help="controller API to register with (http://HOST:PORT or unix:/PATH)")
     parser.add_argument("--node-id", help="node id in the controller's directory (default: host name)")
@@ -106,8 +111,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes", "hold_s",
-        "window_fragments",
-        "max_inflight_fragments",
+        "max_queue_s", "window_fragments", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets", "token_file", "api_workers", "api_timeout_s",
         "integrity_retries", "verify_requesters", "allow", "source_budget", "serve_window")}

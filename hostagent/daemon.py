@@ -32,12 +32,14 @@ from hostagent.backend import ChunkBackend, MemoryBackend
 from hostagent.dirsync import DirectorySync
 from hostagent.envelope import content_digest
 from hostagent.gate import RequesterGate, parse_allow
+from hostagent.hints import FabricHints
 from hostagent.holder import Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
 from kvpool import auth, config, wire
 from kvpool.config import ConfigError
+from kvpool.hints import Hints
 from kvpool.httpjson import ApiError, ApiServer
 
 #: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).
@@ -84,8 +86,12 @@ class AgentConfig:
     burst_bytes: int = 256 << 10
     """Token bucket depth when pacing: how much may leave back to back before the rate applies."""
     hold_s: float = 0.0
-    """Holder answers a GET this long after it arrived, so a coalescing switch can merge
-    the duplicates that arrive meanwhile (0: at once)."""
+    """Holder answers a single-fragment GET of a chunk the hints name (hot or pooled) this long
+    after it arrived, so a coalescing switch can merge the duplicates that arrive meanwhile
+    (0: at once); every other GET is answered at once."""
+    max_queue_s: float = 0.5
+    """A paced holder answers GETs BUSY (with a retry hint) once its send queue holds more than
+    this many seconds of sending (0: bounded by fragments only)."""
     window_fragments: int = 2048
     """Per-request window of fragments in flight."""
     max_inflight_fragments: int = 16384
@@ -99,7 +105,8 @@ class AgentConfig:
     sock_buf_bytes: int = 32 << 20
     """UDP socket buffer size asked for."""
     single_gets: bool = False
-    """One GET per fragment (so a switch can serve and coalesce them) instead of range GETs."""
+    """One GET per fragment for every chunk (so a switch can serve and coalesce them) instead of
+    range GETs except for the chunks the controller's hints name."""
     fetch_timeout_s: float = 30.0
     """Default deadline of one API fetch."""
     max_body_bytes: int = MAX_BODY
@@ -138,6 +145,7 @@ class AgentConfig:
         return TransportConfig(
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
             rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes, hold_s=self.hold_s,
+            max_queue_s=self.max_queue_s,
             window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
@@ -203,7 +211,9 @@ class Agent:
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store)
         self.gate = self._make_gate() if config.verify_requesters else None
-        self.transport = Transport(config.transport_config(), self.holder, self.gate)
+        #: What the controller said of chunks (hot, pooled): each fetch's path, the holder's holds.
+        self.hints = FabricHints()
+        self.transport = Transport(config.transport_config(), self.holder, self.gate, hints=self.hints)
         self._gate_stop = threading.Event()
         self._gate_thread: threading.Thread | None = None
         self._api: ApiServer | None = None
@@ -370,6 +380,11 @@ class Agent:
         held = [k for k in keys if self.store.get(k) is not None]
         self.transport.push(held, to)
         return held
+
+    def set_hints(self, hints: Hints) -> int:
+        """Replace what the fabric said (``POST /v1/hints``); the number of chunks named."""
+        self.hints.update(hints)
+        return len(hints.chunks)
 
     def publish(self, key: int, data: bytes | memoryview, generation: int = 0) -> str:
         """Store a serialized chunk in the local tiers; return the tier it landed in.

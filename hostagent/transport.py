@@ -28,11 +28,22 @@ retransmit timeout (doubling per silent round), it re-asks for exactly the runs
 ``Reassembler.missing_ranges`` reports, with the ``RETRANSMIT`` flag.  Silence is judged
 per holder because a holder serves its queue in order: while it still streams other
 requests' fragments, ours are queued, not lost, and re-asking would only add duplicates.
-After ``give_up_s`` of such silence the request fails with a message that names the
-chunk, the holder and how far it got.  A NACK fails the request with the holder's
-``Status``, except ``BUSY``, which is re-asked after the timeout.  With
-``single_fragment_gets`` the requester sends one GET per fragment (the only GETs a switch
-can serve or coalesce), asking for fragment 0 first to learn the chunk's length.
+A request whose own fragments stop arriving for ``4 x retransmit_timeout_s`` re-asks even
+while its holder streams to others: a switch may have absorbed its GETs into a pending
+slot whose answer never came.  After ``give_up_s`` in which nothing at all came from the
+holder (no DATA, no NACK) the request fails with a message that names the chunk, the
+holder and how far it got; a holder that answers, even ``BUSY``, is reachable, and the
+request waits for it until the caller's deadline.  A NACK fails the request with the
+holder's ``Status``, except ``BUSY`` (push back: re-asked after the holder's retry hint,
+jittered, or the retransmit timeout) and a ``BAD_RANGE`` past fragment 0 (a guessed length
+was too long: the real one comes with the first DATA).
+
+Paths (``hostagent.hints``, ``kvpool.hints``).  Each chunk is asked for by range GETs, the
+cheap path, unless the fabric's hints name it: then by single-fragment GETs (a switch can
+coalesce them; ``single``), with reply room when the switch pool holds it (``servable``).
+A hint with the chunk's length lets the first window go out at once; without one the
+requester asks for fragment 0 first to learn the length.  ``single_fragment_gets`` forces
+every chunk onto the servable path.
 
 Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
@@ -50,7 +61,13 @@ Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA r
 built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a send job;
 jobs are served round robin in quanta, paced by a token bucket (bytes/s) when a rate is
 set.  Adjacent single-fragment GETs of one request are merged into one range first
-(``merge_gets``); past ``max_queued_fragments`` queued, GETs are answered ``BUSY``.  With a
+(``merge_gets``).  The queue is bounded: past ``max_queued_fragments``, or past
+``max_queue_s`` of sending at the paced rate, GETs are answered ``BUSY`` with a retry hint
+(the time the queue takes to drain to half the bound), so overload waits at the requesters
+instead of in a queue whose delay outgrows every timeout.  A NACK answering a run of
+single-fragment GETs is sent once per fragment, so a switch that coalesced them releases
+every pending slot.  A single-fragment GET of a chunk the hints name (a duplicate is
+likely) is answered ``hold_s`` after it arrived; every other GET at once.  With a
 ``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
 nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
 an answer never exceeds the requester's window.
@@ -72,12 +89,13 @@ import collections
 import contextlib
 import logging
 import os
+import random
 import select
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -86,8 +104,10 @@ import numpy.typing as npt
 from hostagent import envelope
 from hostagent.fragment import Reassembler
 from hostagent.gate import RequesterGate
+from hostagent.hints import DuplicateTracker, FabricHints
 from hostagent.holder import Holder
 from kvpool import wire
+from kvpool.hints import GetPath
 
 log = logging.getLogger("kvpool.transport")
 
@@ -101,9 +121,15 @@ _POOL_RECORDS: Final = 1 << 15
 _DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 """version and opcode bytes of a DATA header read as one big-endian u16."""
 _SKB_BYTES: Final = 2304
+"""Kernel memory one queued 1440-byte datagram costs against SO_RCVBUF (measured on Linux loopback)."""
 _MAX_GENERATION_CHANGES: Final = 3
 """Times a transfer follows its holder to a newer generation before it fails (a republish storm)."""
-"""Kernel memory one queued 1440-byte datagram costs against SO_RCVBUF (measured on Linux loopback)."""
+_MIN_GRANT: Final = 32
+"""Fewest fragments a request asks for in one more window while some of its fragments are in flight."""
+_STALL_RTOS: Final = 4
+"""Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
+_MAX_RETRY_HINT_US: Final = 10_000_000
+"""Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
 
 Address = tuple[str, int]
 
@@ -165,13 +191,18 @@ class TransportConfig:
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
     hold_s: float = 0.0
-    """Holder answers a GET only this long after it arrived (0: at once).  Behind a switch that
-    coalesces, duplicate GETs arriving meanwhile share the one answer, so requesters that
+    """Holder answers a single-fragment GET of a chunk the hints name (hot or pooled) only this
+    long after it arrived (0: at once); every other GET is answered at once.  Behind a switch
+    that coalesces, duplicate GETs arriving meanwhile share the one answer, so requesters that
     drift apart by less than this still fetch each fragment from the holder once."""
     single_fragment_gets: bool = False
-    """Ask with one GET per fragment (what a switch can serve or coalesce) instead of range GETs."""
+    """Ask for every chunk with one GET per fragment carrying reply room (what a switch can serve
+    or coalesce) instead of taking each chunk's path from the hints."""
     max_queued_fragments: int = 65536
     """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
+    max_queue_s: float = 0.5
+    """A paced holder answers GETs BUSY once its queue holds more than this many seconds of
+    sending at ``rate_bytes_per_s`` (0: only ``max_queued_fragments`` bounds the queue)."""
     integrity_retries: int = 3
     """Rounds of re-asking for a chunk (or its fragments) that failed its checks before the fetch fails."""
 
@@ -192,6 +223,7 @@ class TransportConfig:
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
             "hold_s": 0 <= self.hold_s <= 1.0,
             "max_queued_fragments": self.max_queued_fragments >= 1,
+            "max_queue_s": 0 <= self.max_queue_s <= 60,
             "integrity_retries": self.integrity_retries >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
@@ -235,7 +267,13 @@ class _Request:
     next_retx: float = 0.0
     rto: float = 0.0
     refused: bool = False
-    """The holder answered BUSY: re-ask after the timeout even while it streams to others."""
+    """The holder answered BUSY: re-ask when ``next_retx`` comes even while it streams to others."""
+    path: GetPath = GetPath.RANGE
+    """How the request asks for its fragments (the hints, re-read at every GET)."""
+    converted: bool = False
+    """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
+    busy: int = 0
+    """BUSY answers it got (the holder is there and pushes back)."""
     check_rounds: int = 0
     """Times the chunk failed its checks and was (partly) asked for again."""
     generation_changes: int = 0
@@ -265,6 +303,16 @@ class _SendJob:
     count: int = 0
     base: npt.NDArray[np.void] | None = None
     """The pooled array ``records`` is a slice of, returned to the pool when the job is done."""
+    key: int = 0
+    get: wire.Header | None = None
+    """The GET it answers (the first of a merged run), None for a push."""
+    first: int = 0
+    """Fragment index of ``records[0]``."""
+
+    @property
+    def owner(self) -> tuple[Address, int] | None:
+        """Whose request this answers, ``(requester, request id)``; None for a push."""
+        return None if self.get is None else (self.addr, self.get.request_id)
 
 
 @dataclass(slots=True)
@@ -284,6 +332,14 @@ class _Counters:
     nacks_sent: int = 0
     nacks_received: int = 0
     busy_received: int = 0
+    busy_retries: int = 0
+    stall_retransmits: int = 0
+    past_end_nacks: int = 0
+    holds: int = 0
+    conversions: int = 0
+    converted_gets: int = 0
+    cancelled_fragments: int = 0
+    requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
     requests_completed: int = 0
     requests_failed: int = 0
     goodput_bytes: int = 0
@@ -303,6 +359,11 @@ def _set_buffers(sock: socket.socket, size: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:  # not root: the kernel caps the plain option at the sysctl maximum
             sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+def _base(records: npt.NDArray[np.void]) -> npt.NDArray[np.void] | None:
+    """The pooled array ``records`` is a view of (returned to the pool when its job is done)."""
+    return records.base if isinstance(records.base, np.ndarray) else None
 
 
 def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tuple[wire.Header, int, int, Address]]:
@@ -335,18 +396,22 @@ class Transport:
     """Both roles of a host agent on UDP: fetch chunks from holders, serve chunks to requesters."""
 
     def __init__(self, config: TransportConfig | None = None, holder: Holder | None = None,
-                 gate: RequesterGate | None = None) -> None:
+                 gate: RequesterGate | None = None, hints: FabricHints | None = None) -> None:
         """``gate`` decides which GETs get DATA and how much (``hostagent.gate``); None answers every source."""
         self.config = config or TransportConfig()
         self.holder = holder
         self.gate = gate
+        self.hints = hints if hints is not None else FabricHints()
+        """What the fabric said of chunks (hot, pooled): each request's path, the holder's hold policy."""
         self._c = _Counters()
         self._stats_lock = threading.Lock()
         self._submit: collections.deque[_Call] = collections.deque()
         # Chunks to push unasked (fill on pass), as (key, address); the loop turns them into send jobs.
         self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
-        # GETs waiting out the holder's hold time: (answer at, header, requester).
-        self._held: collections.deque[tuple[float, wire.Header, Address]] = collections.deque()
+        # Holder: queued answers by chunk, and the short memory of who asked for what (holds, conversions).
+        self._jobs_by_key: dict[int, list[_SendJob]] = {}
+        self._tracker = DuplicateTracker(self.config.hold_s) if self.config.hold_s > 0 else None
+        self._all_held_until = 0.0
         self.pushed_fragments = 0
         # Fetch calls with requests waiting for a transfer slot, in round-robin order.
         self._pending: collections.deque[_Call] = collections.deque()
@@ -540,6 +605,15 @@ class Transport:
             "nacks_sent": c.nacks_sent,
             "nacks_received": c.nacks_received,
             "busy_received": c.busy_received,
+            "busy_retries": c.busy_retries,
+            "stall_retransmits": c.stall_retransmits,
+            "past_end_nacks": c.past_end_nacks,
+            "holds": c.holds,
+            "conversions": c.conversions,
+            "converted_gets": c.converted_gets,
+            "cancelled_fragments": c.cancelled_fragments,
+            "requests_by_path": dict(c.requests_by_path),
+            "hints": self.hints.stats(),
             "requests_completed": c.requests_completed,
             "requests_failed": c.requests_failed,
             "requests_active": len(self._active),
@@ -600,7 +674,6 @@ class Transport:
                 self._admit_pushes()
                 self._receive_data()
                 self._receive_gets()
-                self._release_held()
                 blocked = self._send_jobs()
                 if blocked != want_out:
                     poller.modify(hfd, select.POLLIN | (select.POLLOUT if blocked else 0))
@@ -615,11 +688,10 @@ class Transport:
     def _poll_timeout_ms(self) -> int:
         if self._submit:
             return 0
-        if self._held and not self._jobs:
-            wait_ms = max(1, int((self._held[0][0] - time.monotonic()) * 1000) + 1)
-            if self._active:
-                return min(wait_ms, 100)
-            return wait_ms
+        if self._jobs and self._all_held_until:
+            # Every queued answer belongs to a held chunk: sleep until the first hold ends.
+            wait_ms = max(1, int((self._all_held_until - time.monotonic()) * 1000) + 1)
+            return min(wait_ms, 100) if self._active else wait_ms
         if self._jobs:
             if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
                 return 0
@@ -673,9 +745,10 @@ class Transport:
                     idle += 1
                     continue
                 ask = small
-            # Single GETs cannot be clamped: ask for fragment 0, whose DATA tells the length.
-            ask = 1 if cfg.single_fragment_gets else max(ask, 1)
             r = call.waiting.popleft()
+            r.path = self._path(r)
+            ask = self._first_ask(r, ask)
+            self._c.requests_by_path[str(r.path)] += 1
             call.active += 1
             idle = 0
             self._active[r.rid] = r
@@ -685,6 +758,27 @@ class Transport:
             self._send_get(r, 0, ask, 0)
             r.asked_hi = ask
             self._inflight += ask
+
+    def _path(self, r: _Request) -> GetPath:
+        """How to ask for ``r``'s chunk now: what the hints say (single once converted), or servable when forced."""
+        if self.config.single_fragment_gets:
+            return GetPath.SERVABLE
+        path = self.hints.path(r.key)
+        return GetPath.SINGLE if path is GetPath.RANGE and r.converted else path
+
+    def _first_ask(self, r: _Request, ask: int) -> int:
+        """Fragments to ask for before the chunk's length is known (``ask``: what budget and window allow).
+
+        A range GET is clamped by the holder to the chunk.  Single GETs cannot be: with a
+        length from the hints the whole first window goes out at once, else only fragment 0,
+        whose DATA tells the length.
+        """
+        if r.path is GetPath.RANGE:
+            return max(ask, 1)
+        hint = self.hints.hint(r.key)
+        if hint is not None and 0 < hint.nbytes <= wire.MAX_CHUNK_LEN:
+            return max(1, min(ask, wire.fragment_count(hint.nbytes)))
+        return 1
 
     def _admit_pushes(self) -> None:
         """Turn pushes asked for by ``push`` into send jobs (loop thread only)."""
@@ -702,9 +796,7 @@ class Transport:
                 if first == 0:
                     log.warning("push of chunk %#x to %s:%d skipped: %s", key, to[0], to[1], out.name)
                 return
-            base = out.base if isinstance(out.base, np.ndarray) else None
-            self._jobs.append(_SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), base))
-            self._queued += int(out.size)
+            self._add_job(_SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), _base(out), key, None, first))
             self.pushed_fragments += int(out.size)
             first += int(out.size)
             if first >= int(out[0]["hdr"]["frag_count"]):
@@ -716,13 +808,14 @@ class Transport:
         count = min(count, wire.MAX_FRAGMENTS - first)
         if r.no_cache:
             flags |= wire.Flag.NO_CACHE
-        if self.config.single_fragment_gets:
-            # Only single-fragment GETs can be served from switch memory or coalesced by the
-            # switch (p4/README.md), at the price of one request packet per fragment; each
-            # carries reply room, the bytes a switch overwrites with the fragment when it
-            # answers (a switch cannot grow a packet by a whole fragment).
+        r.path = self._path(r)  # a chunk may have turned hot (or cold) since the last window
+        if r.path is not GetPath.RANGE:
+            # Only single-fragment GETs can be coalesced or served from switch memory by a
+            # switch (p4/README.md), at the price of one request packet per fragment.  A
+            # servable one carries reply room, the bytes a switch overwrites with the fragment
+            # when it answers (a switch cannot grow a packet by a whole fragment).
             pack = wire.HEADER_STRUCT.pack
-            room = bytes(wire.FRAG_PAYLOAD)
+            room = bytes(wire.FRAG_PAYLOAD) if r.path is GetPath.SERVABLE else b""
             pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0, 0)
                     + room for i in range(first, first + count)]
         else:
@@ -920,7 +1013,7 @@ class Transport:
         self._inflight -= r.asked_hi - r.reasm.received_count
         r.generation = newest
         r.reasm = None
-        ask = 1 if self.config.single_fragment_gets else max(1, min(self.config.window_fragments, self._room()))
+        ask = self._first_ask(r, min(self.config.window_fragments, self._room()))
         self._send_get(r, 0, ask, 0)
         r.asked_hi = ask
         self._inflight += ask
@@ -966,7 +1059,13 @@ class Transport:
         half = self.config.window_fragments // 2
         floor = min(self.config.window_fragments, 16)
         while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
-            count = min(half, total - r.asked_hi, self._room())
+            want = min(half, total - r.asked_hi)
+            count = min(want, self._room())
+            if 0 < count < min(want, _MIN_GRANT) and r.asked_hi > r.reasm.received_count:
+                # Crumbs of budget while our own fragments still arrive: wait for a worthwhile
+                # window rather than send a range GET per freed fragment (as many GETs as DATA).
+                self._starved = True
+                return
             if count <= 0 and r.call is not None and r.call.active == 1:
                 # A call's only transfer keeps a few fragments in flight even when other calls
                 # (a stuck one, say) hold the whole budget: it must not wait for them to fail.
@@ -1017,11 +1116,29 @@ class Transport:
             # generation, a range inside the chunk): not an answer to ours, which is re-asked.
             self._drop("nack_for_other_get")
             return
+        now = time.monotonic()
+        if status == wire.Status.BAD_RANGE and hdr.frag_index > 0:
+            # Past the end of a chunk whose fragment 0 exists: single GETs sent for a length the
+            # hints guessed too long.  The first DATA tells the real length; nothing is lost.
+            self._c.past_end_nacks += 1
+            return
         if status == wire.Status.BUSY:
-            # Overload, not an answer: re-ask what is missing after a timeout instead of failing.
+            # Push back, not an answer: the holder is there and the request waits (until its
+            # deadline), re-asking when the holder's hint says its queue has room again.  The
+            # hint is jittered so the requesters a switch told at once do not come back at once.
+            # Where the switches merge, a refused range is re-asked with single GETs: the holder
+            # refuses ranges of a chunk others ask for at the same time (it converts them), and
+            # under contention single GETs are what lets the switch merge the contenders.
             self._c.busy_received += 1
+            r.busy += 1
             r.refused = True
-            r.next_retx = time.monotonic() + r.rto
+            r.last_progress = now
+            self._holder_progress[r.holder] = now
+            if hdr.frag_count > 1 and self.hints.merging(now):
+                r.converted = True
+            hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
+            wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
+            r.next_retx = now + wait
             return
         self._c.requests_failed += 1
         self._finish(r, error=f"chunk {r.key:#018x}: holder {r.holder[0]}:{r.holder[1]} answered "
@@ -1032,32 +1149,57 @@ class Transport:
             return
         now = time.monotonic()
         cfg = self.config
+        stall = _STALL_RTOS * cfg.retransmit_timeout_s
         for r in list(self._active.values()):
             quiet = now - max(r.last_progress, self._holder_progress.get(r.holder, 0.0))
             if now >= r.deadline or quiet >= cfg.give_up_s:
                 got = 0 if r.reasm is None else r.reasm.received_count
                 total = "?" if r.reasm is None else str(r.reasm.frag_count)
-                why = "timed out" if now >= r.deadline else f"no progress for {quiet:.1f} s"
+                where = f"chunk {r.key:#018x} from {r.holder[0]}:{r.holder[1]}"
+                how = f"{got}/{total} fragments, {r.result.retransmit_rounds} retransmit rounds, {r.busy} BUSY"
                 self._c.requests_failed += 1
-                self._finish(r, error=f"chunk {r.key:#018x} from {r.holder[0]}:{r.holder[1]}: {why} "
-                                      f"({got}/{total} fragments, {r.result.retransmit_rounds} retransmit "
-                                      f"rounds); is the holder running and reachable?")
+                if now >= r.deadline:  # the holder answers, slowly: the caller's deadline ended it
+                    self._finish(r, error=f"{where}: timed out, the caller's deadline passed ({how})")
+                else:
+                    self._finish(r, error=f"{where}: no progress for {quiet:.1f} s ({how}); is the holder running "
+                                          "and reachable?")
                 continue
             if now < r.next_retx:
                 continue
-            if quiet < r.rto and not r.refused:  # the holder streams: ours are queued behind, not lost
-                r.next_retx = now + r.rto - quiet
+            stall_at = r.last_progress + stall
+            if quiet < r.rto and now < stall_at and not r.refused:
+                # The holder streams: ours are most likely queued behind, not lost.  Unless our
+                # own fragments stay away for long (a switch absorbed our GETs into a pending slot
+                # whose answer was lost), re-asking would only add duplicates to its queue.
+                r.next_retx = min(now + r.rto - quiet, stall_at)
                 continue
-            r.refused = False
-            r.result.retransmit_rounds += 1
+            busy_retry, r.refused = r.refused, False
+            r.path = self._path(r)
+            if busy_retry:
+                # Not lost, refused: ask again as fresh GETs on the chunk's current path, so single
+                # GETs may be coalesced; a range GET says RETRANSMIT so the switch's popularity
+                # count does not take a retry for another requester.
+                self._c.busy_retries += 1
+                flags = 0 if r.path is not GetPath.RANGE else wire.Flag.RETRANSMIT
+            else:
+                r.result.retransmit_rounds += 1
+                if quiet < r.rto:
+                    self._c.stall_retransmits += 1
+                flags = wire.Flag.RETRANSMIT
             if r.reasm is None:
-                self._send_get(r, 0, r.asked_hi, wire.Flag.RETRANSMIT)
+                # Length still unknown: single GETs cannot be clamped by the holder, so ask for
+                # fragment 0 alone (or the hinted length) and the rest once its DATA tells.
+                ask = self._first_ask(r, r.asked_hi)
+                self._inflight -= r.asked_hi - ask
+                r.asked_hi = ask
+                self._send_get(r, 0, r.asked_hi, flags)
             else:
                 for start, count in r.reasm.missing_ranges(max_ranges=64):
                     if start >= r.asked_hi:
                         break
-                    self._send_get(r, start, min(count, r.asked_hi - start), wire.Flag.RETRANSMIT)
-            r.rto = min(r.rto * 2, 1.0)
+                    self._send_get(r, start, min(count, r.asked_hi - start), flags)
+            if not busy_retry:
+                r.rto = min(r.rto * 2, max(1.0, 8 * cfg.retransmit_timeout_s))
             r.next_retx = now + r.rto
 
     def _finish(self, r: _Request, *, data: memoryview | None = None, error: str | None = None,
@@ -1111,29 +1253,65 @@ class Transport:
                 self._drop("unexpected_opcode")
                 continue
             gets.append((hdr, addr))
-        if self.config.hold_s > 0:
-            ready = time.monotonic() + self.config.hold_s
-            self._held.extend((ready, hdr, addr) for hdr, addr in gets)
-            return
+        if gets and self._tracker is not None and self.hints.merging():
+            gets = self._screen(gets, self._tracker, time.monotonic())
         for hdr, first, count, addr in merge_gets(gets, self.config.max_fragments_per_get):
             self._serve_get(hdr, first, count, addr)
 
-    def _release_held(self) -> None:
-        """Answer the held GETs whose hold time is over (arrival order is answer order)."""
-        if not self._held:
-            return
-        now = time.monotonic()
-        due: list[tuple[wire.Header, Address]] = []
-        while self._held and self._held[0][0] <= now:
-            _, hdr, addr = self._held.popleft()
-            due.append((hdr, addr))
-        for hdr, first, count, addr in merge_gets(due, self.config.max_fragments_per_get):
-            self._serve_get(hdr, first, count, addr)
+    def _screen(self, gets: list[tuple[wire.Header, Address]], tracker: DuplicateTracker,
+                now: float) -> list[tuple[wire.Header, Address]]:
+        """Where the switches merge: convert and hold when a duplicate is in progress; the GETs to serve.
+
+        A duplicate is in progress when another request asked for the chunk within the hold
+        time or still has answers queued.  Then other requesters' range answers still queued
+        are cancelled (BUSY: they re-ask singly), a range GET is refused the same way, and a
+        single GET holds the chunk's answers (``hostagent.hints``).  Retransmits pass as they are.
+        """
+        out: list[tuple[wire.Header, Address]] = []
+        for hdr, addr in gets:
+            if hdr.flags & wire.Flag.RETRANSMIT:
+                out.append((hdr, addr))
+                continue
+            key, owner = hdr.chunk_key, (addr, hdr.request_id)
+            dup = tracker.asked(key, owner, now) or any(
+                j.owner not in (None, owner) and j.pos < j.count for j in self._jobs_by_key.get(key, ()))
+            if hdr.frag_count > 1:
+                if dup or tracker.converting(key, now):
+                    self._convert(key, owner, tracker, now)
+                    self._c.converted_gets += 1
+                    self._send_nack(hdr, wire.Status.BUSY, addr, self._convert_hint_us())
+                    continue
+            elif dup:
+                self._convert(key, owner, tracker, now)
+                if tracker.hold(key, now):
+                    self._c.holds += 1
+            out.append((hdr, addr))
+        return out
+
+    def _convert(self, key: int, owner: tuple[Address, int], tracker: DuplicateTracker, now: float) -> None:
+        """Cancel what is left of other requesters' range answers for ``key`` (BUSY: re-ask singly)."""
+        if not tracker.converting(key, now):
+            self._c.conversions += 1
+        tracker.convert(key, now)
+        hint = self._convert_hint_us()
+        for job in self._jobs_by_key.get(key, ()):
+            if job.get is None or job.get.frag_count == 1 or job.owner == owner or job.pos >= job.count:
+                continue
+            left = job.count - job.pos
+            self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=left), wire.Status.BUSY,
+                            job.addr, hint)
+            self._queued -= left
+            self._c.cancelled_fragments += left
+            job.count = job.pos  # the sender finishes it at its next turn
+
+    def _convert_hint_us(self) -> int:
+        """Retry hint of a conversion: soon (a tenth of the hold), the single GETs are held anyway."""
+        return int(max(1e-3, self.config.hold_s / 10) * 1e6)
 
     def _serve_get(self, hdr: wire.Header, first: int, count: int, addr: Address) -> None:
         """Queue the DATA for fragments ``first .. first+count-1`` of ``hdr``'s chunk, or NACK."""
         if self.holder is None:
-            self._send_nack(hdr, wire.Status.UNKNOWN_CHUNK, addr)
+            self._nack_run(hdr, first, count, wire.Status.UNKNOWN_CHUNK, addr)
             return
         if self.gate is not None:
             allowed = self.gate.admit(addr[0], count)
@@ -1141,22 +1319,37 @@ class Transport:
                 self._drop("unverified_source")  # no DATA, no NACK: the source may be forged
                 return
             if allowed == 0:
-                self._send_nack(hdr, wire.Status.BUSY, addr)  # its budget is spent: one small datagram
+                self._nack_run(hdr, first, count, wire.Status.BUSY, addr)  # its budget is spent
                 return
             count = allowed
-        if self._queued >= self.config.max_queued_fragments:
-            self._send_nack(hdr, wire.Status.BUSY, addr)  # bounded memory under a flood of GETs
+        limit = self._queue_limit()
+        if self._queued >= limit:
+            # Bounded queue, bounded wait: the requester comes back when the hint says.
+            self._nack_run(hdr, first, count, wire.Status.BUSY, addr, self._retry_hint_us(limit))
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         out = self.holder.serve(hdr.chunk_key, first, count, request_id=hdr.request_id,
                                 generation=hdr.generation, flags=hdr.flags & wire.Flag.NO_CACHE,
                                 alloc=self._alloc_records)
         if isinstance(out, wire.Status):
-            self._send_nack(hdr, out, addr)
+            self._nack_run(hdr, first, count, out, addr)
             return
-        base = out.base if isinstance(out.base, np.ndarray) else None
-        self._jobs.append(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), base))
-        self._queued += int(out.size)
+        self._add_job(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), _base(out), hdr.chunk_key,
+                               hdr, first))
+
+    def _add_job(self, job: _SendJob) -> None:
+        """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk)."""
+        self._jobs.append(job)
+        self._jobs_by_key.setdefault(job.key, []).append(job)
+        self._queued += job.count
+
+    def _job_done(self, job: _SendJob) -> None:
+        same = self._jobs_by_key.get(job.key)
+        if same is not None:
+            same.remove(job)
+            if not same:
+                del self._jobs_by_key[job.key]
+        self._release_records(job)
 
     def _alloc_records(self, n: int) -> npt.NDArray[np.void]:
         """A record array of at least ``n`` records, reused when one of its size class is free."""
@@ -1179,10 +1372,40 @@ class Transport:
         self._record_pool.setdefault(int(base.size), []).append(base)
         self._pooled_records += int(base.size)
 
-    def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address) -> None:
+    def _queue_limit(self) -> int:
+        """Fragments the send queue may hold before GETs are answered BUSY."""
+        cfg = self.config
+        limit = cfg.max_queued_fragments
+        if cfg.max_queue_s > 0 and cfg.rate_bytes_per_s > 0:
+            limit = min(limit, max(cfg.send_quantum, int(cfg.max_queue_s * cfg.rate_bytes_per_s / _L)))
+        return limit
+
+    def _retry_hint_us(self, limit: int) -> int:
+        """A BUSY NACK's retry hint: microseconds until the paced queue drains to half ``limit`` (0: unpaced)."""
+        rate = self.config.rate_bytes_per_s
+        if rate <= 0:
+            return 0
+        excess = max(0, self._queued - limit // 2)
+        return int(min(_MAX_RETRY_HINT_US, max(1000.0, excess * _L / rate * 1e6)))
+
+    def _nack_run(self, hdr: wire.Header, first: int, count: int, status: wire.Status, addr: Address,
+                  retry_us: int = 0) -> None:
+        """NACK the GETs of a run: once per fragment when they were single-fragment GETs, else once.
+
+        A switch that coalesced single GETs keeps one pending slot per fragment and releases
+        each only on an answer for that fragment: one NACK for the merged run would leave the
+        others' waiters waiting for an answer that never comes.
+        """
+        if hdr.frag_count == 1 and count > 1:
+            for i in range(first, first + count):
+                self._send_nack(replace(hdr, frag_index=i), status, addr, retry_us)
+        else:
+            self._send_nack(hdr, status, addr, retry_us)
+
+    def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address, retry_us: int = 0) -> None:
         assert self._hsock is not None
         pkt = wire.nack_packet(hdr.chunk_key, status, hdr.request_id, hdr.frag_index, hdr.frag_count,
-                               hdr.generation)
+                               hdr.generation, retry_us=retry_us)
         try:
             self._hsock.sendto(pkt, addr)
             self._c.nacks_sent += 1
@@ -1190,15 +1413,16 @@ class Transport:
             self._c.send_errors += 1
 
     def _send_jobs(self) -> bool:
-        """Send queued DATA round robin, paced; True if the socket buffer is full (wait for POLLOUT)."""
+        """Send queued DATA round robin, paced, skipping held chunks; True if the socket buffer is full."""
+        self._all_held_until = 0.0
         if not self._jobs:
             return False
         assert self._hsock is not None
         sendto = self._hsock.sendto
         cfg = self.config
+        now = time.monotonic()
         budget = 4 * cfg.recv_batch  # then go back to receiving, so our own fetches are not starved
         if cfg.rate_bytes_per_s > 0:
-            now = time.monotonic()
             self._tokens = min(float(cfg.burst_bytes),
                                self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
             self._last_refill = now
@@ -1206,8 +1430,19 @@ class Transport:
         sent = 0
         blocked = False
         jobs = self._jobs
+        tracker = self._tracker
+        held = 0  # jobs passed over in a row because their chunk is held
         while jobs and sent < budget:
             job = jobs[0]
+            if tracker is not None and job.pos < job.count and (until := tracker.held_until(job.key)) > now:
+                jobs.rotate(-1)
+                held += 1
+                self._all_held_until = min(self._all_held_until or until, until)
+                if held >= len(jobs):
+                    break  # every job waits for a hold to end (_poll_timeout_ms sleeps until then)
+                continue
+            held = 0
+            self._all_held_until = 0.0
             end = min(job.count, job.pos + cfg.send_quantum, job.pos + budget - sent)
             view, addr = job.view, job.addr
             pos = job.pos
@@ -1229,7 +1464,7 @@ class Transport:
             job.pos = pos
             if pos >= job.count:
                 jobs.popleft()
-                self._release_records(job)
+                self._job_done(job)
             else:
                 jobs.rotate(-1)
             if blocked:

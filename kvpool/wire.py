@@ -44,6 +44,9 @@ Field meanings by opcode:
 * ``NACK``: the answer to a GET that cannot be served; ``status`` says why.  It echoes
   the GET's ``frag_index``, ``frag_count``, ``request_id`` and ``generation`` (the one the
   GET asked for, 0 for "current"), so a switch that coalesced identical GETs can match it.
+  A ``BUSY`` NACK (the holder pushes back: its send queue is full) may carry a retry hint
+  in ``chunk_len``: microseconds after which the GET is worth sending again (0: no hint).
+  ``chunk_len`` is 0 on every other NACK; switches neither read nor change it.
 
 A holder's DATA carries ``NO_CACHE`` when it answers a GET that had it: the requester
 distrusted a cached copy, and a switch that holds the fragment rewrites it with these
@@ -375,10 +378,15 @@ _ROOM: Final = bytes(FRAG_PAYLOAD)
 
 
 def nack_packet(chunk_key: int, status: Status, request_id: int = 0, frag_index: int = 0,
-                frag_count: int = 1, generation: int = 0) -> bytes:
-    """Encode a NACK for a request that cannot be served (``generation`` echoes the GET's)."""
+                frag_count: int = 1, generation: int = 0, retry_us: int = 0) -> bytes:
+    """Encode a NACK for a request that cannot be served (``generation`` echoes the GET's).
+
+    ``retry_us`` (``BUSY`` only) is the holder's retry hint, carried in ``chunk_len``.
+    """
+    if retry_us and status != Status.BUSY:
+        raise WireError("bad_status", f"a retry hint belongs on a BUSY NACK, not {status.name}")
     return Header(Opcode.NACK, chunk_key, frag_index, frag_count, request_id, generation,
-                  status=int(status)).pack()
+                  status=int(status), chunk_len=retry_us).pack()
 
 
 def invalidate_packet(chunk_key: int, generation: int) -> bytes:

@@ -108,26 +108,58 @@ def test_network_only_fetch_neither_reads_nor_keeps_local_copies(pair: tuple[Age
     time.sleep(0)
 
 
-def test_holder_hold_delays_answers_and_merges_them(tmp_path: Path) -> None:
-    """``hold_s``: a GET is answered no earlier than the hold after it arrived."""
+def _answers(sock: socket.socket, n: int) -> list[wire.Header]:
+    return [wire.unpack_header(sock.recvfrom(4096)[0]) for _ in range(n)]
+
+
+def test_holder_holds_and_converts_only_duplicates_and_only_where_the_switches_merge(tmp_path: Path) -> None:
+    """``hold_s``: a lone request is answered at once; a second requester's GETs hold the chunk, ranges are refused."""
     holder = Agent(AgentConfig(udp_port=0, api_port=0, hold_s=0.3, log_level="WARNING"))
     holder.start()
+    port = holder.transport.port
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
     try:
         holder.publish(KEY, CHUNK)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as req:
-            req.bind(("127.0.0.1", 0))
-            req.settimeout(3)
-            t0 = time.monotonic()
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(3)
+        first, second, third = socks
+        client = AgentClient(holder.api_url)
+
+        def lone_then_duplicate(merge: bool, rid: int) -> tuple[float, dict[str, int]]:
+            # The controller says whether the switches merge (multicast/pool) or only forward (plain).
+            assert client.http.post("/v1/hints", {"ttl_s": 60, "merge": merge, "chunks": []}) == {"chunks": 0}
             for i in range(6):
-                req.sendto(wire.get_packet(KEY, i, request_id=7, room=True), ("127.0.0.1", holder.transport.port))
-            reasm = Reassembler(KEY, len(CHUNK))
-            first_at = None
-            while not reasm.complete:
-                reasm.add(req.recvfrom(4096)[0])
-                first_at = first_at or time.monotonic() - t0
-            assert first_at is not None and first_at >= 0.3
-            assert bytes(reasm.data) == CHUNK
+                first.sendto(wire.get_packet(KEY, i, request_id=rid), ("127.0.0.1", port))
+            assert {h.frag_index for h in _answers(first, 6)} == set(range(6))  # alone: answered, not held
+            t0 = time.monotonic()
+            for i in range(6):  # another requester, within the hold time of the first
+                second.sendto(wire.get_packet(KEY, i, request_id=rid + 1), ("127.0.0.1", port))
+            third.sendto(wire.get_packet(KEY, 0, 6, request_id=rid + 2), ("127.0.0.1", port))
+            got = _answers(second, 6)
+            waited = time.monotonic() - t0
+            assert sorted(h.frag_index for h in got) == list(range(6)) and {h.opcode for h in got} == {wire.Opcode.DATA}
+            (answer,) = _answers(third, 1) if merge else [h for h in _answers(third, 6)][:1]
+            st = holder.transport.stats()
+            return waited, {"holds": st["holds"], "converted": st["converted_gets"], "answer_op": answer.opcode,
+                            "answer_status": answer.status, "hint_us": answer.chunk_len}
+
+        waited, plain = lone_then_duplicate(False, 10)
+        # Plain forwarding: a duplicate changes nothing (no switch could merge it).
+        assert plain == {"holds": 0, "converted": 0, "answer_op": wire.Opcode.DATA, "answer_status": 0,
+                         "hint_us": len(CHUNK)}
+        waited, merged = lone_then_duplicate(True, 20)
+        # The switches merge: the second requester's single GETs hold the chunk's answers, and the
+        # range GET of a third is refused BUSY with a short retry hint (it comes back singly).
+        assert waited >= 0.3
+        assert merged == {"holds": 1, "converted": 1, "answer_op": wire.Opcode.NACK,
+                          "answer_status": wire.Status.BUSY, "hint_us": 30_000}
+        # A retransmitted range is never refused: it is served.
+        third.sendto(wire.get_packet(KEY, 0, 6, request_id=99, flags=wire.Flag.RETRANSMIT), ("127.0.0.1", port))
+        assert {(h.opcode, h.frag_index) for h in _answers(third, 6)} == {(wire.Opcode.DATA, i) for i in range(6)}
     finally:
+        for s in socks:
+            s.close()
         holder.stop()
     with pytest.raises(ValueError, match="hold_s"):
         AgentConfig(hold_s=5.0).transport_config()

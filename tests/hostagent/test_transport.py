@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hostagent.backend import BackendError, MemoryBackend
+from hostagent.hints import FabricHints
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig, merge_gets
 from kvpool import wire
+from kvpool.hints import GetPath, Hint, Hints
 
 
 def _store(chunks: dict[int, bytes], generation: int = 0) -> TieredStore:
@@ -122,12 +124,17 @@ def test_store_error_nack() -> None:
 
 class LossyProxy:
     """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``
-    and rewrites the others with ``mangle(n, datagram)`` (n counts from 1)."""
+    (or by ``drop_pkt`` on their bytes) and rewrites the others with ``mangle(n, datagram)`` (n counts
+    from 1).  It records every GET (``gets``, ``get_lens``) and every NACK coming back (``nacks``)."""
 
     def __init__(self, holder: Address, drop: Callable[[int], bool],
-                 mangle: Callable[[int, bytes], bytes] | None = None) -> None:
+                 mangle: Callable[[int, bytes], bytes] | None = None,
+                 drop_pkt: Callable[[bytes], bool] | None = None) -> None:
         self.holder = holder
         self.drop = drop
+        self.drop_pkt = drop_pkt
+        self.get_lens: list[int] = []
+        self.nacks: list[wire.Header] = []
         self.mangle = mangle
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.front.bind(("127.0.0.1", 0))
@@ -157,6 +164,7 @@ class LossyProxy:
             except TimeoutError:
                 continue
             self.gets.append(wire.parse(pkt))
+            self.get_lens.append(len(pkt))
             self.back.sendto(pkt, self.holder)
 
     def _down(self) -> None:
@@ -166,7 +174,9 @@ class LossyProxy:
             except TimeoutError:
                 continue
             self.data_seen += 1
-            if self.drop(self.data_seen):
+            if len(pkt) == wire.HEADER_LEN:
+                self.nacks.append(wire.parse(pkt))
+            if self.drop(self.data_seen) or (self.drop_pkt is not None and self.drop_pkt(pkt)):
                 self.dropped += 1
                 continue
             assert self.client is not None
@@ -187,13 +197,28 @@ def _through_proxy(chunks: dict[int, bytes], key: int, cfg: TransportConfig, *,
                    drop: Callable[[int], bool] = lambda i: False,
                    mangle: Callable[[int, bytes], bytes] | None = None) -> tuple[FetchResult, LossyProxy, Transport]:
     """Fetch ``key`` from a holder of ``chunks`` through a ``LossyProxy``: the result, the proxy, the requester."""
-    with Transport(TransportConfig(port=0), Holder(_store(chunks))) as h, Transport(cfg) as r:
-        proxy = LossyProxy(h.address, drop=drop, mangle=mangle)
+    results, proxy, r = _fetch_through_proxy(chunks, [key], cfg, drop=drop, mangle=mangle)
+    return results[0], proxy, r
+
+
+def _fetch_through_proxy(chunks: dict[int, bytes], keys: list[int], cfg: TransportConfig, *,
+                         holder_cfg: TransportConfig | None = None, hints: Hints | None = None,
+                         drop: Callable[[int], bool] = lambda i: False,
+                         mangle: Callable[[int, bytes], bytes] | None = None,
+                         drop_pkt: Callable[[bytes], bool] | None = None,
+                         ) -> tuple[list[FetchResult], LossyProxy, Transport]:
+    """Fetch ``keys`` through a ``LossyProxy`` from a holder of ``chunks``, both told ``hints``."""
+    fabric = FabricHints()
+    if hints is not None:
+        fabric.update(hints)
+    with Transport(holder_cfg or TransportConfig(port=0), Holder(_store(chunks)), fabric) as h, \
+            Transport(cfg, hints=fabric) as r:
+        proxy = LossyProxy(h.address, drop=drop, mangle=mangle, drop_pkt=drop_pkt)
         try:
-            (res,) = r.fetch([key], proxy.address, timeout=30)
+            results = r.fetch(keys, proxy.address, timeout=30)
         finally:
             proxy.close()
-    return res, proxy, r
+    return results, proxy, r
 
 
 def test_selective_retransmit_through_lossy_link() -> None:
@@ -488,3 +513,177 @@ def test_a_nack_for_a_get_damaged_on_the_way_does_not_fail_the_fetch() -> None:
     res, _, r = _through_proxy({4: payload}, 4, cfg, mangle=stale_first)
     assert res.ok and bytes(res.data or b"") == payload and seen
     assert r.stats()["drops"]["nack_for_other_get"] == 1
+
+
+# ------------------------------------------------------------------ paths, push back, holds
+
+
+def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
+    hot, pooled, cold, guessed = (os.urandom(20_000 + i) for i in range(4))  # 15 fragments each
+    chunks = {1: hot, 2: pooled, 3: cold, 4: guessed}
+    hints = Hints({1: Hint(GetPath.SINGLE, len(hot)), 2: Hint(GetPath.SERVABLE),
+                   4: Hint(GetPath.SINGLE, 3 * len(guessed))}, 60.0, True)  # 4: a length guessed too long
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
+    # The holder serves at most 8 fragments a GET run, so some runs of chunk 4 start past its end.
+    results, proxy, r = _fetch_through_proxy(chunks, [1, 2, 3, 4], cfg, hints=hints,
+                                             holder_cfg=TransportConfig(port=0, max_fragments_per_get=8))
+    assert all(res.ok and bytes(res.data or b"") == chunks[res.key] for res in results)
+    by_key: dict[int, list[tuple[wire.Header, int]]] = {}
+    for g, n in zip(proxy.gets, proxy.get_lens, strict=True):
+        by_key.setdefault(g.chunk_key, []).append((g, n))
+    # Hot: one GET per fragment, no reply room, all at once (the hint gave the length).
+    assert {(g.frag_index, g.frag_count, n) for g, n in by_key[1]} == {(i, 1, wire.HEADER_LEN) for i in range(15)}
+    # Pooled: single GETs with reply room; fragment 0 first, its DATA tells the length.
+    assert by_key[2][0][0].frag_index == 0 and len(by_key[2]) == 15
+    assert {n for _, n in by_key[2]} == {wire.GET_WITH_ROOM_LEN}
+    # Not named: the cheap path, range GETs (one a window; this holder serves 8 fragments a GET).
+    assert by_key[3][0][0].frag_count == 64 and all(g.frag_count > 1 for g, _ in by_key[3])
+    # A hinted length too long: the GETs past the end are answered BAD_RANGE, which fails nothing.
+    st = r.stats()
+    assert st["past_end_nacks"] > 0 and st["requests_failed"] == 0
+    assert st["requests_by_path"] == {"range": 1, "single": 2, "servable": 1}
+
+
+def test_busy_carries_a_retry_hint_and_the_requester_waits_it_out() -> None:
+    data = {k: os.urandom(30_000) for k in range(1, 13)}  # 12 chunks of 22 fragments
+    # A paced holder whose queue holds at most 64 fragments (0.01 s of sending): most GETs are refused.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=16 << 10, max_queue_s=0.01)
+    rcfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=5.0, give_up_s=30.0)
+    results, proxy, r = _fetch_through_proxy(data, list(data), rcfg, holder_cfg=hcfg)
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
+    busy = [n for n in proxy.nacks if n.status == wire.Status.BUSY]
+    assert busy and all(0 < n.chunk_len <= 10_000_000 for n in busy)  # microseconds until the queue has room
+    st = r.stats()
+    # Refused, not lost: no retransmit timeout passed (5 s), the hint said when to come back.
+    assert st["busy_received"] == len(busy) and st["busy_retries"] > 0 and st["requests_failed"] == 0
+    assert st["retransmit_gets"] == sum(1 for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT)
+
+
+def test_a_holder_that_pushes_back_is_waited_for_until_the_callers_deadline() -> None:
+    refuser = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    refuser.bind(("127.0.0.1", 0))
+    refuser.settimeout(0.05)
+    stop = threading.Event()
+
+    def refuse() -> None:  # answers every GET BUSY, retry in 20 ms
+        while not stop.is_set():
+            try:
+                pkt, addr = refuser.recvfrom(2048)
+            except TimeoutError:
+                continue
+            g = wire.parse(pkt)
+            refuser.sendto(wire.nack_packet(g.chunk_key, wire.Status.BUSY, g.request_id, g.frag_index, g.frag_count,
+                                            g.generation, retry_us=20_000), addr)
+
+    t = threading.Thread(target=refuse, daemon=True)
+    t.start()
+    try:
+        # Give-up after 0.3 s of silence, but the holder answers: only the 1.5 s deadline ends it.
+        with Transport(TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=0.3)) as r:
+            t0 = time.monotonic()
+            (res,) = r.fetch([5], refuser.getsockname(), timeout=1.5)
+            elapsed = time.monotonic() - t0
+            st = r.stats()
+    finally:
+        stop.set()
+        t.join()
+        refuser.close()
+    assert res.error is not None and "timed out" in res.error and "reachable" not in res.error
+    # Refusals, not losses: re-asked when the hint said, never by the retransmit timer.
+    assert elapsed >= 1.5 and st["busy_received"] >= 5 and st["busy_retries"] >= 5 and res.retransmit_rounds == 0
+    with pytest.raises(wire.WireError, match="BUSY"):
+        wire.nack_packet(5, wire.Status.UNKNOWN_CHUNK, retry_us=1)
+
+
+def test_a_request_whose_answers_stop_re_asks_even_while_its_holder_streams_to_others() -> None:
+    big, small = os.urandom(1_000_000), os.urandom(10 * wire.FRAG_PAYLOAD)
+    seen: set[int] = set()
+
+    def first_copy_of_small(pkt: bytes) -> bool:
+        # Lose every fragment of the small chunk once, as a switch would that absorbed its GETs
+        # into pending slots whose answer went elsewhere; the big one keeps the holder streaming.
+        h = wire.unpack_header(pkt)
+        if h.chunk_key != 2 or h.opcode != wire.Opcode.DATA or h.frag_index in seen:
+            return False
+        seen.add(h.frag_index)
+        return True
+
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)  # about 1 s of DATA
+    rcfg = TransportConfig(port=0, window_fragments=1024, max_inflight_fragments=2048, retransmit_timeout_s=0.05,
+                           give_up_s=30.0)
+    results, _proxy, r = _fetch_through_proxy({1: big, 2: small}, [1, 2], rcfg, holder_cfg=hcfg,
+                                              drop_pkt=first_copy_of_small)
+    assert [bytes(res.data or b"") for res in results] == [big, small]
+    assert r.stats()["stall_retransmits"] >= 1 and len(seen) == 10
+
+
+def test_nacks_for_a_run_of_single_gets_go_once_per_fragment() -> None:
+    # A switch that coalesced single GETs releases each pending slot only on that fragment's answer.
+    with Transport(TransportConfig(port=0), Holder(_store({}))) as h, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(3)
+        for i in range(5):
+            s.sendto(wire.get_packet(0xBEEF, i, request_id=4), h.address)
+        got = sorted((n.frag_index, n.frag_count, n.status) for n in (wire.parse(s.recv(2048)) for _ in range(5)))
+        s.sendto(wire.get_packet(0xBEEF, 0, 5, request_id=5), h.address)
+        (rng,) = [wire.parse(s.recv(2048))]
+    assert got == [(i, 1, wire.Status.UNKNOWN_CHUNK) for i in range(5)]
+    assert (rng.frag_index, rng.frag_count, rng.status) == (0, 5, wire.Status.UNKNOWN_CHUNK)  # a range: one NACK
+
+
+def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_where_switches_merge() -> None:
+    payload = os.urandom(300_000)  # 214 fragments
+    frags = wire.fragment_count(len(payload))
+    merge = Hints({}, 60.0, True)
+    holder_hints, a_hints, b_hints = FabricHints(), FabricHints(), FabricHints()
+    for fh in (holder_hints, a_hints, b_hints):
+        fh.update(merge)
+    # Paced (about 0.3 s for the chunk), so A's range answer is still queued when B asks.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, hold_s=0.05, max_queue_s=0)
+    rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0)
+    with Transport(hcfg, Holder(_store({7: payload})), holder_hints) as h, \
+            Transport(rcfg, hints=a_hints) as a, Transport(rcfg, hints=b_hints) as b:
+        out: list[FetchResult] = []
+        first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
+        first.start()
+        deadline = time.monotonic() + 10
+        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        (res_b,) = b.fetch([7], h.address, timeout=30)
+        first.join()
+        hs, sa, sb = h.stats(), a.stats(), b.stats()
+    assert out[0].ok and bytes(out[0].data or b"") == payload and res_b.ok and bytes(res_b.data or b"") == payload
+    # B's range was refused and A's range answer cancelled where it stood: both came back singly.
+    assert hs["conversions"] >= 1 and hs["converted_gets"] >= 1 and hs["cancelled_fragments"] > 0
+    assert sa["busy_received"] >= 1 and sb["busy_received"] >= 1
+    assert sb["gets_sent"] >= frags  # one GET per fragment after the refusal
+    # Without a merging fabric nothing is converted: the same two requests are served as ranges.
+    plain = Hints({}, 60.0, False)
+    for fh in (holder_hints, a_hints, b_hints):
+        fh.update(plain)
+    with Transport(hcfg, Holder(_store({7: payload})), holder_hints) as h, \
+            Transport(rcfg, hints=a_hints) as a, Transport(rcfg, hints=b_hints) as b:
+        out.clear()
+        first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
+        first.start()
+        deadline = time.monotonic() + 10
+        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        (res_b,) = b.fetch([7], h.address, timeout=30)
+        first.join()
+        hs = h.stats()
+    assert out[0].ok and res_b.ok and hs["conversions"] == 0 and hs["nacks_sent"] == 0
+
+
+def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
+    data = {k: os.urandom(40 * wire.FRAG_PAYLOAD) for k in range(1, 25)}  # 24 chunks of 40 fragments
+    cfg = TransportConfig(port=0, window_fragments=64, max_inflight_fragments=96, max_active_requests=8,
+                          retransmit_timeout_s=5.0, give_up_s=30.0)
+    # A paced holder: DATA arrives one datagram at a time, freeing budget one fragment at a time.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=16 << 10, max_queue_s=0)
+    results, proxy, r = _fetch_through_proxy(data, list(data), cfg, holder_cfg=hcfg)
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
+    # Every freed fragment of budget could be asked for on its own (one GET per DATA); a request
+    # whose fragments still arrive waits for a window worth a GET instead.
+    frags = 24 * 40
+    assert len(proxy.gets) <= frags // 8, f"{len(proxy.gets)} GETs for {frags} fragments"
