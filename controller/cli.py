@@ -60,6 +60,8 @@ class ControllerConfig:
     """Chunk catalog JSON (key, parent, position, nbytes)."""
     holder_api: str = ""
     """Holder agent API asked to push admitted chunks (``http://HOST:PORT`` or ``unix:/PATH``)."""
+    agent_api: list[str] = field(default_factory=list)
+    """Agent APIs told which chunks to ask for one fragment at a time (hot, pooled): every agent's."""
     p4info: Path | None = None
     """P4Info (default p4/build/kvpool.p4info.txtpb)."""
     bmv2_json: Path | None = None
@@ -109,9 +111,11 @@ class ControllerConfig:
         for name in ("threshold", "pending_timeout_us"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.holder_api:
+        for name, url in [("holder_api", self.holder_api)] + [("agent_api", a) for a in self.agent_api]:
+            if not url:
+                continue
             try:
-                connection(self.holder_api, None, "holder_api")
+                connection(url, None, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         if self.api:
@@ -131,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, help="how much the switches help (default pool)")
     p.add_argument("--catalog", type=Path, help="chunk catalog JSON (key, parent, position, nbytes)")
     p.add_argument("--holder-api", help="holder agent API URL asked to push admitted chunks (http:// or unix:)")
+    p.add_argument("--agent-api", action="append", default=None, metavar="URL",
+                   help="agent API URL told which chunks are hot or pooled, so it asks for them one fragment at a "
+                        "time and everything else by range (repeat per agent; http:// or unix:)")
     p.add_argument("--p4info", type=Path, help="P4Info (default p4/build/kvpool.p4info.txtpb)")
     p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed with the P4Info (default p4/build/kvpool.json)")
     p.add_argument("--epoch", type=float, help="seconds per policy epoch (default 0.5)")
@@ -183,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         SwitchEndpoint,
     )
     from controller.fabric import FabricSettings
+    from controller.hints import AgentHintClient
     from controller.p4runtime import SwitchUnreachableError, WriteError
     from kvpool.topology import TopologyError, load
 
@@ -205,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         catalog = Catalog.load(cfg.catalog) if cfg.catalog is not None else Catalog()
         filler = HolderPushClient(cfg.holder_api, fabric.fill_sink, token=token.value) if cfg.holder_api else None
         endpoints = [SwitchEndpoint(name, addr, dev) for name, addr, dev in cfg.switches()]
-        controller = Controller(topo, endpoints, settings, catalog, filler).start()
+        sinks = [AgentHintClient(url, token=token.value) for url in cfg.agent_api]
+        controller = Controller(topo, endpoints, settings, catalog, filler, hint_sinks=sinks).start()
     except (TopologyError, ControllerError, SwitchUnreachableError, WriteError, OSError, auth.TokenError) as exc:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,9 @@ writes; this module connects them:
   ``pool_lookup`` inserts / deletes there, and ask the holder to push each newly admitted
   chunk to that switch's fill sink so it fills on pass (values never travel through the
   controller); a report of new demand from a switch outside a chunk's site moves it;
+* each epoch (``multicast`` and ``pool``): tell the agents which chunks are worth asking for
+  one fragment at a time, the hot ones (reported by the switches' digests) and the pooled
+  ones (``controller.hints``); every other chunk takes the cheap range path;
 * every ``epochs_per_sketch_epoch`` epochs, advance the sketch epoch (a default-action
   write), which ages the data plane's popularity counts without register writes;
 * operator side (served by ``controller.api``): overrides queued with ``submit`` are applied
@@ -68,6 +71,7 @@ from typing import Any, Protocol
 
 from controller.directory import Directory, Role
 from controller.fabric import FabricSettings, SwitchConfig, sink_addresses, switch_configs
+from controller.hints import HintPublisher, HintSchedule, HintSettings, HintSink, HotChunks, hints_for
 from controller.p4runtime import Digest, Entry, P4RuntimeError, P4RuntimeSwitch
 from controller.placement import MARK_KEY, Placements
 from controller.policy.changes import Admit, Change, Evict, EvictAction
@@ -80,6 +84,7 @@ from controller.policy.site import Site, choose_site
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import POOL_SLOTS, PoolState
+from kvpool.hints import Hints
 from kvpool.httpjson import ApiError, JsonClient
 from kvpool.topology import Topology
 
@@ -255,6 +260,8 @@ class ControllerSettings:
     adopt: bool = True
     #: longest wait between two reconnect attempts to a switch that is down
     reconnect_backoff_s: float = 1.0
+    #: how long a chunk stays hot and how often agents hear about hot and pooled chunks
+    hints: HintSettings = field(default_factory=HintSettings)
 
 
 @dataclass
@@ -304,9 +311,10 @@ class Controller:
     def __init__(self, topo: Topology, switches: Iterable[SwitchEndpoint], settings: ControllerSettings | None = None,
                  catalog: Catalog | None = None, filler: FillRequester | None = None,
                  driver_factory: Callable[[SwitchEndpoint, ControllerSettings], P4RuntimeSwitch] | None = None,
-                 directory: Directory | None = None) -> None:
+                 directory: Directory | None = None, hint_sinks: Iterable[HintSink] = ()) -> None:
         """``directory`` lets the directory (registered agents, issued generations) outlive this
-        controller, e.g. across experiment modes that each program the switches afresh."""
+        controller, e.g. across experiment modes that each program the switches afresh;
+        ``hint_sinks`` are the agents told which chunks to ask for singly (``controller.hints``)."""
         self.topo = topo
         self.settings = settings or ControllerSettings()
         self.endpoints = {e.name: e for e in switches}
@@ -347,6 +355,10 @@ class Controller:
         self.activity: dict[int, ChunkActivity] = {}
         self.snapshot: dict[str, Any] = {}
         self._overrides: queue.Queue[tuple[Override, Future[dict[str, Any]]]] = queue.Queue()
+        # Hints to agents: hot chunks (from digests) and pooled ones, sent when they change.
+        self.hot = HotChunks(self.settings.hints.hot_ttl_s)
+        self._hint_schedule = HintSchedule(self.settings.hints.refresh_s)
+        self.hints = HintPublisher(list(hint_sinks))
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> Controller:
@@ -391,6 +403,7 @@ class Controller:
                      self.settings.mode)
         if self.settings.mode is Mode.POOL:
             self._slot_hits()  # baselines: hits a warm switch counted before this controller are no fetches of ours
+        self._send_hints(time.monotonic())  # at once: agents drop hints an earlier controller gave
         self.publish_snapshot()
         return self
 
@@ -488,13 +501,16 @@ class Controller:
         cfg = self.configs[name]
         mode = self.settings.mode
         coalescing = {n.WAITER_LOOKUP, n.WAITER_EGRESS}
+        # Hot-chunk digests in both modes that help: they are how agents learn which chunks are
+        # worth single GETs (the fill-mismatch digest matters only to a pool).
         sw.intend([e for e in cfg.entries if mode is not Mode.PLAIN or e.table not in coalescing],
                   defaults=cfg.defaults,
                   groups=cfg.groups if mode is not Mode.PLAIN else None,
-                  digests=cfg.digests if mode is Mode.POOL else None)
+                  digests=cfg.digests if mode is not Mode.PLAIN else None)
 
     def close(self) -> None:
-        """Close every P4Runtime connection (entries stay on the switches)."""
+        """Close every P4Runtime connection (entries stay on the switches) and stop sending hints."""
+        self.hints.close()
         for sw in self.switches.values():
             sw.close()
         self.switches.clear()
@@ -537,8 +553,12 @@ class Controller:
                 report.observations = len(observations)
                 changes = self.engine.step(observations)
                 self._apply(changes, report)
+            elif self.settings.mode is Mode.MULTICAST:
+                self._observe(report, hot_only=True)
+            if self.settings.mode is not Mode.PLAIN:
                 if self.epoch % self.settings.epochs_per_sketch_epoch == 0:
                     self._next_sketch_epoch()
+                self._send_hints(time.monotonic())
             self.reports.append(report)
             if report.admitted or report.evicted:
                 log.info("epoch %d: %d digests, %d observations, admitted %d, evicted %d", report.epoch,
@@ -548,21 +568,29 @@ class Controller:
             self.publish_snapshot()
             return report
 
-    def _observe(self, report: EpochReport) -> list[Observation]:
+    def _observe(self, report: EpochReport, hot_only: bool = False) -> list[Observation]:
+        """Digests in, observations for the policy out; every hot report also goes to ``self.hot``.
+
+        ``hot_only`` (multicast mode, no pool): only the hot set is kept.
+        """
         obs: list[Observation] = []
         moved: set[int] = set()
+        now = time.monotonic()
         while True:
             try:
                 switch, digest = self._digests.get_nowait()
             except queue.Empty:
                 break
-            if digest.name == n.FILL_MISMATCH:
+            if digest.name == n.FILL_MISMATCH and not hot_only:
                 self._on_mismatch(digest, report)
                 continue
             if digest.name != n.HOT_CHUNK:
                 continue
             report.digests += 1
             for item in digest.items:
+                self.hot.report(int(item["chunk_key"]), now)
+                if hot_only:
+                    continue
                 info = self.catalog.get(item["chunk_key"])
                 if info is None:
                     report.unknown_keys += 1
@@ -594,6 +622,22 @@ class Controller:
                 obs.extend([Observation(info.key, info.parent, info.position, info.nbytes)]
                            * min(delta, self.settings.max_observations_per_digest))
         return obs
+
+    def _send_hints(self, now: float) -> None:
+        """Send agents the hot and pooled chunks when they changed (or a refresh is due)."""
+        if not self.hints.sinks:
+            return
+        pooled = set(self.residents)
+        hot = self.hot.live(now) - pooled
+
+        def nbytes(key: int) -> int:
+            info = self.catalog.get(key)
+            return 0 if info is None else info.nbytes
+
+        chunks = hints_for(hot, pooled, nbytes)
+        if self._hint_schedule.due(chunks, now):
+            merge = self.settings.mode is not Mode.PLAIN
+            self.hints.publish(Hints(chunks, self.settings.hints.ttl_s, merge))
 
     def _slot_hits(self) -> dict[int, int]:
         """Hits per slot since the last read, summed over the switches that answer now.

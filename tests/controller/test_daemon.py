@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,9 @@ from controller.daemon import (
 from controller.fabric import FabricSettings
 from controller.placement import MARK_KEY
 from kvpool import contract as n
+from kvpool import hints as kh
 from kvpool import wire
+from kvpool.hints import GetPath, Hint, Hints
 from tests.ctl_harness import P4INFO, SKIP_REASON, TOPO, FakeSink, ModelSwitch
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=SKIP_REASON)
@@ -46,11 +49,23 @@ def switch() -> Iterator[ModelSwitch]:
     sw.stop()
 
 
-def controller(switch: ModelSwitch, mode: Mode, sink: FakeSink | None = None, adopt: bool = True) -> Controller:
+class HintRecorder:
+    """An agent's hints API as the controller sees it: records every document sent."""
+
+    def __init__(self) -> None:
+        self.docs: list[Hints] = []
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        self.docs.append(kh.parse(doc))
+
+
+def controller(switch: ModelSwitch, mode: Mode, sink: FakeSink | None = None, adopt: bool = True,
+               hints: HintRecorder | None = None) -> Controller:
     settings = ControllerSettings(mode=mode, p4info=P4INFO, fabric=FabricSettings(popularity_threshold=2),
                                   epoch_s=0.05, adopt=adopt)
     catalog = Catalog([ChunkInfo(KEY, None, 0, len(CHUNK))])
-    return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink)
+    return Controller(TOPO, [SwitchEndpoint("s1", switch.address, 1)], settings, catalog, sink,
+                      hint_sinks=[hints] if hints is not None else ())
 
 
 def _kv(frame: bytes) -> wire.Header:
@@ -106,6 +121,41 @@ def test_hot_chunk_is_admitted_filled_and_served_by_the_switch(switch: ModelSwit
         report = ctl.run_epoch()
         assert report.slot_hits == 1
         assert ctl.status()["pool"] == {"slots": 1024, "used": 4, "chunks": 1}
+
+
+def _latest(ctl: Controller, rec: HintRecorder, want: Callable[[Hints], bool]) -> Hints:
+    """Run epochs until the agents were sent a document ``want`` accepts; that document."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ctl.run_epoch()
+        ctl.hints.flush()
+        if rec.docs and want(rec.docs[-1]):
+            return rec.docs[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"never sent; last documents: {rec.docs[-3:]}")
+
+
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.MULTICAST, Mode.POOL])
+def test_agents_hear_which_chunks_are_hot_or_pooled_and_whether_the_switches_merge(switch: ModelSwitch,
+                                                                                  mode: Mode) -> None:
+    rec = HintRecorder()
+    with controller(switch, mode, FakeSink(), hints=rec) as ctl:
+        ctl.hints.flush()
+        # At start, at once: nothing named, so every agent drops what an earlier controller said.
+        assert rec.docs and rec.docs[0].chunks == {} and rec.docs[0].merge is (mode is not Mode.PLAIN)
+        for i, h in enumerate((H1, H2, H3)):  # KEY asked for by three requesters: hot (threshold 2)
+            switch.send(h, HOLDER, wire.get_packet(KEY, 0, 64, request_id=30 + i))
+        if mode is Mode.PLAIN:
+            for _ in range(5):  # no digests in plain mode: nothing to tell
+                ctl.run_epoch()
+            ctl.hints.flush()
+            assert all(d.chunks == {} and not d.merge for d in rec.docs)
+            return
+        expect = GetPath.SERVABLE if mode is Mode.POOL else GetPath.SINGLE
+        doc = _latest(ctl, rec, lambda d: d.chunks.get(KEY, Hint(GetPath.RANGE)).path is expect)
+        # The length comes from the catalog: a requester asks for every fragment at once.
+        assert doc.chunks == {KEY: Hint(expect, len(CHUNK))} and doc.merge
+        assert doc.ttl_s == ctl.settings.hints.ttl_s
 
 
 def test_unknown_digest_keys_are_counted_not_admitted(switch: ModelSwitch) -> None:
