@@ -71,8 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
                    "(default: the target's, 600 on the model, 64 on BMv2)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
-                   help="holder waits this long before answering a GET, so GETs of requesters that start a little late "
-                   "are coalesced too (default: the target's, 100)")
+                   help="holder waits this long before answering a single-fragment GET of a chunk the controller "
+                   "reported hot or pooled, so GETs of requesters that start a little late are coalesced too "
+                   "(default: the target's, 100; other GETs are answered at once)")
+    p.add_argument("--max-queue-ms", type=float, default=d.max_queue_ms,
+                   help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 500)")
+    p.add_argument("--deadline-s", type=float, default=d.deadline_s,
+                   help="deadline of each replayed request (default: 10x the replay's bytes at line rate, 60-3600 s, "
+                   "so only an unreachable holder fails a request)")
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object last (per mode: holder_bytes, ...)")
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, hold_ms=args.hold_ms,
+                     max_queue_ms=args.max_queue_ms, deadline_s=args.deadline_s,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))
     try:
         cfg.validate()

@@ -51,13 +51,20 @@ class DemoConfig:
     fabric_mbps: float = 1000.0
     out: Path = Path("results/demo")
     seed: int = 0
-    fetch_timeout_s: float = 60.0
+    deadline_s: float | None = None
+    """Deadline of each replayed request (the caller's, given to the agent's fetch).  None: far
+    beyond what the work implies (``load.default_deadline_s``: 10 x the replay's bytes at line
+    rate, 60..3600 s), so a request fails only when its holder cannot be reached."""
     window: int | None = None
     """Fragments each requester keeps in flight (single-fragment GETs); None: the target's
     (``TARGET_KNOBS``; on the model enough for the whole hot prefix, so every requester asks
     for all of it at once, as an engine fetching a prefix does)."""
     hold_ms: float | None = None
-    """How long the holder waits before answering a GET (``kvpool-agent --hold``); None: the target's."""
+    """How long the holder waits before answering a single-fragment GET of a chunk the controller
+    reported hot or pooled (``kvpool-agent --hold``; every other GET is answered at once); None:
+    the target's."""
+    max_queue_ms: float = 500.0
+    """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
 
@@ -107,6 +114,8 @@ class DemoConfig:
             "time_scale": self.time_scale > 0,
             "window": self.window is None or 1 <= self.window <= 4096,
             "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
+            "max_queue_ms": 0 <= self.max_queue_ms <= 60_000,
+            "deadline_s": self.deadline_s is None or 0 < self.deadline_s <= 3600,
         }
         for name, ok in checks.items():
             if not ok:

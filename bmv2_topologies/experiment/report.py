@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
+from bmv2_topologies.experiment.load import saved_of_ideal
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -26,11 +28,13 @@ class SwitchCounts:
     served: int = 0
     fills: int = 0
     collisions: int = 0
+    expired: int = 0
+    """GETs that found their pending slot expired (the earlier waiters' answer no longer multicast to them)."""
 
     def summary(self) -> dict[str, int]:
         """The per-switch JSON object."""
         return {"absorbed_gets": self.absorbed, "served_hits": self.served, "fills": self.fills,
-                "pending_collisions": self.collisions}
+                "pending_collisions": self.collisions, "pending_expired": self.expired}
 
 
 @dataclass
@@ -49,6 +53,8 @@ class ModeResult:
     switch_served: int = 0
     coalesced: int = 0
     collisions: int = 0
+    expired: int = 0
+    """GETs that found their fragment's pending slot expired and took it over."""
     admitted: int = 0
     peak_incast: int = 0
     seconds: float = 0.0
@@ -56,6 +62,15 @@ class ModeResult:
     pcaps: dict[str, Path] = field(default_factory=dict)
     """Capture of each holder's link (kvpool headers), by holder; this mode's packets are those in ``window``."""
     window: tuple[float, float] = (0.0, 0.0)
+    requested_bytes: int = 0
+    """Wire bytes of every request's chunks (``experiment.load``)."""
+    ideal_bytes: int = 0
+    """This mode's ideal: everything asked in plain, each chunk once per overlapping window otherwise."""
+    agents: dict[str, int] = field(default_factory=dict)
+    """Transport counters the mode changed, summed over the agents (GETs, BUSY, retransmits, paths)."""
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)
+    """Per request: when it started (s into the replay), which requester, its delivery time (ms; NaN: failed;
+    None in the JSON)."""
 
     def percentile(self, q: float) -> float:
         """The q-th percentile of delivery times (ms), nearest rank."""
@@ -73,10 +88,16 @@ class ModeResult:
             "failed": self.failed,
             "coalesced_gets": self.coalesced,
             "pending_collisions": self.collisions,
+            "pending_expired": self.expired,
             "chunks_admitted": self.admitted,
             "seconds": round(self.seconds, 2),
             "fabric_bytes": self.fabric_bytes,
             "switches": {name: c.summary() for name, c in self.switches.items()},
+            "requested_bytes": self.requested_bytes,
+            "ideal_bytes": self.ideal_bytes,
+            "agents": dict(self.agents),
+            "timeline": [[round(at, 3), who, None if math.isnan(ms) else round(ms, 1)]
+                         for at, who, ms in sorted(self.timeline)],
         }
 
 
@@ -121,17 +142,24 @@ def _aligned(rows: Sequence[Sequence[str]], left: int = 1) -> str:
 
 
 def demo_table(results: list[ModeResult]) -> str:
-    """The demo's results as plain-text tables: one row per mode, then (several switches) one per mode and switch."""
+    """The demo's results as plain-text tables: one row per mode, then (several switches) one per mode and switch.
+
+    "ideal MB" is the mode's ideal (``experiment.load``); "saved of ideal" the bytes it saved
+    against plain as a fraction of what its ideal saves ("-" when the ideal saves under 1%).
+    """
     fabric = any(len(r.switches) > 1 for r in results)
     head = ("mode", "deliver p50 ms", "deliver p99 ms", "holder MB", "vs plain", *(("fabric MB",) if fabric else ()),
-            "switch-served", "peak incast", "failed")
+            "ideal MB", "saved of ideal", "switch-served", "peak incast", "failed")
     rows = [head]
     plain = next((r for r in results if r.mode == "plain"), None)
     for r in results:
         s = r.summary()
         ratio = f"{r.holder_bytes / plain.holder_bytes:.3f}" if plain and plain.holder_bytes else "-"
+        saved = (saved_of_ideal(r.holder_bytes, plain.holder_bytes, r.ideal_bytes, r.requested_bytes)
+                 if plain is not None and r is not plain else None)
         rows.append((r.mode, f"{s['deliver_p50_ms']:.1f}", f"{s['deliver_p99_ms']:.1f}",
                      f"{r.holder_bytes / 1e6:.2f}", ratio, *((f"{r.fabric_bytes / 1e6:.2f}",) if fabric else ()),
+                     f"{r.ideal_bytes / 1e6:.2f}", "-" if saved is None else f"{saved:.2f}",
                      f"{s['switch_served_fraction']:.1%}", str(r.peak_incast), str(r.failed)))
     text = _aligned(rows)
     if not fabric:

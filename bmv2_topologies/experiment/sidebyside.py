@@ -214,7 +214,7 @@ class SideBySide:
         Each holder's share comes from that holder; every chunk is compared with the published bytes.
         """
         hosts = self.bed.requesters()
-        timeout = self.bed.cfg.fetch_timeout_s
+        timeout = self.bed.deadline_s
         start = time.monotonic() + 0.3
         ends: dict[int, float] = {}
 

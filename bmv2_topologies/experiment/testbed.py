@@ -31,6 +31,7 @@ from typing import Any
 
 from rich.progress import Progress
 
+from bmv2_topologies.experiment import load
 from bmv2_topologies.experiment.capture import LinkCapture, fabric_links, holder_links, link_bytes, peak_gets
 from bmv2_topologies.experiment.config import DemoConfig
 from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plot, demo_table
@@ -46,6 +47,7 @@ from controller.daemon import (
     SwitchEndpoint,
 )
 from controller.fabric import FabricSettings, sink_addresses
+from controller.hints import AgentHintClient
 from controller.policy.site import edge_switches
 from hostagent.client import AgentClient
 from kvpool import auth, wire
@@ -53,7 +55,8 @@ from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
 from kvpool.httpjson import ApiError
-from kvpool.topology import Host, Topology, TopologyError, leaf_spine, load, star
+from kvpool.topology import Host, Topology, TopologyError, leaf_spine, star
+from kvpool.topology import load as load_topology
 
 log = logging.getLogger("kvpool.demo")
 
@@ -99,7 +102,7 @@ def build_topology(cfg: DemoConfig) -> Topology:
     """The network ``cfg`` names: a generated star or leaf-spine, or a topology file (TopologyError if bad)."""
     path = cfg.topology_file
     if path is not None:
-        return load(path)
+        return load_topology(path)
     if cfg.topology == "leaf-spine":
         return leaf_spine(cfg.leaves, cfg.spines, cfg.requesters, cfg.holder_count, holder_mbps=cfg.holder_mbps,
                           host_mbps=cfg.host_mbps, fabric_mbps=cfg.fabric_mbps)
@@ -147,6 +150,16 @@ class Testbed(StarHosts):
         self.captures: dict[str, LinkCapture] = {}
         self.token: Token | None = None
         """The operator's token (made if missing): the agents check it, the clients here send it."""
+        chunk_len = {k: len(v) for k, v in workload.blobs.items()}
+        capacity = cfg.holder_mbps * 1e6 / 8
+        #: What the replay asks of the holder link, against its capacity (printed before a run).
+        self.offered = load.offered_load(workload.requests, chunk_len, capacity, holder="h0")
+        self.requested_bytes = self.offered.total_bytes
+        #: Each distinct chunk once per overlapping window (experiment/load.py defines it).
+        self.ideal_bytes = load.ideal_bytes(workload.requests, chunk_len, capacity)
+        #: Each replayed request's deadline: the caller's, else far beyond what the work implies.
+        self.deadline_s = cfg.deadline_s or load.default_deadline_s(self.requested_bytes, capacity,
+                                                                     self.offered.span_s)
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -186,14 +199,15 @@ class Testbed(StarHosts):
         # The holder paces to its link (as a real holder paces to its NIC), with a shallow
         # bucket: an unpaced burst would overflow the shaped link's queue and turn into
         # retransmissions, and answers sent before the other requesters' GETs arrive could
-        # not be coalesced. Requesters keep
-        # few fragments in flight so the holder's queue, and so the time a GET waits for its
-        # answer, stays well under the retransmit timeout and the switch's pending timeout.
+        # not be coalesced.  Its queue is bounded (--max-queue): beyond it GETs are answered
+        # BUSY with a retry hint, so overload waits at the requesters, not in a queue whose
+        # delay outgrows the switch's pending timeout (an absorbed GET whose slot expired is
+        # never answered) and every retransmit timeout.  Requesters take the range path for
+        # every chunk but those the controller's hints name (hot or pooled).
         rate = self.cfg.holder_mbps * 1e6 / 8 * 0.9
-        # Everything every requester may have asked for can sit in the holder's queue at
-        # once (plain forwarding, all asking at the same moment): re-asking before that
-        # queue drains would only duplicate it, so the retransmit timeout covers it twice.
-        queue_s = len(self.requesters()) * self.cfg.in_flight * wire.DATA_DATAGRAM_LEN / rate
+        # The longest an accepted GET waits for its answer: a full queue, plus the hold.
+        # Re-asking sooner would only duplicate it, so the retransmit timeout covers it twice.
+        queue_s = self.cfg.max_queue_ms / 1000 + self.cfg.hold_s
         rto = max(1.0, 2 * queue_s)
         assert self.token is not None  # running() loads it first
         try:
@@ -202,13 +216,14 @@ class Testbed(StarHosts):
                         "--token-file", str(self.token.path),
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                        "--single-gets", "--window", str(self.cfg.in_flight), "--max-inflight", str(self.cfg.in_flight),
+                        "--window", str(self.cfg.in_flight), "--max-inflight", str(self.cfg.in_flight),
                         "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}",
                         # The testbed's hosts are the requesters a holder answers (no directory here).
                         *(f"--allow={o.address}" for o in self.topo.hosts.values() if o.name != h.name)]
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
-                             "--hold", str(self.cfg.hold_s), *holder_args.get(h.name, [])]
+                             "--hold", str(self.cfg.hold_s), "--max-queue", str(self.cfg.max_queue_ms / 1000),
+                             *holder_args.get(h.name, [])]
                 self.procs.append(self.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60
             for h in self.topo.hosts.values():
@@ -247,9 +262,13 @@ class Testbed(StarHosts):
                                       p4info=build / n.P4INFO_FILE, bmv2_json=build / n.BMV2_JSON_FILE,
                                       adopt=False)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
+        token = self.token.value if self.token is not None else None
         filler = HolderPushes({k: self.api(self.holder_of(wl.positions[k]).name) for k in wl.blobs},
-                              SINK_ADDRESS, self.token.value if self.token is not None else None)
-        return Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None)
+                              SINK_ADDRESS, token)
+        # Every agent hears which chunks are hot or pooled (the holders too: they hold only those).
+        sinks = [AgentHintClient(self.api(h), token=token) for h in self.topo.hosts]
+        return Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None,
+                          hint_sinks=sinks)
 
     def run_mode(self, mode: str, progress: Callable[[], None] | None = None,
                  replay: Replay | None = None) -> ModeResult:
@@ -260,6 +279,7 @@ class Testbed(StarHosts):
         ctl = self.controller(mode)
         result = ModeResult(mode)
         stop = threading.Event()
+        agents_before = self.agent_counters()
         with ctl:
             for sw in ctl.switches.values():
                 # A clean slate: registers and counters of the last mode are gone; the driver
@@ -291,7 +311,12 @@ class Testbed(StarHosts):
             result.switch_served = sum(c.served for c in result.switches.values())
             result.coalesced = sum(c.absorbed for c in result.switches.values())
             result.collisions = sum(c.collisions for c in result.switches.values())
+            result.expired = sum(c.expired for c in result.switches.values())
+        after = self.agent_counters()
+        result.agents = {k: after[k] - agents_before.get(k, 0) for k in after}
         result.fragments = wl.fragments
+        result.requested_bytes = self.requested_bytes
+        result.ideal_bytes = load.ideal_for_mode(mode, self.requested_bytes, self.ideal_bytes)
         return result
 
     def shares(self, keys: list[int]) -> dict[str, list[int]]:
@@ -331,8 +356,18 @@ class Testbed(StarHosts):
             th.join()
         return "; ".join(errors) if errors else None
 
+    def agent_counters(self) -> dict[str, int]:
+        """Transport counters summed over every agent (what each mode changed is the difference)."""
+        total: dict[str, int] = {}
+        for h in self.topo.hosts:
+            st = AgentClient(self.api(h), timeout=30).stats()["transport"]
+            for name in AGENT_COUNTERS:
+                total[name] = total.get(name, 0) + int(st.get(name, 0))
+            for path, n_req in st.get("requests_by_path", {}).items():
+                total[f"requests_{path}"] = total.get(f"requests_{path}", 0) + int(n_req)
+        return total
+
     def _replay(self, result: ModeResult, progress: Callable[[], None] | None) -> None:
-        cfg = self.cfg
         hosts = self.requesters()
         lock = threading.Lock()
         start = time.monotonic() + 0.5
@@ -342,10 +377,11 @@ class Testbed(StarHosts):
             if delay > 0:
                 time.sleep(delay)
             t = time.monotonic()
-            error = self.fetch(hosts[req.requester], req.keys, cfg.fetch_timeout_s)
+            error = self.fetch(hosts[req.requester], req.keys, self.deadline_s)
             elapsed = (time.monotonic() - t) * 1000 if error is None else float("nan")
             with lock:
                 result.requests += 1
+                result.timeline.append((req.at_s, req.requester, elapsed if error is None else float("nan")))
                 if error is None:
                     result.deliver_ms.append(elapsed)
                 else:
@@ -359,6 +395,12 @@ class Testbed(StarHosts):
             th.start()
         for th in threads:
             th.join()
+
+
+AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "busy_received", "busy_retries",
+                  "nacks_sent", "holds", "conversions", "converted_gets", "cancelled_fragments", "requests_failed")
+"""Transport counters a mode's result reports, summed over the agents (``ModeResult.agents``)."""
+
 
 
 class HolderPushes:
@@ -385,7 +427,8 @@ def switch_counters(ctl: Controller) -> dict[str, SwitchCounts]:
         pool = sw.read_counter(n.POOL_STATS)
         coal = sw.read_counter(n.COALESCE_STATS)
         out[name] = SwitchCounts(absorbed=coal[CoalesceStat.ABSORBED].packets, served=pool[PoolStat.HIT].packets,
-                                 fills=pool[PoolStat.FILL].packets, collisions=coal[CoalesceStat.COLLISION].packets)
+                                 fills=pool[PoolStat.FILL].packets, collisions=coal[CoalesceStat.COLLISION].packets,
+                                 expired=coal[CoalesceStat.EXPIRED_REUSED].packets)
     return out
 
 
@@ -414,6 +457,11 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
           f"window {cfg.in_flight}, hold {cfg.hold_s * 1000:g} ms",
           file=sys.stderr)
     results: list[ModeResult] = []
+    print(f"kvpool demo: {bed.offered.line()}", file=sys.stderr)
+    print(f"kvpool demo: ideal (each chunk once per overlapping window): {bed.ideal_bytes / 1e6:.1f} MB, "
+          f"{bed.ideal_bytes / max(1, bed.requested_bytes):.3f} of the bytes asked; each request's deadline "
+          f"{bed.deadline_s:.0f} s{'' if cfg.deadline_s else ' (default: far beyond the work at line rate)'}",
+          file=sys.stderr)
     try:
         with bed.running(), Progress(transient=True) as bar:
             for mode in cfg.modes:
@@ -425,9 +473,15 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     text = demo_table(results)
     print(text)
     summary = {r.mode: r.summary() for r in results}
+    off = bed.offered
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
            "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
-           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "hold_ms": cfg.hold_s * 1000, **summary}
+           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "hold_ms": cfg.hold_s * 1000,
+           "offered": {"holder": off.holder, "bytes": off.total_bytes, "span_s": round(off.span_s, 3),
+                       "mean_bps": round(off.mean_bps), "peak_bps": round(off.peak_bps),
+                       "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},
+           "requested_bytes": bed.requested_bytes, "ideal_bytes": bed.ideal_bytes, "deadline_s": bed.deadline_s,
+           **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")
     demo_plot(results, cfg.out / "demo.png")

@@ -264,7 +264,7 @@ class TtftRun:
         self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed in {time.perf_counter() - t:.1f} s")
         demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target, modes=cfg.modes,
                           block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, hold_ms=cfg.hold_ms, out=out,
-                          fetch_timeout_s=cfg.fetch_timeout_s, seed=cfg.seed)
+                          deadline_s=cfg.fetch_timeout_s, seed=cfg.seed)
         self.bed = Testbed(demo, self.workload)
         self.hosts = Hosts(self.bed, cfg)
         self.keys = list(self.workload.blobs)

@@ -1,0 +1,78 @@
+"""scripts/bench_replay.py without a network: the grid, the tool trace, how a cell is judged, the last line.
+
+Cells are judged from the JSON ``kvpool demo --json`` prints; ``--resume`` reads results
+already in ``--out``, which is how these tests feed the bench without running Mininet.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_replay.py"
+BENCH = runpy.run_path(str(SCRIPT))
+
+
+def _mode(p50: float, p99: float, holder: int, ideal: int, failed: int = 0) -> dict[str, Any]:
+    return {"deliver_p50_ms": p50, "deliver_p99_ms": p99, "holder_bytes": holder, "ideal_bytes": ideal,
+            "requested_bytes": 1000, "failed": failed}
+
+
+def _doc(mc: dict[str, Any], pool: dict[str, Any], plain_failed: int = 0) -> dict[str, Any]:
+    return {"offered": {"mean_bps": 2.0, "capacity_bps": 4.0}, "plain": _mode(100, 200, 1000, 1000, plain_failed),
+            "multicast": mc, "pool": pool}
+
+
+def test_the_grid_is_every_combination_and_a_subset_is_one_flag_away(capsys: pytest.CaptureFixture[str]) -> None:
+    assert BENCH["main"](["--list"]) == 0
+    cells = capsys.readouterr().out.split()
+    assert len(cells) == 32 and "conversation-r48-n4-t0.25-m10" in cells and "tool-r200-n8-t1-m100" in cells
+    assert BENCH["main"](["--list", "--traces", "tool", "--requests", "48", "--requesters", "8", "--time-scales", "1",
+                          "--mbps", "100"]) == 0
+    assert capsys.readouterr().out.split() == ["tool-r48-n8-t1-m100"]
+    assert BENCH["main"](["--list", "--traces", "chat"]) == 2
+    assert "unknown 'chat'" in capsys.readouterr().err
+
+
+def test_tool_trace_is_seeded_bursty_and_shares_its_prompts() -> None:
+    a, b = BENCH["tool_trace"](200, 1), BENCH["tool_trace"](200, 1)
+    assert len(a) == 200 and [r.hash_ids for r in a] == [r.hash_ids for r in b]
+    assert list(a.timestamps) == sorted(a.timestamps)
+    blocks = [(r.hash_ids[: i + 1]) for r in a for i in range(len(r.hash_ids))]
+    assert len(set(blocks)) < len(blocks) / 2  # long prompts re-sent by many sessions and steps
+    other = BENCH["tool_trace"](200, 2)
+    assert [r.hash_ids for r in other] != [r.hash_ids for r in a]  # another seed, another trace
+
+
+def test_a_cell_is_judged_against_plain_in_the_same_run() -> None:
+    judge = BENCH["judge"]
+    j = judge(_doc(_mode(104, 150, 800, 600), _mode(90, 210, 500, 600, failed=1)))
+    assert j["failed"] == 1
+    assert j["multicast"]["slowdown"] == pytest.approx(1.04)  # p50: 104 / 100
+    assert j["pool"]["slowdown"] == pytest.approx(1.05)  # p99: 210 / 200
+    assert j["multicast"]["saved_of_ideal"] == pytest.approx(0.5)  # saved 20% where the ideal saves 40%
+    assert j["pool"]["saved_of_ideal"] == pytest.approx(1.25)
+    nothing = judge(_doc(_mode(100, 200, 990, 995), _mode(100, 200, 990, 995)))
+    assert nothing["multicast"]["saved_of_ideal"] is None  # under 1% to save: not judged on bytes
+
+
+def test_results_in_out_are_reused_and_the_last_line_sums_the_grid(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    cell = ["--traces", "conversation", "--requests", "48", "--requesters", "4", "--time-scales", "1", "--mbps",
+            "10,100", "--out", str(tmp_path), "--resume", "--conversation", str(SCRIPT)]
+    good = _doc(_mode(100, 200, 700, 600), _mode(95, 190, 650, 600))
+    (tmp_path / "conversation-r48-n4-t1-m10.json").write_text(json.dumps(good))
+    slow = _doc(_mode(120, 200, 900, 600), _mode(100, 200, 700, 600), plain_failed=2)
+    (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(slow))
+    assert BENCH["main"](cell) == 1  # 1.2x slower somewhere and 2 failed: not done
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("trace") and len(lines) == 4
+    assert lines[-1] == "worst_slowdown_vs_plain=1.200 failed=2 bytes_saved_of_ideal=0.250"
+    (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(good))
+    assert BENCH["main"](cell) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "worst_slowdown_vs_plain=1.000 failed=0 bytes_saved_of_ideal=0.750")

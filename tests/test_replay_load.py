@@ -1,0 +1,78 @@
+"""Offered load, overlapping windows, ideal bytes and the replay's deadline: the arithmetic the demo prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from bmv2_topologies.experiment import load
+from bmv2_topologies.experiment.workload import Request
+from kvpool import wire
+
+FRAME = 1490  # Ethernet + IPv4 + UDP + 40-byte header + 1408 payload bytes
+A, B, C = 1, 2, 3
+LEN = {A: 10 * wire.FRAG_PAYLOAD, B: 5 * wire.FRAG_PAYLOAD + 1, C: 1}  # 10, 6 and 1 fragments
+
+
+def test_wire_bytes_count_data_frames() -> None:
+    assert load.DATA_FRAME_BYTES == FRAME
+    assert [load.wire_bytes(LEN[k]) for k in (A, B, C)] == [10 * FRAME, 6 * FRAME, FRAME]
+    assert load.request_bytes(Request(0.0, 0, (A, B)), LEN) == 16 * FRAME
+
+
+def test_offered_load_mean_and_busiest_window_against_capacity() -> None:
+    reqs = [Request(0.0, 0, (A,)), Request(0.5, 1, (A,)), Request(0.9, 0, (B,)), Request(4.0, 1, (C,))]
+    cap = 10 * FRAME  # bytes/s: one chunk A per second
+    off = load.offered_load(reqs, LEN, cap, holder="h0", window_s=1.0)
+    assert off.total_bytes == 27 * FRAME and off.span_s == 4.0
+    assert off.mean_bps == pytest.approx(27 * FRAME / 4.0)
+    assert off.peak_bytes == 26 * FRAME  # the first three arrive within one second
+    assert off.peak_bps / cap == pytest.approx(2.6) and off.work_s == pytest.approx(2.7)
+    line = off.line()
+    assert "h0" in line and "2.60x" in line and "0.68x" in line
+    # Everything at once: the mean is over one window, not over a zero span.
+    once = load.offered_load([Request(3.0, 0, (A,)), Request(3.0, 1, (A,))], LEN, cap)
+    assert once.span_s == 0.0 and once.mean_bps == once.peak_bps == 20 * FRAME
+    with pytest.raises(ValueError):
+        load.offered_load(reqs, LEN, 0.0)
+
+
+def test_overlapping_windows_chain_and_split() -> None:
+    assert load.overlapping_windows([]) == 0
+    assert load.overlapping_windows([(0, 1), (0.5, 2), (1.9, 3)]) == 1  # a chain is one window
+    assert load.overlapping_windows([(0, 1), (1.5, 2), (1.8, 2.5), (3, 4)]) == 3
+    assert load.overlapping_windows([(2, 3), (0, 1)]) == 2  # order of the input does not matter
+
+
+def test_ideal_bytes_carry_each_chunk_once_per_overlapping_window() -> None:
+    cap = 10 * FRAME  # request for A alone: a 1 s window
+    reqs = [
+        Request(0.0, 0, (A,)),  # window [0, 1]
+        Request(0.5, 1, (A,)),  # [0.5, 1.5]: overlaps the first, A crosses once for both
+        Request(2.0, 0, (A, B)),  # [2, 3.6]: a new window for A; B's first
+        Request(3.0, 1, (B,)),  # [3, 3.6]: inside the last one, B shared
+        Request(9.0, 0, (C,)),
+    ]
+    assert load.windows(reqs, LEN, cap)[2] == (2.0, pytest.approx(3.6))
+    ideal = load.ideal_bytes(reqs, LEN, cap)
+    assert ideal == 2 * 10 * FRAME + 6 * FRAME + FRAME
+    requested = load.requested_bytes(reqs, LEN)
+    assert requested == 3 * 10 * FRAME + 2 * 6 * FRAME + FRAME
+    assert load.ideal_for_mode("plain", requested, ideal) == requested  # the switch merges nothing
+    assert load.ideal_for_mode("multicast", requested, ideal) == ideal == load.ideal_for_mode("pool", requested, ideal)
+    # A chunk listed twice by one request still costs that request once.
+    assert load.ideal_bytes([Request(0.0, 0, (C, C))], LEN, cap) == FRAME
+
+
+def test_saved_of_ideal_compares_measured_savings_with_the_ideal_ones() -> None:
+    # The ideal saves 40% of the bytes; the mode saved 30% against plain: 0.75 of the ideal.
+    assert load.saved_of_ideal(700, 1000, 60, 100) == pytest.approx(0.75)
+    assert load.saved_of_ideal(1000, 1000, 60, 100) == 0.0
+    assert load.saved_of_ideal(1100, 1000, 60, 100) == pytest.approx(-0.25)  # it cost bytes
+    assert load.saved_of_ideal(900, 1000, 995, 1000) is None  # nothing worth saving
+    assert load.saved_of_ideal(900, 0, 50, 100) is None
+
+
+def test_default_deadline_is_far_beyond_the_work_and_within_the_api_limit() -> None:
+    assert load.default_deadline_s(0, 1e6, 0.0) == load.MIN_DEADLINE_S
+    assert load.default_deadline_s(20_000_000, 1e6, 15.0) == pytest.approx(215.0)  # 10 x 20 s + the span
+    assert load.default_deadline_s(10**12, 1e6, 0.0) == load.MAX_DEADLINE_S
