@@ -921,7 +921,8 @@ class Transport:
         r.last_progress = now
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
-        r.next_retx = now + r.rto
+        if not r.refused:  # a refusal's re-ask stays when the holder's hint said, DATA or not
+            r.next_retx = now + r.rto
         if reasm.complete and self._verified(r, reasm, now):
             self._c.goodput_bytes += reasm.chunk_len
             self._c.requests_completed += 1

@@ -687,3 +687,20 @@ def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> Non
     # whose fragments still arrive waits for a window worth a GET instead.
     frags = 24 * 40
     assert len(proxy.gets) <= frags // 8, f"{len(proxy.gets)} GETs for {frags} fragments"
+
+
+def test_refused_fragments_are_re_asked_at_the_hint_while_the_rest_of_the_request_streams() -> None:
+    payload = os.urandom(200 * wire.FRAG_PAYLOAD)
+    hints = Hints({3: Hint(GetPath.SINGLE, len(payload))}, 60.0, True)
+    # The holder takes 32-fragment runs until 64 are queued and refuses the rest: the first runs'
+    # DATA keeps arriving while the refused ones wait for the hint (tens of ms).  They must be
+    # re-asked then, not a retransmit timeout after the last DATA: the give-up (2 s of silence)
+    # comes first, so waiting for the 5 s timeout would fail the fetch.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=16 << 10, max_queue_s=0.016,
+                           max_fragments_per_get=32)
+    rcfg = TransportConfig(port=0, window_fragments=256, retransmit_timeout_s=5.0, give_up_s=2.0)
+    (res,), proxy, r = _fetch_through_proxy({3: payload}, [3], rcfg, holder_cfg=hcfg, hints=hints)
+    assert res.ok and bytes(res.data or b"") == payload, res.error
+    st = r.stats()
+    assert st["busy_received"] > 0 and st["busy_retries"] > 0 and res.retransmit_rounds == 0
+    assert all(g.frag_count == 1 for g in proxy.gets)
