@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "reported hot or pooled, so GETs of requesters that start a little late are coalesced too "
                    "(default: the target's, 100; other GETs are answered at once)")
     p.add_argument("--max-queue-ms", type=float, default=d.max_queue_ms,
-                   help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 500)")
+                   help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 1000)")
     p.add_argument("--deadline-s", type=float, default=d.deadline_s,
                    help="deadline of each replayed request (default: 10x the replay's bytes at line rate, 60-3600 s, "
                    "so only an unreachable holder fails a request)")

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 0; other GETs are answered at once)")
     parser.add_argument("--max-queue", dest="max_queue_s", type=float,
                         help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
-                        "hint (default 0.5; 0: bounded by fragments only)")
+                        "hint (default 1; 0: bounded by fragments only)")
     parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
     parser.add_argument("--max-inflight", dest="max_inflight_fragments", type=int,
                         help="fragments in flight over all requests")

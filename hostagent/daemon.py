@@ -89,7 +89,7 @@ class AgentConfig:
     """Holder answers a single-fragment GET of a chunk the hints name (hot or pooled) this long
     after it arrived, so a coalescing switch can merge the duplicates that arrive meanwhile
     (0: at once); every other GET is answered at once."""
-    max_queue_s: float = 0.5
+    max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY (with a retry hint) once its send queue holds more than
     this many seconds of sending (0: bounded by fragments only)."""
     window_fragments: int = 2048

@@ -126,6 +126,8 @@ _MAX_GENERATION_CHANGES: Final = 3
 """Times a transfer follows its holder to a newer generation before it fails (a republish storm)."""
 _MIN_GRANT: Final = 32
 """Fewest fragments a request asks for in one more window while some of its fragments are in flight."""
+_SLOW_TRANSFER_RTOS: Final = 4
+"""A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
@@ -200,7 +202,7 @@ class TransportConfig:
     or coalesce) instead of taking each chunk's path from the hints."""
     max_queued_fragments: int = 65536
     """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
-    max_queue_s: float = 0.5
+    max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY once its queue holds more than this many seconds of
     sending at ``rate_bytes_per_s`` (0: only ``max_queued_fragments`` bounds the queue)."""
     integrity_retries: int = 3
@@ -274,6 +276,8 @@ class _Request:
     """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
     busy: int = 0
     """BUSY answers it got (the holder is there and pushes back)."""
+    started: float = 0.0
+    """When its first GET went out (monotonic)."""
     check_rounds: int = 0
     """Times the chunk failed its checks and was (partly) asked for again."""
     generation_changes: int = 0
@@ -753,7 +757,7 @@ class Transport:
             idle = 0
             self._active[r.rid] = r
             r.rto = cfg.retransmit_timeout_s
-            r.last_progress = now
+            r.last_progress = r.started = now
             r.next_retx = now + r.rto
             self._send_get(r, 0, ask, 0)
             r.asked_hi = ask
@@ -1210,6 +1214,14 @@ class Transport:
             self._inflight -= r.asked_hi - got
             if r.call is not None:
                 r.call.active -= 1
+            took = time.monotonic() - r.started
+            if took >= _SLOW_TRANSFER_RTOS * self.config.retransmit_timeout_s:
+                # Rare and worth a line: how a transfer that took this long spent its time.
+                log.info("chunk %#018x from %s:%d took %.1f s (%s path%s; %s fragments; %d BUSY, %d retransmit "
+                         "rounds)%s", r.key, r.holder[0], r.holder[1], took, r.path,
+                         ", converted" if r.converted else "",
+                         "?" if r.reasm is None else f"{r.reasm.received_count}/{r.reasm.frag_count}", r.busy,
+                         r.result.retransmit_rounds, "" if error is None else f": {error}")
         self._recent[r.rid] = None
         if len(self._recent) > _RECENT_REQUESTS:
             self._recent.popitem(last=False)

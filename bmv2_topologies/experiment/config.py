@@ -63,7 +63,7 @@ class DemoConfig:
     """How long the holder waits before answering a single-fragment GET of a chunk the controller
     reported hot or pooled (``kvpool-agent --hold``; every other GET is answered at once); None:
     the target's."""
-    max_queue_ms: float = 500.0
+    max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""

@@ -160,6 +160,8 @@ class Testbed(StarHosts):
         #: Each replayed request's deadline: the caller's, else far beyond what the work implies.
         self.deadline_s = cfg.deadline_s or load.default_deadline_s(self.requested_bytes, capacity,
                                                                      self.offered.span_s)
+        #: The longest an accepted GET waits for its answer: the holder's full queue, plus its hold.
+        self.answer_wait_s = cfg.max_queue_ms / 1000 + cfg.hold_s
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -205,10 +207,9 @@ class Testbed(StarHosts):
         # never answered) and every retransmit timeout.  Requesters take the range path for
         # every chunk but those the controller's hints name (hot or pooled).
         rate = self.cfg.holder_mbps * 1e6 / 8 * 0.9
-        # The longest an accepted GET waits for its answer: a full queue, plus the hold.
-        # Re-asking sooner would only duplicate it, so the retransmit timeout covers it twice.
-        queue_s = self.cfg.max_queue_ms / 1000 + self.cfg.hold_s
-        rto = max(1.0, 2 * queue_s)
+        # Re-asking sooner than an accepted GET can take to be answered would only duplicate
+        # it, so the retransmit timeout covers that wait twice.
+        rto = max(1.0, 2 * self.answer_wait_s)
         assert self.token is not None  # running() loads it first
         try:
             for h in self.topo.hosts.values():
@@ -249,12 +250,14 @@ class Testbed(StarHosts):
             raise RuntimeError("the testbed is not running")
         wl = self.workload
         catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in wl.blobs)
-        # Pending GETs must outlive the holder's queueing delay, or duplicates arriving after
-        # the timeout go upstream again; 2 s is far above it and still frees a lost answer's slot.
+        # Pending GETs must outlive the longest wait for an answer (the holder's bounded queue
+        # and its hold), or the waiters absorbed before the slot expired are never answered; twice
+        # that is far above it and still frees a lost answer's slot soon.
+        pending_s = max(2.0, 2 * self.answer_wait_s)
         # A switch counts the fetches of its own requesters: hot when half of its busiest
         # edge switch's requesters fetch a chunk.
         busiest = max(edge_switches(self.topo).values(), default=1)
-        fabric = FabricSettings(popularity_threshold=max(2, busiest // 2), pending_timeout_us=2_000_000,
+        fabric = FabricSettings(popularity_threshold=max(2, busiest // 2), pending_timeout_us=int(pending_s * 1e6),
                                 fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC)
         build = n.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
         # adopt=False: each mode starts from an empty pool (a fresh pipeline), not the last mode's.

@@ -681,7 +681,7 @@ def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> Non
                           retransmit_timeout_s=5.0, give_up_s=30.0)
     # A paced holder: DATA arrives one datagram at a time, freeing budget one fragment at a time.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=16 << 10, max_queue_s=0)
-    results, proxy, r = _fetch_through_proxy(data, list(data), cfg, holder_cfg=hcfg)
+    results, proxy, _r = _fetch_through_proxy(data, list(data), cfg, holder_cfg=hcfg)
     assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
     # Every freed fragment of budget could be asked for on its own (one GET per DATA); a request
     # whose fragments still arrive waits for a window worth a GET instead.
