@@ -3,7 +3,8 @@
 Runs ``kvpool demo --trace`` (all three modes on one Mininet star) for every cell of a grid:
 
 * traces: ``conversation`` (the shared Mooncake conversation trace) and ``tool`` (agent and
-  tool traffic: bursts of sessions re-sending long system prompts);
+  tool traffic from ``kvpool workload tool``: bursts of sessions re-sending long system
+  prompts, each agent step extending the previous prompt);
 * ``--requests`` 48 and 200; ``--requesters`` 4 and 8; ``--time-scales`` 0.25 and 1;
   ``--mbps`` (holder link) 10 and 100; ``--target`` model.
 
@@ -23,9 +24,6 @@ against plain as a fraction of what the ideal saves (each chunk once per overlap
 ``bmv2_topologies/experiment/load.py``), among cells where the ideal saves at least 1%.
 Done when the first is at most 1.05, the second 0 and the third at least 0.5.
 
-The tool trace comes from ``kvpool.workloads`` (``kvpool workload tool``) when that module
-is installed, else from the small seeded generator below; the row says which.
-
     sudo .venv/bin/python scripts/bench_replay.py --lock /tmp/kvpool-netns.lock            # the grid
     sudo .venv/bin/python scripts/bench_replay.py --traces tool --requests 48 --requesters 4 \\
         --time-scales 1 --mbps 100                                                          # one cell
@@ -34,11 +32,9 @@ is installed, else from the small seeded generator below; the row says which.
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import math
-import random
 import subprocess
 import sys
 import time
@@ -46,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool.trace import Trace, TraceRequest, write_jsonl
+from kvpool import workloads
+from kvpool.trace import shared_trace_path, write_jsonl
 
-CONVERSATION = Path("/work/shared/data/mooncake/conversation_trace_first_half.jsonl")
 TRACES = ("conversation", "tool")
 MODES = ("plain", "multicast", "pool")
 
@@ -69,56 +65,9 @@ class Cell:
         return f"{self.trace}-r{self.requests}-n{self.requesters}-t{self.time_scale:g}-m{self.mbps:g}"
 
 
-def tool_trace(n_requests: int, seed: int = 0) -> Trace:
-    """Agent and tool traffic, Mooncake format (the bench's own generator, used without ``kvpool.workloads``).
-
-    Eight system prompts (tool schemas) of 4-16 blocks with Zipf(1) popularity; bursts of
-    sessions (exponential gaps, 2 s mean) on one prompt, a geometric number of sessions
-    (mean 6) starting within 1 s; each session takes a geometric number of agent steps (mean
-    3) about 3 s apart, each step re-sending the previous prompt plus a tool result of 1-2
-    new blocks.  The first ``n_requests`` requests by arrival time.
-    """
-    rng = random.Random(seed)
-    next_id = 0
-
-    def fresh(k: int) -> list[int]:
-        nonlocal next_id
-        ids = list(range(next_id, next_id + k))
-        next_id += k
-        return ids
-
-    prompts = [fresh(rng.randint(4, 16)) for _ in range(8)]
-    weights = [1 / (i + 1) for i in range(len(prompts))]
-    reqs: list[tuple[float, list[int]]] = []
-    t = 0.0
-
-    def geometric(mean: float) -> int:
-        return 1 + int(math.log(1 - rng.random()) / math.log(1 - 1 / mean)) if mean > 1 else 1
-
-    while len(reqs) < 4 * n_requests:  # whole sessions, then keep the first n by arrival
-        t += rng.expovariate(1 / 2.0)
-        prompt = rng.choices(prompts, weights)[0]
-        for _ in range(geometric(6.0)):
-            at = t + rng.random()
-            ids = list(prompt)
-            for _ in range(geometric(3.0)):
-                ids = ids + fresh(rng.randint(1, 2))
-                reqs.append((at, ids))
-                at += rng.expovariate(1 / 3.0)
-    reqs.sort(key=lambda r: r[0])
-    return Trace.from_requests([TraceRequest(round(at * 1000, 3), len(ids) * 512, 200, tuple(ids))
-                                for at, ids in reqs[:n_requests]])
-
-
-def make_tool_trace(path: Path, n_requests: int, seed: int) -> str:
-    """Write the tool trace to ``path``; which generator made it."""
-    try:  # by name: the module lands with the research work and may not be here yet
-        workloads = importlib.import_module("kvpool.workloads")
-    except ImportError:
-        write_jsonl(tool_trace(n_requests, seed), path)
-        return "bench_replay.tool_trace"
+def make_tool_trace(path: Path, n_requests: int, seed: int) -> None:
+    """Write ``kvpool workload tool``'s trace of ``n_requests`` requests (its default family knobs) to ``path``."""
     write_jsonl(workloads.build("tool", n_requests=n_requests, seed=seed), path)
-    return "kvpool.workloads tool"
 
 
 def run_cell(cell: Cell, args: argparse.Namespace, trace: Path) -> dict[str, Any]:
@@ -160,7 +109,7 @@ def judge(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def row(cell: Cell, doc: dict[str, Any], source: str) -> str:
+def row(cell: Cell, doc: dict[str, Any]) -> str:
     """One printed line per cell."""
     head = (f"{cell.trace:12s} {cell.requests:4d} {cell.requesters:2d} {cell.time_scale:5g} {cell.mbps:5g}")
     if "error" in doc:
@@ -177,8 +126,6 @@ def row(cell: Cell, doc: dict[str, Any], source: str) -> str:
         parts.append(f"{jm['slowdown']:5.2f} {jm['bytes_vs_plain']:5.3f} {saved:>5s}")
     parts.append(f"{doc['multicast']['ideal_bytes'] / doc['multicast']['requested_bytes']:5.3f}")
     parts.append(f"{j['failed']:3d}")
-    if cell.trace == "tool":
-        parts.append(f"({source})")
     return "  ".join(parts)
 
 
@@ -197,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mbps", default="10,100", help="holder link bandwidths")
     ap.add_argument("--target", default="model", choices=["model", "bmv2"])
     ap.add_argument("--block-tokens", type=int, default=16, help="tokens of KV per trace block (demo --block-tokens)")
-    ap.add_argument("--conversation", type=Path, default=CONVERSATION, help="the conversation trace (JSONL)")
+    ap.add_argument("--conversation", type=Path, default=shared_trace_path(),
+                    help="the conversation trace (JSONL; default: the shared Mooncake trace)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tool trace")
     ap.add_argument("--out", type=Path, default=Path("results/bench_replay"))
     ap.add_argument("--lock", type=Path, help="run each cell under flock on this file")
@@ -223,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_replay: {args.conversation} not found (--conversation PATH)", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    source = ""
     tool_path = args.out / "tool_trace.jsonl"
     if "tool" in traces:
-        source = make_tool_trace(tool_path, max(c.requests for c in cells), args.seed)
+        make_tool_trace(tool_path, max(c.requests for c in cells), args.seed)
     print(HEADER, flush=True)
     worst, failed, saved_min = 0.0, 0, math.inf
     ok = True
@@ -237,9 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             doc = run_cell(cell, args, args.conversation if cell.trace == "conversation" else tool_path)
             if "error" not in doc:
-                doc["tool_source"] = source
                 result_path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(row(cell, doc, doc.get("tool_source", source)), flush=True)
+        print(row(cell, doc), flush=True)
         if "error" in doc:
             ok = False
             continue

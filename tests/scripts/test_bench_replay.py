@@ -1,4 +1,4 @@
-"""scripts/bench_replay.py without a network: the grid, the tool trace, how a cell is judged, the last line.
+"""scripts/bench_replay.py without a network: the grid, the tool trace it writes, how a cell is judged, the last line.
 
 Cells are judged from the JSON ``kvpool demo --json`` prints; ``--resume`` reads results
 already in ``--out``, which is how these tests feed the bench without running Mininet.
@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_replay.py"
+from kvpool import workloads
+from kvpool.trace import read_jsonl
+from tests.paths import SCRIPTS
+
+SCRIPT = SCRIPTS / "bench_replay.py"
 BENCH = runpy.run_path(str(SCRIPT))
 
 
@@ -38,14 +42,11 @@ def test_the_grid_is_every_combination_and_a_subset_is_one_flag_away(capsys: pyt
     assert "unknown 'chat'" in capsys.readouterr().err
 
 
-def test_tool_trace_is_seeded_bursty_and_shares_its_prompts() -> None:
-    a, b = BENCH["tool_trace"](200, 1), BENCH["tool_trace"](200, 1)
-    assert len(a) == 200 and [r.hash_ids for r in a] == [r.hash_ids for r in b]
-    assert list(a.timestamps) == sorted(a.timestamps)
-    blocks = [(r.hash_ids[: i + 1]) for r in a for i in range(len(r.hash_ids))]
-    assert len(set(blocks)) < len(blocks) / 2  # long prompts re-sent by many sessions and steps
-    other = BENCH["tool_trace"](200, 2)
-    assert [r.hash_ids for r in other] != [r.hash_ids for r in a]  # another seed, another trace
+def test_the_tool_trace_is_the_workload_generators(tmp_path: Path) -> None:
+    path = tmp_path / "tool.jsonl"
+    BENCH["make_tool_trace"](path, 60, 3)
+    got, want = read_jsonl(path), workloads.build("tool", n_requests=60, seed=3)
+    assert [r.hash_ids for r in got] == [r.hash_ids for r in want] and len(got) == 60
 
 
 def test_a_cell_is_judged_against_plain_in_the_same_run() -> None:

@@ -52,7 +52,8 @@ def test_ideal_bytes_carry_each_chunk_once_per_overlapping_window() -> None:
         Request(3.0, 1, (B,)),  # [3, 3.6]: inside the last one, B shared
         Request(9.0, 0, (C,)),
     ]
-    assert load.windows(reqs, LEN, cap)[2] == (2.0, pytest.approx(3.6))
+    start, end = load.windows(reqs, LEN, cap)[2]
+    assert (start, end) == pytest.approx((2.0, 3.6))
     ideal = load.ideal_bytes(reqs, LEN, cap)
     assert ideal == 2 * 10 * FRAME + 6 * FRAME + FRAME
     requested = load.requested_bytes(reqs, LEN)
