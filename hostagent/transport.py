@@ -128,6 +128,8 @@ _MIN_GRANT: Final = 32
 """Fewest fragments a request asks for in one more window while some of its fragments are in flight."""
 _SLOW_TRANSFER_RTOS: Final = 4
 """A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
+_DRAIN_WINDOW_S: Final = 0.25
+"""Seconds of backlogged sending over which a holder measures the rate its queue drains at."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
@@ -365,6 +367,35 @@ def _set_buffers(sock: socket.socket, size: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, plain, size)
 
 
+@dataclass(slots=True)
+class DrainMeter:
+    """The rate a send queue drains at (bytes/s), measured only while it stays backlogged.
+
+    Over windows of ``window_s`` seconds in which the queue never ran empty (nor waited out
+    a hold), the bytes sent per second, smoothed (EWMA, 0.3 for the newest window).
+    """
+
+    window_s: float = _DRAIN_WINDOW_S
+    rate: float = 0.0
+    """The smoothed rate; 0 until one window was measured."""
+    _t0: float = 0.0
+    _sent0: int = 0
+
+    def sample(self, now: float, backlogged: bool, sent_bytes: int) -> None:
+        """Note the queue's state at ``now`` and the bytes sent so far (a counter)."""
+        if not backlogged:
+            self._t0 = 0.0
+            return
+        if self._t0 == 0.0:
+            self._t0, self._sent0 = now, sent_bytes
+            return
+        dt = now - self._t0
+        if dt >= self.window_s:
+            rate = (sent_bytes - self._sent0) / dt
+            self.rate = rate if self.rate <= 0 else 0.7 * self.rate + 0.3 * rate
+            self._t0, self._sent0 = now, sent_bytes
+
+
 def _base(records: npt.NDArray[np.void]) -> npt.NDArray[np.void] | None:
     """The pooled array ``records`` is a view of (returned to the pool when its job is done)."""
     return records.base if isinstance(records.base, np.ndarray) else None
@@ -416,6 +447,7 @@ class Transport:
         self._jobs_by_key: dict[int, list[_SendJob]] = {}
         self._tracker = DuplicateTracker(self.config.hold_s) if self.config.hold_s > 0 else None
         self._all_held_until = 0.0
+        self._drain = DrainMeter()
         self.pushed_fragments = 0
         # Fetch calls with requests waiting for a transfer slot, in round-robin order.
         self._pending: collections.deque[_Call] = collections.deque()
@@ -635,6 +667,7 @@ class Transport:
             "drops_total": sum(drops.values()),
             "send_queue": len(self._jobs),
             "send_queue_fragments": self._queued,
+            "drain_rate_bps": round(self._drain.rate),
             "inflight_budget": self._budget,
         }
         if self.holder is not None:
@@ -679,6 +712,9 @@ class Transport:
                 self._receive_data()
                 self._receive_gets()
                 blocked = self._send_jobs()
+                # Idle, or waiting out a hold, is no drain: the meter starts a new window after it.
+                self._drain.sample(time.monotonic(), self._queued > 0 and not self._all_held_until,
+                                   self._c.bytes_sent)
                 if blocked != want_out:
                     poller.modify(hfd, select.POLLIN | (select.POLLOUT if blocked else 0))
                     want_out = blocked
@@ -1389,13 +1425,26 @@ class Transport:
         """Fragments the send queue may hold before GETs are answered BUSY."""
         cfg = self.config
         limit = cfg.max_queued_fragments
-        if cfg.max_queue_s > 0 and cfg.rate_bytes_per_s > 0:
-            limit = min(limit, max(cfg.send_quantum, int(cfg.max_queue_s * cfg.rate_bytes_per_s / _L)))
+        rate = self._drain_rate()
+        if cfg.max_queue_s > 0 and rate > 0:
+            limit = min(limit, max(cfg.send_quantum, int(cfg.max_queue_s * rate / _L)))
         return limit
+
+    def _drain_rate(self) -> float:
+        """Bytes/s the send queue drains at: the pacing rate, or what this host manages when that is less.
+
+        A holder whose CPU cannot keep its pacing rate (a small, busy machine) drains more
+        slowly than it paces: the time bound of its queue must use the rate it achieves, or
+        the answers wait longer than every timeout downstream.  Unpaced: 0 (no time bound).
+        """
+        rate = self.config.rate_bytes_per_s
+        if rate <= 0 or self._drain.rate <= 0:
+            return rate
+        return min(rate, max(self._drain.rate, rate / 20))
 
     def _retry_hint_us(self, limit: int) -> int:
         """A BUSY NACK's retry hint: microseconds until the paced queue drains to half ``limit`` (0: unpaced)."""
-        rate = self.config.rate_bytes_per_s
+        rate = self._drain_rate()
         if rate <= 0:
             return 0
         excess = max(0, self._queued - limit // 2)

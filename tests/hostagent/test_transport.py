@@ -14,7 +14,7 @@ from hostagent.backend import BackendError, MemoryBackend
 from hostagent.hints import FabricHints
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
-from hostagent.transport import Address, FetchResult, Transport, TransportConfig, merge_gets
+from hostagent.transport import Address, DrainMeter, FetchResult, Transport, TransportConfig, merge_gets
 from kvpool import wire
 from kvpool.hints import GetPath, Hint, Hints
 
@@ -716,3 +716,24 @@ def test_refused_fragments_are_re_asked_at_the_hint_while_the_rest_of_the_reques
     st = r.stats()
     assert st["busy_received"] > 0 and st["busy_retries"] > 0 and res.retransmit_rounds == 0
     assert all(g.frag_count == 1 for g in proxy.gets)
+
+
+def test_a_holder_bounds_its_queue_by_the_rate_it_drains_at_not_only_the_rate_it_paces_at() -> None:
+    m = DrainMeter(window_s=0.25)
+    m.sample(10.0, True, 0)
+    m.sample(10.1, True, 100_000)
+    assert m.rate == 0.0  # not a whole window yet
+    m.sample(10.5, True, 500_000)  # 500 kB in 0.5 s of backlog
+    assert m.rate == pytest.approx(1e6)
+    m.sample(11.0, False, 600_000)  # ran empty: the idle time is no drain
+    m.sample(20.0, True, 600_000)
+    m.sample(20.5, True, 850_000)  # 250 kB in 0.5 s
+    assert m.rate == pytest.approx(0.7 * 1e6 + 0.3 * 5e5)
+    # A holder paced at 10 MB/s whose host sends 1 MB/s: one second of queue is 1 MB, not 10.
+    t = Transport(TransportConfig(port=0, rate_bytes_per_s=10e6, max_queue_s=1.0))
+    unmeasured = t._queue_limit()
+    assert unmeasured == int(10e6 / wire.DATA_DATAGRAM_LEN)
+    t._drain.rate = 1e6
+    assert t._queue_limit() == int(1e6 / wire.DATA_DATAGRAM_LEN)
+    t._drain.rate = 1e3  # never below a twentieth of the pacing rate
+    assert t._queue_limit() == int(0.5e6 / wire.DATA_DATAGRAM_LEN)
