@@ -71,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
                    "(default: the target's, 600 on the model, 64 on BMv2)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
-                   help="holder waits this long before answering a single-fragment GET of a chunk the controller "
-                   "reported hot or pooled, so GETs of requesters that start a little late are coalesced too "
-                   "(default: the target's, 100; other GETs are answered at once)")
+                   help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
+                   "so GETs of requesters that start a little late are coalesced too (default: the target's, 100; "
+                   "a lone request is answered at once)")
     p.add_argument("--max-queue-ms", type=float, default=d.max_queue_ms,
                    help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 1000)")
     p.add_argument("--deadline-s", type=float, default=d.deadline_s,

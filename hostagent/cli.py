@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst", dest="burst_bytes", type=parse_size,
                         help="pacing token bucket depth in bytes (default 256KiB)")
     parser.add_argument("--hold", dest="hold_s", type=float,
-                        help="seconds a holder waits before answering a single-fragment GET of a chunk the "
-                        "controller reported hot or pooled, so a coalescing switch merges more duplicates "
-                        "(default 0; other GETs are answered at once)")
+                        help="where the switches merge: seconds a holder holds a chunk that a second request asks "
+                        "for while another's answers are in flight, so a coalescing switch merges the duplicates "
+                        "(default 0: never; a lone request is answered at once)")
     parser.add_argument("--max-queue", dest="max_queue_s", type=float,
                         help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
                         "hint (default 1; 0: bounded by fragments only)")

@@ -86,9 +86,9 @@ class AgentConfig:
     burst_bytes: int = 256 << 10
     """Token bucket depth when pacing: how much may leave back to back before the rate applies."""
     hold_s: float = 0.0
-    """Holder answers a single-fragment GET of a chunk the hints name (hot or pooled) this long
-    after it arrived, so a coalescing switch can merge the duplicates that arrive meanwhile
-    (0: at once); every other GET is answered at once."""
+    """Where the switches merge: how long a holder holds a chunk a second request asks for while
+    another's answers are in flight, so a coalescing switch merges the duplicates that arrive
+    meanwhile (0: never); a lone request is answered at once."""
     max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY (with a retry hint) once its send queue holds more than
     this many seconds of sending (0: bounded by fragments only)."""

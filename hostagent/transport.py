@@ -62,12 +62,16 @@ built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a 
 jobs are served round robin in quanta, paced by a token bucket (bytes/s) when a rate is
 set.  Adjacent single-fragment GETs of one request are merged into one range first
 (``merge_gets``).  The queue is bounded: past ``max_queued_fragments``, or past
-``max_queue_s`` of sending at the paced rate, GETs are answered ``BUSY`` with a retry hint
-(the time the queue takes to drain to half the bound), so overload waits at the requesters
+``max_queue_s`` of sending at the rate it drains at (the pacing rate, or less when this
+host cannot keep it: ``DrainMeter``), GETs are answered ``BUSY`` with a retry hint (the
+time the queue takes to drain to half the bound), so overload waits at the requesters
 instead of in a queue whose delay outgrows every timeout.  A NACK answering a run of
 single-fragment GETs is sent once per fragment, so a switch that coalesced them releases
-every pending slot.  A single-fragment GET of a chunk the hints name (a duplicate is
-likely) is answered ``hold_s`` after it arrived; every other GET at once.  With a
+every pending slot.  Where the hints say the switches merge and ``hold_s`` is set, a
+duplicate in progress (another request asked for the chunk within ``hold_s``, or still has
+answers queued) converts range GETs into single ones (``BUSY``) and holds the chunk's
+answers ``hold_s`` (``hostagent.hints.DuplicateTracker``); a lone request is answered at
+once.  With a
 ``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
 nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
 an answer never exceeds the requester's window.
@@ -195,10 +199,10 @@ class TransportConfig:
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
     hold_s: float = 0.0
-    """Holder answers a single-fragment GET of a chunk the hints name (hot or pooled) only this
-    long after it arrived (0: at once); every other GET is answered at once.  Behind a switch
-    that coalesces, duplicate GETs arriving meanwhile share the one answer, so requesters that
-    drift apart by less than this still fetch each fragment from the holder once."""
+    """Where the switches merge (the hints say so): once a second request asks for a chunk
+    another asked for within this long (or whose answers are still queued), the holder turns
+    range GETs for it into single ones and holds its answers this long, so requesters that
+    drift apart by less than this fetch each fragment from the holder once (0: never)."""
     single_fragment_gets: bool = False
     """Ask for every chunk with one GET per fragment carrying reply room (what a switch can serve
     or coalesce) instead of taking each chunk's path from the hints."""

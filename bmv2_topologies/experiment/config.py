@@ -56,13 +56,13 @@ class DemoConfig:
     beyond what the work implies (``load.default_deadline_s``: 10 x the replay's bytes at line
     rate, 60..3600 s), so a request fails only when its holder cannot be reached."""
     window: int | None = None
-    """Fragments each requester keeps in flight (single-fragment GETs); None: the target's
-    (``TARGET_KNOBS``; on the model enough for the whole hot prefix, so every requester asks
-    for all of it at once, as an engine fetching a prefix does)."""
+    """Fragments each requester keeps in flight; None: the target's (``TARGET_KNOBS``; on the
+    model enough for the whole hot prefix, so every requester asks for all of it at once, as an
+    engine fetching a prefix does)."""
     hold_ms: float | None = None
-    """How long the holder waits before answering a single-fragment GET of a chunk the controller
-    reported hot or pooled (``kvpool-agent --hold``; every other GET is answered at once); None:
-    the target's."""
+    """How long the holder holds a chunk a second requester asks for while it is in flight, so
+    the GETs of requesters that start a little late are coalesced too (``kvpool-agent --hold``;
+    a lone request is answered at once); None: the target's."""
     max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
     impair: tuple[str, ...] = ()
