@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -643,48 +644,39 @@ def test_nacks_for_a_run_of_single_gets_go_once_per_fragment() -> None:
     assert (rng.frag_index, rng.frag_count, rng.status) == (0, 5, wire.Status.UNKNOWN_CHUNK)  # a range: one NACK
 
 
-def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_where_switches_merge() -> None:
-    payload = os.urandom(300_000)  # 214 fragments
-    frags = wire.fragment_count(len(payload))
-    merge = Hints({}, 60.0, True)
-    holder_hints, a_hints, b_hints = FabricHints(), FabricHints(), FabricHints()
-    for fh in (holder_hints, a_hints, b_hints):
-        fh.update(merge)
-    # Paced (about 0.3 s for the chunk), so A's range answer is still queued when B asks.
+def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list[FetchResult], list[dict[str, Any]]]:
+    """A asks a paced holder for a chunk; B asks for it once A's answer started: results, (holder, A, B) stats."""
+    hints = [FabricHints() for _ in range(3)]
+    for fh in hints:
+        fh.update(Hints({}, 60.0, merge))
+    # Paced (about 0.3 s for 214 fragments), so A's range answer is still queued when B asks.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, hold_s=0.05, max_queue_s=0)
     rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0)
-    with Transport(hcfg, Holder(_store({7: payload})), holder_hints) as h, \
-            Transport(rcfg, hints=a_hints) as a, Transport(rcfg, hints=b_hints) as b:
+    with Transport(hcfg, Holder(_store({7: payload})), hints[0]) as h, \
+            Transport(rcfg, hints=hints[1]) as a, Transport(rcfg, hints=hints[2]) as b:
         out: list[FetchResult] = []
         first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
         first.start()
         deadline = time.monotonic() + 10
         while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
-        (res_b,) = b.fetch([7], h.address, timeout=30)
+        out.extend(b.fetch([7], h.address, timeout=30))
         first.join()
-        hs, sa, sb = h.stats(), a.stats(), b.stats()
-    assert out[0].ok and bytes(out[0].data or b"") == payload and res_b.ok and bytes(res_b.data or b"") == payload
+        return out, [h.stats(), a.stats(), b.stats()]
+
+
+def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_where_switches_merge() -> None:
+    payload = os.urandom(300_000)  # 214 fragments
+    frags = wire.fragment_count(len(payload))
+    results, (hs, sa, sb) = _second_requester_meets_the_first(payload, merge=True)
+    assert all(res.ok and bytes(res.data or b"") == payload for res in results) and len(results) == 2
     # B's range was refused and A's range answer cancelled where it stood: both came back singly.
     assert hs["conversions"] >= 1 and hs["converted_gets"] >= 1 and hs["cancelled_fragments"] > 0
     assert sa["busy_received"] >= 1 and sb["busy_received"] >= 1
     assert sb["gets_sent"] >= frags  # one GET per fragment after the refusal
     # Without a merging fabric nothing is converted: the same two requests are served as ranges.
-    plain = Hints({}, 60.0, False)
-    for fh in (holder_hints, a_hints, b_hints):
-        fh.update(plain)
-    with Transport(hcfg, Holder(_store({7: payload})), holder_hints) as h, \
-            Transport(rcfg, hints=a_hints) as a, Transport(rcfg, hints=b_hints) as b:
-        out.clear()
-        first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
-        first.start()
-        deadline = time.monotonic() + 10
-        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        (res_b,) = b.fetch([7], h.address, timeout=30)
-        first.join()
-        hs = h.stats()
-    assert out[0].ok and res_b.ok and hs["conversions"] == 0 and hs["nacks_sent"] == 0
+    results, (hs, _sa, _sb) = _second_requester_meets_the_first(payload, merge=False)
+    assert all(res.ok for res in results) and hs["conversions"] == 0 and hs["nacks_sent"] == 0
 
 
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
