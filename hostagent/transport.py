@@ -1171,15 +1171,15 @@ class Transport:
             # Push back, not an answer: the holder is there and the request waits (until its
             # deadline), re-asking when the holder's hint says its queue has room again.  The
             # hint is jittered so the requesters a switch told at once do not come back at once.
-            # Where the switches merge, a refused range is re-asked with single GETs: the holder
-            # refuses ranges of a chunk others ask for at the same time (it converts them), and
-            # under contention single GETs are what lets the switch merge the contenders.
+            # A range refused one fragment at a time is the holder converting it: another request
+            # asks for the chunk at the same time, and where the switches merge, single GETs let
+            # them share it.  A range refused whole is a full queue: re-asked as it was.
             self._c.busy_received += 1
             r.busy += 1
             r.refused = True
             r.last_progress = now
             self._holder_progress[r.holder] = now
-            if hdr.frag_count > 1 and self.hints.merging(now):
+            if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
@@ -1317,8 +1317,9 @@ class Transport:
 
         A duplicate is in progress when another request asked for the chunk within the hold
         time or still has answers queued.  Then other requesters' range answers still queued
-        are cancelled (BUSY: they re-ask singly), a range GET is refused the same way, and a
-        single GET holds the chunk's answers (``hostagent.hints``).  Retransmits pass as they are.
+        are cancelled, a range GET is refused the same way (a BUSY NACK for one fragment: ask
+        singly, ``kvpool.wire``), and a single GET holds the chunk's answers
+        (``hostagent.hints``).  Retransmits pass as they are.
         """
         out: list[tuple[wire.Header, Address]] = []
         for hdr, addr in gets:
@@ -1332,7 +1333,7 @@ class Transport:
                 if dup or tracker.converting(key, now):
                     self._convert(key, owner, tracker, now)
                     self._c.converted_gets += 1
-                    self._send_nack(hdr, wire.Status.BUSY, addr, self._convert_hint_us())
+                    self._send_nack(replace(hdr, frag_count=1), wire.Status.BUSY, addr, self._convert_hint_us())
                     continue
             elif dup:
                 self._convert(key, owner, tracker, now)
@@ -1342,7 +1343,7 @@ class Transport:
         return out
 
     def _convert(self, key: int, owner: tuple[Address, int], tracker: DuplicateTracker, now: float) -> None:
-        """Cancel what is left of other requesters' range answers for ``key`` (BUSY: re-ask singly)."""
+        """Cancel what is left of other requesters' range answers for ``key`` (a one-fragment BUSY: ask singly)."""
         if not tracker.converting(key, now):
             self._c.conversions += 1
         tracker.convert(key, now)
@@ -1351,7 +1352,7 @@ class Transport:
             if job.get is None or job.get.frag_count == 1 or job.owner == owner or job.pos >= job.count:
                 continue
             left = job.count - job.pos
-            self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=left), wire.Status.BUSY,
+            self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=1), wire.Status.BUSY,
                             job.addr, hint)
             self._queued -= left
             self._c.cancelled_fragments += left

@@ -142,18 +142,19 @@ def test_holder_holds_and_converts_only_duplicates_and_only_where_the_switches_m
             (answer,) = _answers(third, 1) if merge else [h for h in _answers(third, 6)][:1]
             st = holder.transport.stats()
             return waited, {"holds": st["holds"], "converted": st["converted_gets"], "answer_op": answer.opcode,
-                            "answer_status": answer.status, "hint_us": answer.chunk_len}
+                            "answer_status": answer.status, "hint_us": answer.chunk_len,
+                            "answer_frags": answer.frag_count}
 
         waited, plain = lone_then_duplicate(False, 10)
         # Plain forwarding: a duplicate changes nothing (no switch could merge it).
         assert plain == {"holds": 0, "converted": 0, "answer_op": wire.Opcode.DATA, "answer_status": 0,
-                         "hint_us": len(CHUNK)}
+                         "hint_us": len(CHUNK), "answer_frags": 6}
         waited, merged = lone_then_duplicate(True, 20)
         # The switches merge: the second requester's single GETs hold the chunk's answers, and the
-        # range GET of a third is refused BUSY with a short retry hint (it comes back singly).
+        # range GET of a third is refused BUSY, for one fragment (ask singly), with a short hint.
         assert waited >= 0.3
         assert merged == {"holds": 1, "converted": 1, "answer_op": wire.Opcode.NACK,
-                          "answer_status": wire.Status.BUSY, "hint_us": 30_000}
+                          "answer_status": wire.Status.BUSY, "hint_us": 30_000, "answer_frags": 1}
         # A retransmitted range is never refused: it is served.
         third.sendto(wire.get_packet(KEY, 0, 6, request_id=99, flags=wire.Flag.RETRANSMIT), ("127.0.0.1", port))
         assert {(h.opcode, h.frag_index) for h in _answers(third, 6)} == {(wire.Opcode.DATA, i) for i in range(6)}

@@ -557,12 +557,13 @@ def test_a_hinted_length_too_long_costs_bad_range_answers_and_fails_nothing() ->
     assert st["past_end_nacks"] > 0 and st["retransmit_gets"] == 0
 
 
-def test_busy_carries_a_retry_hint_and_the_requester_waits_it_out() -> None:
+@pytest.mark.parametrize("merge", [False, True])
+def test_busy_carries_a_retry_hint_and_the_requester_waits_it_out(merge: bool) -> None:
     data = {k: os.urandom(30_000) for k in range(1, 13)}  # 12 chunks of 22 fragments
     # A paced holder whose queue holds at most 64 fragments (0.01 s of sending): most GETs are refused.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=2e6, burst_bytes=16 << 10, max_queue_s=0.01)
     rcfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=5.0, give_up_s=30.0)
-    results, proxy, r = _fetch_through_proxy(data, list(data), rcfg, holder_cfg=hcfg)
+    results, proxy, r = _fetch_through_proxy(data, list(data), rcfg, holder_cfg=hcfg, hints=Hints({}, 60.0, merge))
     assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
     busy = [n for n in proxy.nacks if n.status == wire.Status.BUSY]
     assert busy and all(0 < n.chunk_len <= 10_000_000 for n in busy)  # microseconds until the queue has room
@@ -570,6 +571,10 @@ def test_busy_carries_a_retry_hint_and_the_requester_waits_it_out() -> None:
     # Refused, not lost: no retransmit timeout passed (5 s), the hint said when to come back.
     assert st["busy_received"] == len(busy) and st["busy_retries"] > 0 and st["requests_failed"] == 0
     assert st["retransmit_gets"] == sum(1 for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT)
+    # A full queue refuses whole ranges; they are asked again as ranges, merging switches or not
+    # (RETRANSMIT, so a switch's popularity count does not take a retry for another requester).
+    assert all(n.frag_count > 1 for n in busy) and all(g.frag_count > 1 for g in proxy.gets)
+    assert st["retransmit_gets"] >= st["busy_retries"] > 0
 
 
 def test_a_holder_that_pushes_back_is_waited_for_until_the_callers_deadline() -> None:
