@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bmv2_topologies.experiment.load import saved_of_ideal
 from kvpool import workloads
 from kvpool.trace import shared_trace_path, write_jsonl
 
@@ -101,9 +102,7 @@ def judge(doc: dict[str, Any]) -> dict[str, Any]:
         r = doc[m]
         slow = max(r["deliver_p50_ms"] / plain["deliver_p50_ms"], r["deliver_p99_ms"] / plain["deliver_p99_ms"])
         requested, ideal = r["requested_bytes"], r["ideal_bytes"]
-        ideal_saving = 1 - ideal / requested if requested else 0.0
-        saved = ((1 - r["holder_bytes"] / plain["holder_bytes"]) / ideal_saving
-                 if ideal_saving >= 0.01 and plain["holder_bytes"] else None)
+        saved = saved_of_ideal(r["holder_bytes"], plain["holder_bytes"], ideal, requested)
         out[m] = {"slowdown": slow, "bytes_vs_plain": r["holder_bytes"] / plain["holder_bytes"],
                   "ideal_vs_asked": ideal / requested if requested else 1.0, "saved_of_ideal": saved}
     return out
