@@ -81,7 +81,7 @@ class Chaos:
 
     def __init__(self, out: Path, requesters: int = 3, chunks: int = 4) -> None:
         cfg = DemoConfig(requesters=requesters, waves=1, hot_blocks=chunks, tail_blocks=0, layers=4,
-                         holder_mbps=100, out=out, modes=("pool",), target="model", fetch_timeout_s=30.0,
+                         holder_mbps=100, out=out, modes=("pool",), target="model", deadline_s=30.0,
                          window=64)
         self.cfg = cfg
         self.workload: Workload = build_workload(cfg)
@@ -170,12 +170,12 @@ class Chaos:
     def _requester(self, host: str, seed: int) -> None:
         rng = random.Random(seed)
         keys = list(self.workload.blobs)
-        client = AgentClient(self.bed.api(host), timeout=self.cfg.fetch_timeout_s + 10)
+        client = AgentClient(self.bed.api(host), timeout=self.bed.deadline_s + 10)
         holder = f"{self.bed.holder.address}:{wire.KVPOOL_UDP_PORT}"
         while not self._stop.is_set():
             key = rng.choice(keys)
             try:
-                got_keys, blobs, stopped = client.fetch_chunks([key], holder, timeout=self.cfg.fetch_timeout_s,
+                got_keys, blobs, stopped = client.fetch_chunks([key], holder, timeout=self.bed.deadline_s,
                                                                local=False)
             except ApiError as exc:  # a clear error: the request failed and said why
                 self._note(False, f"{host} {key:#x}: {exc}")
@@ -222,7 +222,7 @@ class Chaos:
             finally:
                 self._stop.set()
                 for th in threads:
-                    th.join(timeout=self.cfg.fetch_timeout_s + 30)
+                    th.join(timeout=self.bed.deadline_s + 30)
                 ctl = self.controller
                 self.result.controller_alive = ctl is not None and ctl.poll() is None
                 self.result.adopted = bool(self.status().get("switches", {}).get("s1", {}).get("adopted"))

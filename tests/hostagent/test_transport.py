@@ -212,7 +212,7 @@ def _fetch_through_proxy(chunks: dict[int, bytes], keys: list[int], cfg: Transpo
     fabric = FabricHints()
     if hints is not None:
         fabric.update(hints)
-    with Transport(holder_cfg or TransportConfig(port=0), Holder(_store(chunks)), fabric) as h, \
+    with Transport(holder_cfg or TransportConfig(port=0), Holder(_store(chunks)), hints=fabric) as h, \
             Transport(cfg, hints=fabric) as r:
         proxy = LossyProxy(h.address, drop=drop, mangle=mangle, drop_pkt=drop_pkt)
         try:
@@ -657,7 +657,7 @@ def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list
     # Paced (about 0.3 s for 214 fragments), so A's range answer is still queued when B asks.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, hold_s=0.05, max_queue_s=0)
     rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0)
-    with Transport(hcfg, Holder(_store({7: payload})), hints[0]) as h, \
+    with Transport(hcfg, Holder(_store({7: payload})), hints=hints[0]) as h, \
             Transport(rcfg, hints=hints[1]) as a, Transport(rcfg, hints=hints[2]) as b:
         out: list[FetchResult] = []
         first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
