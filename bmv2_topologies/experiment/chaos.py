@@ -1,7 +1,8 @@
 """Chaos on the Mininet star: the switch and the controller killed and restarted while requesters fetch.
 
 The demo's star in pool mode (holder ``h0``, ``N`` requesters, a ``kvpool-agent`` in every
-host, single-fragment GETs the switch can serve), with the controller as its own
+host; the controller tells the agents which chunks are pooled, and they ask for those with
+single-fragment GETs the switch can serve), with the controller as its own
 ``kvpool-controller`` process. Requesters fetch the hot chunks in a loop and compare every
 chunk they get with the holder's bytes, while the schedule kills (SIGKILL) and restarts
 the switch process and the controller process in turn. After each restart the switch's
@@ -116,6 +117,9 @@ class Chaos:
                 "--status-file", str(run / "controller.status.json"), "--token-file", str(self.bed.token.path)]
         for s in switches:
             argv += ["--switch", s]
+        # Every agent hears which chunks are pooled: only those it asks for with GETs the switch can serve.
+        for h in self.bed.topo.hosts:
+            argv += ["--agent-api", self.bed.api(h)]
         out = (run / f"controller-{self._controllers}.log").open("wb")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.controller = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
