@@ -553,8 +553,11 @@ def test_a_hinted_length_too_long_costs_bad_range_answers_and_fails_nothing() ->
     assert len(proxy.gets) > 15 and all(g.frag_count == 1 for g in proxy.gets)
     assert {n.status for n in proxy.nacks} == {wire.Status.BAD_RANGE}
     st = r.stats()
-    # Sent at once, before the DATA queued behind them: they reach the request while it runs.
-    assert st["past_end_nacks"] > 0 and st["retransmit_gets"] == 0
+    # A BAD_RANGE past the end that reaches the request while it runs is counted and ignored; one
+    # that comes after it finished (the holder got the GETs in several batches: a loaded machine)
+    # is dropped as for an unknown request.  Neither fails it nor costs a retransmit.
+    assert st["requests_failed"] == 0 and st["retransmit_gets"] == 0
+    assert st["past_end_nacks"] + st["drops"].get("unknown_request", 0) <= len(proxy.nacks)
 
 
 @pytest.mark.parametrize("merge", [False, True])
