@@ -29,7 +29,7 @@ bytes; ``multicast`` and ``pool`` carry each distinct chunk once per overlapping
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -120,6 +120,30 @@ def offered_load(requests: Sequence[Timed], chunk_len: Mapping[int, int], capaci
             lo += 1
         peak = max(peak, inside)
     return OfferedLoad(holder, total, span, capacity_bps, peak, window_s)
+
+
+@dataclass(frozen=True)
+class Share:
+    """The part of one request a single holder serves: its arrival and the keys that holder holds."""
+
+    at_s: float
+    keys: tuple[int, ...]
+
+
+def shares(requests: Sequence[Timed], holder_of: Callable[[int], str]) -> dict[str, list[Share]]:
+    """Holder -> its share of every request that asks it for something (keys in request order).
+
+    Chunks dealt over several holders load several links, each with its own capacity: the
+    offered load, the overlapping windows and the ideal are each holder's, from its share.
+    """
+    out: dict[str, list[Share]] = {}
+    for r in requests:
+        by: dict[str, list[int]] = {}
+        for k in r.keys:
+            by.setdefault(holder_of(k), []).append(k)
+        for holder, keys in by.items():
+            out.setdefault(holder, []).append(Share(r.at_s, tuple(keys)))
+    return out
 
 
 def windows(requests: Sequence[Timed], chunk_len: Mapping[int, int], capacity_bps: float) -> list[tuple[float, float]]:

@@ -152,14 +152,21 @@ class Testbed(StarHosts):
         """The operator's token (made if missing): the agents check it, the clients here send it."""
         chunk_len = {k: len(v) for k, v in workload.blobs.items()}
         capacity = cfg.holder_mbps * 1e6 / 8
-        #: What the replay asks of the holder link, against its capacity (printed before a run).
-        self.offered = load.offered_load(workload.requests, chunk_len, capacity, holder="h0")
-        self.requested_bytes = self.offered.total_bytes
-        #: Each distinct chunk once per overlapping window (experiment/load.py defines it).
-        self.ideal_bytes = load.ideal_bytes(workload.requests, chunk_len, capacity)
-        #: Each replayed request's deadline: the caller's, else far beyond what the work implies.
-        self.deadline_s = cfg.deadline_s or load.default_deadline_s(self.requested_bytes, capacity,
-                                                                     self.offered.span_s)
+        # Chunks are dealt over the holders: each holder's link carries its share of every request.
+        parts = load.shares(workload.requests, lambda k: self.holder_of(workload.positions[k]).name)
+        #: What the replay asks of each holder's link, against its capacity (printed before a run).
+        self.offered_by_holder = [load.offered_load(part, chunk_len, capacity, holder=name)
+                                  for name, part in sorted(parts.items())]
+        #: The busiest holder's load (the one the run's pace depends on).
+        self.offered = max(self.offered_by_holder, key=lambda o: o.total_bytes,
+                           default=load.offered_load([], chunk_len, capacity, holder=self.holder.name))
+        self.requested_bytes = sum(o.total_bytes for o in self.offered_by_holder)
+        #: Each distinct chunk once per overlapping window on its holder's link (experiment/load.py defines it).
+        self.ideal_bytes = sum(load.ideal_bytes(part, chunk_len, capacity) for part in parts.values())
+        #: Each replayed request's deadline: the caller's, else far beyond what the busiest holder's work implies.
+        self.deadline_s = cfg.deadline_s or max(
+            (load.default_deadline_s(o.total_bytes, capacity, o.span_s) for o in self.offered_by_holder),
+            default=load.MIN_DEADLINE_S)
         #: The longest an accepted GET waits for its answer: the holder's full queue, plus its hold.
         self.answer_wait_s = cfg.max_queue_ms / 1000 + cfg.hold_s
 
@@ -460,7 +467,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
           f"window {cfg.in_flight}, hold {cfg.hold_s * 1000:g} ms",
           file=sys.stderr)
     results: list[ModeResult] = []
-    print(f"kvpool demo: {bed.offered.line()}", file=sys.stderr)
+    for off in bed.offered_by_holder:
+        print(f"kvpool demo: {off.line()}", file=sys.stderr)
     print(f"kvpool demo: ideal (each chunk once per overlapping window): {bed.ideal_bytes / 1e6:.1f} MB, "
           f"{bed.ideal_bytes / max(1, bed.requested_bytes):.3f} of the bytes asked; each request's deadline "
           f"{bed.deadline_s:.0f} s{'' if cfg.deadline_s else ' (default: far beyond the work at line rate)'}",
@@ -483,6 +491,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
            "offered": {"holder": off.holder, "bytes": off.total_bytes, "span_s": round(off.span_s, 3),
                        "mean_bps": round(off.mean_bps), "peak_bps": round(off.peak_bps),
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},
+           "offered_bytes_by_holder": {o.holder: o.total_bytes for o in bed.offered_by_holder},
            "requested_bytes": bed.requested_bytes, "ideal_bytes": bed.ideal_bytes, "deadline_s": bed.deadline_s,
            **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -77,3 +77,17 @@ def test_default_deadline_is_far_beyond_the_work_and_within_the_api_limit() -> N
     assert load.default_deadline_s(0, 1e6, 0.0) == load.MIN_DEADLINE_S
     assert load.default_deadline_s(20_000_000, 1e6, 15.0) == pytest.approx(215.0)  # 10 x 20 s + the span
     assert load.default_deadline_s(10**12, 1e6, 0.0) == load.MAX_DEADLINE_S
+
+
+def test_shares_split_each_request_by_holder_and_the_ideal_is_per_link() -> None:
+    reqs = [Request(0.0, 0, (A, B)), Request(0.1, 1, (A, C)), Request(9.0, 0, (B,))]
+    holder = {A: "h0", B: "h1", C: "h0"}
+    parts = load.shares(reqs, holder.__getitem__)
+    assert parts == {"h0": [load.Share(0.0, (A,)), load.Share(0.1, (A, C))],
+                     "h1": [load.Share(0.0, (B,)), load.Share(9.0, (B,))]}
+    cap = 10 * FRAME
+    per = {h: load.offered_load(p, LEN, cap, holder=h) for h, p in parts.items()}
+    assert sum(o.total_bytes for o in per.values()) == load.requested_bytes(reqs, LEN)
+    # h0: A once (the two requests overlap) and C; h1: B twice (9 s apart, far beyond its window).
+    assert load.ideal_bytes(parts["h0"], LEN, cap) == 11 * FRAME
+    assert load.ideal_bytes(parts["h1"], LEN, cap) == 12 * FRAME
