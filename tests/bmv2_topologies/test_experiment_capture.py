@@ -95,7 +95,7 @@ def test_wave_workload_and_table() -> None:
 
 def test_a_fabric_table_shows_where_the_switches_helped() -> None:
     counts = {"s1": SwitchCounts(), "s2": SwitchCounts(absorbed=40), "s5": SwitchCounts(absorbed=7, served=30,
-                                                                                          fills=10)}
+                                                                                          fills=10, expired=2)}
     pool = ModeResult("pool", requests=4, deliver_ms=[5.0], holder_bytes=100, fabric_bytes=3_000_000,
                       switches=counts)
     lines = demo_table([pool]).splitlines()
@@ -104,7 +104,7 @@ def test_a_fabric_table_shows_where_the_switches_helped() -> None:
     assert lines[6].split() == ["pool", "s2", "40", "0", "0", "0"]
     assert lines[7].split() == ["pool", "s5", "7", "30", "10", "0"]
     assert pool.summary()["switches"]["s5"] == {"absorbed_gets": 7, "served_hits": 30, "fills": 10,
-                                                "pending_collisions": 0}
+                                                "pending_collisions": 0, "pending_expired": 2}
     star = ModeResult("pool", switches={"s1": SwitchCounts(served=3)})
     assert "where the switches" not in demo_table([star]) and "fabric MB" not in demo_table([star])
 
