@@ -32,6 +32,9 @@ for within the hold time (or whose answer is still queued), a duplicate is in pr
   cannot starve the chunk.
 
 A lone request is never held or converted: the help costs nothing where nothing is shared.
+The one exception is a chunk the hints call hot: the transport answers each new single GET
+for it ``hold_s`` late (a duplicate is likely; on a slow switch it arrives after an answer
+sent at once).
 
 Pure and thread-safe where shared (``FabricHints``); ``DuplicateTracker`` belongs to the
 transport's loop thread.  Every method takes ``now`` (``time.monotonic()`` when omitted)

@@ -70,7 +70,8 @@ single-fragment GETs is sent once per fragment, so a switch that coalesced them 
 every pending slot.  Where the hints say the switches merge and ``hold_s`` is set, a
 duplicate in progress (another request asked for the chunk within ``hold_s``, or still has
 answers queued) converts range GETs into single ones (``BUSY``) and holds the chunk's
-answers ``hold_s`` (``hostagent.hints.DuplicateTracker``); a lone request is answered at
+answers ``hold_s`` (``hostagent.hints.DuplicateTracker``); each new single GET of a chunk
+the hints call hot is answered ``hold_s`` late; any other lone request is answered at
 once.  With a
 ``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
 nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
@@ -318,6 +319,8 @@ class _SendJob:
     """The GET it answers (the first of a merged run), None for a push."""
     first: int = 0
     """Fragment index of ``records[0]``."""
+    not_before: float = 0.0
+    """Monotonic time before which it is not sent (a GET of a hot chunk, held; 0: at once)."""
 
     @property
     def owner(self) -> tuple[Address, int] | None:
@@ -348,6 +351,8 @@ class _Counters:
     holds: int = 0
     conversions: int = 0
     converted_gets: int = 0
+    held_gets: int = 0
+    """GETs (runs) of hot chunks answered ``hold_s`` late."""
     cancelled_fragments: int = 0
     requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
     requests_completed: int = 0
@@ -650,6 +655,7 @@ class Transport:
             "past_end_nacks": c.past_end_nacks,
             "holds": c.holds,
             "conversions": c.conversions,
+            "held_gets": c.held_gets,
             "converted_gets": c.converted_gets,
             "cancelled_fragments": c.cancelled_fragments,
             "requests_by_path": dict(c.requests_by_path),
@@ -1388,8 +1394,17 @@ class Transport:
         if isinstance(out, wire.Status):
             self._nack_run(hdr, first, count, out, addr)
             return
-        self._add_job(_SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), _base(out), hdr.chunk_key,
-                               hdr, first))
+        job = _SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), _base(out), hdr.chunk_key, hdr, first)
+        if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
+                and self.hints.path(hdr.chunk_key) is GetPath.SINGLE and self.hints.merging()):
+            # A chunk the switches reported hot: duplicates of this GET are likely, and on a
+            # slow switch they arrive after an answer sent at once (BMv2 passes one window of
+            # 8 requesters' GETs in about 100 ms).  Answered ``hold_s`` late, the GET stays
+            # pending in the switch meanwhile and every duplicate joins it; each GET waits
+            # once, so the chunk's answers stream on (a hold per GET, not per chunk).
+            job.not_before = time.monotonic() + self.config.hold_s
+            self._c.held_gets += 1
+        self._add_job(job)
 
     def _add_job(self, job: _SendJob) -> None:
         """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk)."""
@@ -1501,7 +1516,8 @@ class Transport:
         held = 0  # jobs passed over in a row because their chunk is held
         while jobs and sent < budget:
             job = jobs[0]
-            if tracker is not None and job.pos < job.count and (until := tracker.held_until(job.key)) > now:
+            if job.pos < job.count and (until := max(job.not_before, 0.0 if tracker is None
+                                                     else tracker.held_until(job.key))) > now:
                 jobs.rotate(-1)
                 held += 1
                 self._all_held_until = min(self._all_held_until or until, until)

@@ -408,7 +408,8 @@ class Testbed(StarHosts):
 
 
 AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "busy_received", "busy_retries",
-                  "nacks_sent", "holds", "conversions", "converted_gets", "cancelled_fragments", "requests_failed")
+                  "nacks_sent", "holds", "held_gets", "conversions", "converted_gets", "cancelled_fragments",
+                  "requests_failed")
 """Transport counters a mode's result reports, summed over the agents (``ModeResult.agents``)."""
 
 

@@ -217,12 +217,14 @@ def test_quick_run_on_a_star(tmp_path: Path) -> None:
         assert c["saved_tokens"] == [want] * n  # every requester skipped exactly the prefix
         assert c["prefill_tokens_per_request"] == cfg.prefix_tokens + cfg.suffix_tokens - want
     assert cells[1, "full"]["holder_bytes"] == 0  # no fetch, no traffic
-    # Plain forwarding: the holder sends the prefix once per requester (retransmissions aside);
-    # coalescing + multicast: about once for both.
+    # Plain forwarding: the holder sends the prefix once per requester (retransmissions aside).
+    # Multicast (issue 16): a chunk no hint names is asked for by range, and the holder converts
+    # and holds only a duplicate in progress; the quick run's one cold wave, whose two model
+    # hosts start tens of ms apart, costs no more than plain (measured: about 2 prefixes, as
+    # plain), the switch merges only what overlaps.
     for n in (1, 2):
         assert n * frags <= cells[n, "plain"]["holder_data_fragments"] <= 1.5 * n * frags
-    assert frags <= cells[2, "multicast"]["holder_data_fragments"] <= 1.5 * frags
-    assert cells[2, "plain"]["holder_bytes"] > 1.5 * cells[2, "multicast"]["holder_bytes"]
+    assert frags <= cells[2, "multicast"]["holder_data_fragments"] <= 1.5 * 2 * frags
     assert cells[2, "multicast"]["holder_bytes"] >= frags * 1468  # at least the prefix's DATA datagrams
     points = res["sweep"]["points"]
     assert [p["prefix_tokens"] for p in points] == list(cfg.sweep_tokens)

@@ -164,3 +164,33 @@ def test_holder_holds_and_converts_only_duplicates_and_only_where_the_switches_m
         holder.stop()
     with pytest.raises(ValueError, match="hold_s"):
         AgentConfig(hold_s=5.0).transport_config()
+
+
+def test_holder_answers_a_hot_chunks_get_a_hold_late_and_only_where_the_switches_merge() -> None:
+    """A chunk the hints call hot: each new single GET waits ``hold_s`` (its duplicates join it in the switch)."""
+    holder = Agent(AgentConfig(udp_port=0, api_port=0, hold_s=0.3, log_level="WARNING"))
+    holder.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        holder.publish(KEY, CHUNK)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(3)
+        client = AgentClient(holder.api_url)
+        addr = ("127.0.0.1", holder.transport.port)
+        hot = {"chunks": [{"key": f"{KEY:#x}", "path": "single", "nbytes": len(CHUNK)}], "ttl_s": 60}
+
+        def ask(merge: bool, rid: int, flags: int = 0) -> tuple[float, int]:
+            assert client.http.post("/v1/hints", {**hot, "merge": merge}) == {"chunks": 1}
+            t0 = time.monotonic()
+            sock.sendto(wire.get_packet(KEY, 0, request_id=rid, flags=flags), addr)
+            (answer,) = _answers(sock, 1)
+            assert (answer.opcode, answer.frag_index) == (wire.Opcode.DATA, 0)
+            return time.monotonic() - t0, int(holder.transport.stats()["held_gets"])
+
+        assert ask(False, 1)[1] == 0  # plain forwarding: nothing could join it, answered at once
+        waited, held = ask(True, 2)
+        assert held == 1 and waited >= 0.3  # the switches merge: answered a hold late
+        assert ask(True, 3, wire.Flag.RETRANSMIT)[1] == 1  # a retransmit is never held again
+    finally:
+        sock.close()
+        holder.stop()
