@@ -522,17 +522,19 @@ def test_a_nack_for_a_get_damaged_on_the_way_does_not_fail_the_fetch() -> None:
 def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
     hot, pooled, cold = (os.urandom(20_000 + i) for i in range(3))  # 15 fragments each
     chunks = {1: hot, 2: pooled, 3: cold}
-    hints = Hints({1: Hint(GetPath.SINGLE, len(hot)), 2: Hint(GetPath.SERVABLE)}, 60.0, True)
+    hints = Hints({1: Hint(GetPath.SINGLE, len(hot)), 2: Hint(GetPath.SERVABLE, len(pooled))}, 60.0, True)
     cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
     results, proxy, r = _fetch_through_proxy(chunks, [1, 2, 3], cfg, hints=hints)
     assert all(res.ok and bytes(res.data or b"") == chunks[res.key] for res in results)
     by_key: dict[int, list[tuple[wire.Header, int]]] = {}
     for g, n in zip(proxy.gets, proxy.get_lens, strict=True):
         by_key.setdefault(g.chunk_key, []).append((g, n))
-    # Hot: one GET per fragment, no reply room, all at once (the hint gave the length).
+    # Hot: one GET per fragment, no reply room; fragment 0 first even with a length in the hint
+    # (its answer, held and multicast, is where every requester of the chunk starts together).
+    assert by_key[1][0][0].frag_index == 0 and len(by_key[1]) == 15
     assert {(g.frag_index, g.frag_count, n) for g, n in by_key[1]} == {(i, 1, wire.HEADER_LEN) for i in range(15)}
-    # Pooled: single GETs with reply room; fragment 0 first, its DATA tells the length.
-    assert by_key[2][0][0].frag_index == 0 and len(by_key[2]) == 15
+    # Pooled: single GETs with reply room, all at once (the hint gave the length).
+    assert sorted(g.frag_index for g, _ in by_key[2]) == list(range(15))
     assert {n for _, n in by_key[2]} == {wire.GET_WITH_ROOM_LEN}
     # Not named: the cheap path, one range GET for a window.
     assert [(g.frag_index, g.frag_count) for g, _ in by_key[3]] == [(0, 64)]
@@ -543,7 +545,7 @@ def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
 
 def test_a_hinted_length_too_long_costs_bad_range_answers_and_fails_nothing() -> None:
     chunk = os.urandom(20_000)  # 15 fragments, hinted as 45
-    hints = Hints({4: Hint(GetPath.SINGLE, 3 * len(chunk))}, 60.0, True)
+    hints = Hints({4: Hint(GetPath.SERVABLE, 3 * len(chunk))}, 60.0, True)
     # The holder serves runs of at most 8 fragments, so some runs of single GETs start past the end.
     cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
     (res,), proxy, r = _fetch_through_proxy({4: chunk}, [4], cfg, hints=hints,
