@@ -79,7 +79,7 @@ def hints_for(hot: Iterable[int], pooled: Iterable[int], nbytes: Callable[[int],
     """The hints for ``hot`` and ``pooled`` chunks: pooled ones servable, the other hot ones single.
 
     ``nbytes(key)`` is the chunk's serialized length (0 when unknown), which lets a
-    requester ask for every fragment at once.
+    requester ask for every fragment of a pooled chunk at once.
     """
     out = {k: Hint(GetPath.SINGLE, nbytes(k)) for k in hot}
     out.update({k: Hint(GetPath.SERVABLE, nbytes(k)) for k in pooled})

@@ -16,8 +16,9 @@ clears every hint) and is trusted for ``ttl_s`` seconds, so a controller that st
 cannot leave agents on the expensive path.  ``merge`` says whether the switches merge
 duplicate single-fragment GETs (multicast and pool modes): only then is it worth turning
 concurrent requests for one chunk into single GETs.  ``nbytes`` (0: unknown) is the chunk's
-serialized length, with which a requester asks for every fragment at once instead of
-fragment 0 first.
+serialized length, with which a requester asks for every fragment of a pooled chunk at
+once instead of fragment 0 first (a hot chunk's fragment 0 still goes first: its held,
+multicast answer starts every requester together, ``hostagent.transport``).
 """
 
 from __future__ import annotations
