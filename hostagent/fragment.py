@@ -7,14 +7,19 @@ each exactly ``wire.DATA_DATAGRAM_LEN`` bytes (``wire.HEADER_LEN``-byte header +
 ``wire.DATA_PACKET_DTYPE`` records laid end to end, so a transport can hand the array's
 buffer to ``sendmmsg`` / receive into one and no Python object is created per packet:
 
-* ``fragment`` / ``fragment_into`` fill the records' headers with a few array-wide
-  assignments and copy the payload with one reshape-copy; the checks come from
+* ``fragment`` / ``fragment_into`` copy the payloads as opaque 1408-byte items and fill
+  the records' headers with a few array-wide assignments; the checks come from
   ``fragment_checks``, which a holder computes once per chunk and keeps.
 * ``Reassembler.add_batch`` takes a whole array of received records: an in-order run
-  into empty slots (the common case) is copied into place with one reshape-copy and
-  validated with one masked XOR over the header words; anything else is validated
-  first, de-duplicated and scattered with fancy indexing.  ``Reassembler.add`` does
-  the same for one datagram (control path, tests).
+  into empty slots (the common case) has its payloads and headers copied into place
+  and is validated with a few flat ops over the copied header words; anything else is
+  validated first, de-duplicated and scattered with fancy indexing.
+  ``Reassembler.add`` does the same for one datagram (control path, tests).
+
+Per chunk, each numpy call costs about a microsecond whatever its size, and a 2-D
+operation with a short last axis (a header's five 64-bit words) costs several: the
+hot paths use few calls, opaque items for copies and contiguous blocks for masks
+(``_run_blocks``) instead of broadcast rows.
 
 The reassembler never writes outside its buffer, never changes a fragment it has
 stored and never marks as received a fragment whose record failed validation.  It keeps
@@ -47,6 +52,10 @@ _CMP_WORDS: Final = 4
 """Header words validation compares: the fifth holds only ``check``, which varies per fragment."""
 assert wire.FIELD_BY_NAME["check"].offset == 8 * _CMP_WORDS and _HEADER_WORDS == _CMP_WORDS + 1
 _SWITCH_SERVED: Final = int(wire.Flag.SWITCH_SERVED)
+_ROW: Final = np.dtype((np.void, wire.FRAG_PAYLOAD))
+"""One fragment's payload as one opaque item."""
+_HDR: Final = np.dtype((np.void, wire.HEADER_LEN))
+"""One header as one opaque item."""
 
 
 def _as_u8(data: BufferLike) -> npt.NDArray[np.uint8]:
@@ -90,14 +99,19 @@ def _check_header_values(chunk_key: int, generation: int, request_id: int, flags
 
 
 def _template_header(chunk_key: int, frag_count: int, chunk_len: int, generation: int,
-                     request_id: int, flags: int, payload_len: int = wire.FRAG_PAYLOAD) -> npt.NDArray[np.uint8]:
-    """The header bytes shared by the full fragments of a chunk (frag_index and check zero).
+                     request_id: int, flags: int) -> npt.NDArray[np.void]:
+    """The header shared by the full fragments of a chunk (frag_index and check zero), as one opaque item.
 
     Values must have been range-checked (``_check_header_values``, ``fragment_count``).
     """
     return np.frombuffer(wire.HEADER_STRUCT.pack(
         wire.KVPOOL_VERSION, wire.Opcode.DATA, flags, chunk_key, 0, frag_count, request_id,
-        generation, payload_len, wire.Status.OK, chunk_len, 0), dtype=np.uint8)
+        generation, wire.FRAG_PAYLOAD, wire.Status.OK, chunk_len, 0), dtype=_HDR)
+
+
+_PAYLOAD_LEN: Final = struct.Struct("!H")
+_PAYLOAD_LEN_AT: Final = wire.FIELD_BY_NAME["payload_len"].offset
+assert wire.FIELD_BY_NAME["payload_len"].bits == 16
 
 
 def _validation_mask() -> npt.NDArray[np.uint64]:
@@ -138,17 +152,63 @@ _INDEX_WORD, _INDEX_WORDS, _MASK_RUN_WORDS = _index_words()
 
 _HEADER_PAIR: Final = struct.Struct("!" + 2 * wire.HEADER_STRUCT.format.lstrip("!"))
 """Two headers back to back (a transfer's full and tail fragment expectations)."""
+_HEADER_BITS: Final = 8 * wire.HEADER_LEN
+_HEADER_ONES: Final = (1 << _HEADER_BITS) - 1
+_MASK_PAIR: Final = int.from_bytes(2 * _MASK_BYTES.tobytes(), "big")
+"""``_validation_mask`` over two headers back to back, as one big-endian integer."""
 
-_ROW: Final = np.dtype((np.void, wire.FRAG_PAYLOAD))
+# numpy copies opaque (void) items with one memcpy each: a record's header or payload as
+# one item is several times cheaper to move than the same bytes as a 2-D array of words,
+# whose inner loop is only a few elements long, and a few percent cheaper than as bytes.
+_RECORD_HDR: Final = np.dtype({"names": ["h"], "formats": [_HDR], "offsets": [0],
+                               "itemsize": wire.DATA_DATAGRAM_LEN})
+_RECORD_PAYLOAD: Final = np.dtype({"names": ["p"], "formats": [_ROW], "offsets": [wire.HEADER_LEN],
+                                   "itemsize": wire.DATA_DATAGRAM_LEN})
 
 
-def _rows(a: npt.NDArray[np.uint8]) -> npt.NDArray[np.void]:
-    """``(n, FRAG_PAYLOAD)`` bytes as ``(n, 1)`` opaque rows of one payload each (no copy).
+def _header_items(recs: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+    """Each record's header as one opaque ``HEADER_LEN``-byte item (a strided view, no copy)."""
+    return recs.view(_RECORD_HDR)["h"]
 
-    numpy copies such items with one memcpy per row, a few percent faster than its
-    byte-wise strided loop; the last axis must be contiguous (it always is here).
+
+def _payload_items(recs: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+    """Each record's payload as one opaque ``FRAG_PAYLOAD``-byte item (a strided view, no copy)."""
+    return recs.view(_RECORD_PAYLOAD)["p"]
+
+
+_CHECK_WORD: Final = wire.FIELD_BY_NAME["check"].offset // 8
+_BE_U64: Final = np.dtype(">u8")
+_BE_U16: Final = np.dtype(">u2")
+_FLAGS_U16: Final = wire.FIELD_BY_NAME["flags"].offset // 2
+
+
+def _build_run_blocks(rows: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Blocks of ``rows`` whole header words for validating an in-order run with flat array ops.
+
+    The first holds, per fragment index, the frag_index bits of its header words (zero
+    elsewhere); the second repeats the run mask (check masked out) on every row.  Both are
+    contiguous, so XOR and AND with them run as one flat loop: broadcasting a 5-word row
+    over a run instead costs several times more (numpy loops over the short inner axis).
     """
-    return a.view(_ROW)
+    index = np.zeros((rows, _HEADER_WORDS), dtype=np.uint64)
+    index[:, _INDEX_WORD] = _INDEX_WORDS[:rows]
+    mask = np.zeros((rows, _HEADER_WORDS), dtype=np.uint64)
+    mask[:, :_CMP_WORDS] = _MASK_RUN_WORDS
+    return index, mask
+
+
+_run_blocks_cache = _build_run_blocks(1024)
+"""Grown on demand (``_run_blocks``) up to ``MAX_FRAGMENTS`` rows; replaced, never changed in place."""
+
+
+def _run_blocks(rows: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The run blocks with at least ``rows`` rows."""
+    global _run_blocks_cache
+    blocks = _run_blocks_cache
+    if blocks[0].shape[0] < rows:
+        blocks = _build_run_blocks(min(wire.MAX_FRAGMENTS, max(rows, 2 * blocks[0].shape[0])))
+        _run_blocks_cache = blocks  # one reference swap: a concurrent reader keeps the old blocks
+    return blocks
 
 
 def records_view(buf: BufferLike) -> npt.NDArray[np.void]:
@@ -214,7 +274,8 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
     src = _as_u8(chunk_bytes)
     chunk_len = int(src.size)
     total, count = _fragment_range(chunk_len, first, count)
-    if out.dtype != wire.DATA_PACKET_DTYPE or out.ndim != 1 or not out.flags.c_contiguous:
+    if (out.dtype is not wire.DATA_PACKET_DTYPE and out.dtype != wire.DATA_PACKET_DTYPE) or out.ndim != 1 \
+            or not out.flags.c_contiguous:
         raise ValueError("out must be a 1-D C-contiguous array of wire.DATA_PACKET_DTYPE records")
     if out.size < count:
         raise ValueError(f"out holds {out.size} records, {count} fragments requested")
@@ -222,37 +283,38 @@ def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key:
         raise ValueError(f"checks for {checks.shape} fragments, the chunk has {total}")
     _check_header_values(chunk_key, generation, request_id, flags)
     recs = out[:count]
-    raw = recs.view(np.uint8).reshape(count, wire.DATA_DATAGRAM_LEN)
 
     # Payload: every selected fragment except possibly the chunk's last is full, so one
-    # reshape-copy moves them; the tail fragment is copied and zero-padded on its own.
+    # copy of opaque payload-sized items moves them; the tail fragment is copied and
+    # zero-padded on its own, through the records' flat bytes (cheaper than 2-D indexing).
     last_is_tail = first + count == total
     full = count - 1 if last_is_tail else count
     start = first * wire.FRAG_PAYLOAD
-    payload = raw[:, wire.HEADER_LEN:]
     if full:
-        end = start + full * wire.FRAG_PAYLOAD
-        _rows(payload[:full])[...] = _rows(src[start:end].reshape(full, wire.FRAG_PAYLOAD))
+        _payload_items(recs[:full])[...] = src[start : start + full * wire.FRAG_PAYLOAD].view(_ROW)
+    tail_len = 0
     if last_is_tail:
         tail_start = (total - 1) * wire.FRAG_PAYLOAD
         tail_len = chunk_len - tail_start
-        payload[full, :tail_len] = src[tail_start:]
-        payload[full, tail_len:] = 0
+        flat = recs.view(np.uint8)
+        at = full * wire.DATA_DATAGRAM_LEN + wire.HEADER_LEN
+        flat[at : at + tail_len] = src[tail_start:]
+        if tail_len < wire.FRAG_PAYLOAD:
+            flat[at + tail_len : at + wire.FRAG_PAYLOAD] = 0
 
     # Headers after the payload, while the records' cache lines are still warm: the
-    # shared bytes broadcast as 64-bit words (a byte-wise broadcast is several times
-    # slower), then the per-fragment index, check and the tail's payload_len.
-    tmpl = _template_header(chunk_key, total, chunk_len, generation, request_id, flags)
-    recs.view(np.uint64).reshape(count, _RECORD_WORDS)[:, :_HEADER_WORDS] = tmpl.view(np.uint64)
+    # shared bytes broadcast as one opaque 40-byte item per record (a memcpy each; as
+    # 64-bit words or bytes it is several times slower), then the per-fragment index,
+    # check and the tail's payload_len.
+    _header_items(recs)[...] = _template_header(chunk_key, total, chunk_len, generation, request_id, flags)
     hdr = recs["hdr"]
     hdr["frag_index"] = _BE_INDEX[first : first + count]
     if checks is None:
         hdr["check"] = fragment_checks(src, chunk_key, generation=generation, first=first, count=count)
     else:
         hdr["check"] = checks[first : first + count]
-
-    if last_is_tail:
-        hdr["payload_len"][full] = tail_len
+    if tail_len:
+        _PAYLOAD_LEN.pack_into(flat.data, full * wire.DATA_DATAGRAM_LEN + _PAYLOAD_LEN_AT, tail_len)
     return recs
 
 
@@ -304,22 +366,23 @@ class Reassembler:
         # chunk_len bytes, so there the tail fragment (if short) takes a separate short copy.
         writable = padded if buffer is None else chunk_len
         self._rows = min(self.frag_count, writable // wire.FRAG_PAYLOAD)
-        self._grid = self._buf[: self._rows * wire.FRAG_PAYLOAD].reshape(self._rows, wire.FRAG_PAYLOAD)
+        self._grid_items = self._buf[: self._rows * wire.FRAG_PAYLOAD].view(_ROW)
         self._tail_len = chunk_len - (self.frag_count - 1) * wire.FRAG_PAYLOAD
         self.received = np.zeros(self.frag_count, dtype=np.bool_)
         """Per-fragment flag: True once that fragment has been stored."""
-        self.checks = np.empty(self.frag_count, dtype=np.uint64)
-        """Per fragment, the ``check`` its stored copy carried (undefined where not received)."""
-        self.flags = np.empty(self.frag_count, dtype=np.uint16)
-        """Per fragment, the header flags its stored copy carried (undefined where not received)."""
+        # Each stored fragment's header as it arrived (raw wire words): ``checks`` and
+        # ``flags`` are views of it, and an in-order run's headers land here with one copy
+        # that its validation then reads (undefined where not received).
+        self._hdrs = np.empty((self.frag_count, _HEADER_WORDS), dtype=np.uint64)
+        self._hdr_items = self._hdrs.view(_HDR).reshape(self.frag_count)
         self.received_count = 0
         self.rejected = 0
         """Invalid records skipped by non-strict ``add_batch`` calls."""
         self.rejected_reasons: Counter[str] = Counter()
         """Those skipped records by ``WireError.reason`` (``wrong_key``, ``bad_length``...)."""
-        # One masked compare of the first four header words checks version, opcode, unknown
-        # flag bits, key, frag_count, generation, status, chunk_len and a full payload_len;
-        # only frag_index, request_id and check (and the known flags) may vary.  The tail
+        # A masked compare of the header checks version, opcode, unknown flag bits, key,
+        # frag_count, generation, status, chunk_len and a full payload_len; only
+        # frag_index, request_id and check (and the known flags) may vary.  The tail
         # fragment, whose payload_len may be shorter, has its own expectation.
         self._set_expectations()
 
@@ -336,20 +399,32 @@ class Reassembler:
         self.received_count = 0
 
     def _set_expectations(self) -> None:
-        """Masked header words every full fragment, and the tail fragment, must carry."""
-        # Both headers packed and masked in one small array: this runs once per transfer.
-        both = np.frombuffer(
-            _HEADER_PAIR.pack(wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
-                              self.generation, wire.FRAG_PAYLOAD, wire.Status.OK, self.chunk_len, 0,
-                              wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
-                              self.generation, self._tail_len, wire.Status.OK, self.chunk_len, 0),
-            dtype=np.uint64).reshape(2, _HEADER_WORDS)[:, :_CMP_WORDS] & _MASK_WORDS[:_CMP_WORDS]
-        self._expect_words = both[0]
-        self._expect_tail = both[1]
-        # XOR-ed into a full fragment's difference, turns it into the tail's.
-        self._tail_delta = both[0] ^ both[1]
+        """The masked header every full fragment, and the tail fragment, must carry."""
+        # Both headers packed and masked as one Python int: at this size cheaper than
+        # numpy, and it runs once per transfer.
+        both = int.from_bytes(_HEADER_PAIR.pack(
+            wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
+            self.generation, wire.FRAG_PAYLOAD, wire.Status.OK, self.chunk_len, 0,
+            wire.KVPOOL_VERSION, wire.Opcode.DATA, 0, self.chunk_key, 0, self.frag_count, 0,
+            self.generation, self._tail_len, wire.Status.OK, self.chunk_len, 0), "big") & _MASK_PAIR
+        # A full fragment's and the tail's masked header (frag_index 0, check masked to 0):
+        # what every row of a validated run reduces to (``add_batch``).
+        self._expect_row = (both >> _HEADER_BITS).to_bytes(wire.HEADER_LEN, "big")
+        self._expect_tail = (both & _HEADER_ONES).to_bytes(wire.HEADER_LEN, "big")
 
     # ----------------------------------------------------------------------------- state
+
+    @property
+    def checks(self) -> npt.NDArray[np.uint64]:
+        """Per fragment, the ``check`` its stored copy carried (undefined where not received)."""
+        checks: npt.NDArray[np.uint64] = self._hdrs.view(_BE_U64)[:, _CHECK_WORD]
+        return checks
+
+    @property
+    def flags(self) -> npt.NDArray[np.uint16]:
+        """Per fragment, the header flags its stored copy carried (undefined where not received)."""
+        flags: npt.NDArray[np.uint16] = self._hdrs.view(_BE_U16)[:, _FLAGS_U16]
+        return flags
 
     @property
     def complete(self) -> bool:
@@ -421,19 +496,19 @@ class Reassembler:
             raise wire.WireError("wrong_length", f"chunk_len {hdr.chunk_len}, expected {self.chunk_len}")
         # wire.validate already tied frag_count and payload_len to chunk_len.
 
-    def _copy_run(self, first: int, payload: npt.NDArray[np.uint8]) -> None:
-        """Copy payloads of fragments ``first ..`` into place (rows, then a short tail if any)."""
-        n = payload.shape[0]
+    def _copy_run(self, first: int, records: npt.NDArray[np.void]) -> None:
+        """Copy the payloads of records for fragments ``first ..`` into place (rows, then a short tail if any)."""
+        n = records.shape[0]
         rows = max(0, min(n, self._rows - first))
         if rows:
-            _rows(self._grid[first : first + rows])[...] = _rows(payload[:rows])
+            self._grid_items[first : first + rows] = _payload_items(records[:rows])
         for k in range(rows, n):  # only an unpadded tail fragment falls outside the grid
-            self._store(first + k, payload[k])
+            self._store(first + k, records["payload"][k])
 
     def _store(self, index: int, payload: npt.NDArray[np.uint8]) -> None:
         """Copy one fragment's payload to its place in the buffer (only its valid bytes for a short tail)."""
         if index < self._rows:
-            self._grid[index] = payload
+            self._grid_items[index : index + 1] = payload.view(_ROW)
         else:  # the tail fragment of a caller buffer that is not padded to whole fragments
             off = index * wire.FRAG_PAYLOAD
             self._buf[off : off + self._tail_len] = payload[: self._tail_len]
@@ -447,8 +522,7 @@ class Reassembler:
         if self.received[idx]:
             return False
         self._store(idx, view[wire.HEADER_LEN :])
-        self.checks[idx] = hdr.check
-        self.flags[idx] = hdr.flags
+        self._hdrs[idx].view(np.uint8)[:] = view[: wire.HEADER_LEN]
         self.received[idx] = True
         self.received_count += 1
         return True
@@ -464,13 +538,15 @@ class Reassembler:
     def _invalid(self, recs: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
         """Per record, True where it is not a valid DATA fragment of this chunk; and the indices."""
         masked = self._header_words(recs) & _MASK_WORDS[:_CMP_WORDS]
+        expect = np.frombuffer(self._expect_row, dtype=np.uint64)[:_CMP_WORDS]
         # The (n, 4) bool result viewed as one uint32 per record avoids a slow any(axis=1).
-        bad: npt.NDArray[np.bool_] = (masked != self._expect_words).view(np.uint32).reshape(recs.size) != 0
+        bad: npt.NDArray[np.bool_] = (masked != expect).view(np.uint32).reshape(recs.size) != 0
         idx = recs["hdr"]["frag_index"].astype(np.intp)
         bad |= idx >= self.frag_count
         tail = np.flatnonzero(idx == self.frag_count - 1)
         if tail.size:  # the tail fragment must carry exactly the chunk's last bytes
-            bad[tail] = (masked[tail] != self._expect_tail).any(axis=1)
+            expect_tail = np.frombuffer(self._expect_tail, dtype=np.uint64)[:_CMP_WORDS]
+            bad[tail] = (masked[tail] != expect_tail).any(axis=1)
         return bad, idx
 
     def _record_error(self, recs: npt.NDArray[np.void], i: int) -> wire.WireError:
@@ -492,38 +568,41 @@ class Reassembler:
         Duplicates, inside the batch or of earlier fragments, are ignored (the first copy
         wins).
         """
-        if records.dtype != wire.DATA_PACKET_DTYPE or records.ndim != 1:
+        if records.ndim != 1 or (records.dtype is not wire.DATA_PACKET_DTYPE
+                                 and records.dtype != wire.DATA_PACKET_DTYPE):
             raise ValueError("records must be a 1-D array of wire.DATA_PACKET_DTYPE (np.concatenate "
                              "changes the dtype; fill empty_records() or use records_view())")
         if records.size == 0:
             return 0
         n = int(records.size)
         first = int(records["hdr"]["frag_index"][0])
-        payload = records["payload"]
-        if first + n <= self.frag_count and (self.received_count == 0
-                                             or not self.received[first : first + n].any()):
-            # The common case is a run in order into fragments not yet stored.  Copy it
-            # into place before validating, so that validation reads headers the copy just
-            # brought into cache; the run is only *marked* stored once every record passed.
-            # The slots written hold nothing stored, so a bad record changes no stored data.
-            self._copy_run(first, payload)
-            # Validate the whole run at once: mask the header words, XOR out what each
-            # position must hold (the chunk's fields, then its own frag_index), and the run
-            # is valid exactly when no bit is left.  In-place ops on one contiguous copy
-            # of the headers are the cheapest way numpy offers.
-            diff = np.ascontiguousarray(self._header_words(records))
-            diff &= _MASK_RUN_WORDS
-            diff ^= self._expect_words
-            diff[:, _INDEX_WORD] ^= _INDEX_WORDS[first : first + n]
-            if first + n == self.frag_count:  # the run ends with the tail fragment
-                diff[-1] ^= self._tail_delta
-            if not np.count_nonzero(diff):
-                hdr = records["hdr"]
-                self.checks[first : first + n] = hdr["check"]
-                self.flags[first : first + n] = hdr["flags"]
-                self.received[first : first + n] = True
+        end = first + n
+        if end <= self.frag_count and (self.received_count == 0 or not self.received[first:end].any()):
+            # The common case is a run in order into fragments not yet stored.  Copy its
+            # payloads and headers into place before validating, so that validation reads
+            # headers the copy just brought into cache; the run is only *marked* stored once
+            # every record passed.  The slots written hold nothing stored, so a bad record
+            # changes no stored data.
+            self._copy_run(first, records)
+            self._hdr_items[first:end] = _header_items(records)
+            # Validate the whole run with flat ops on those contiguous header words: XOR out
+            # each position's own frag_index and mask what may vary (request_id, known
+            # flags, check); the run is valid exactly when every row is then the chunk's
+            # expected row (adjacent rows compared as one flat array, the first by bytes).
+            index, mask = _run_blocks(end)
+            diff = np.bitwise_xor(self._hdrs[first:end], index[first:end])
+            diff &= mask[:n]
+            # Every row equals the first, the first is a full fragment's; except that a run
+            # ending with the tail fragment has the tail's own expectation in its last row.
+            full = n - 1 if end == self.frag_count else n
+            flat = diff[:full].reshape(-1)
+            if ((full == n or diff[full].tobytes() == self._expect_tail)
+                    and (full == 0 or (diff[0].tobytes() == self._expect_row
+                                       and not np.count_nonzero(flat[_HEADER_WORDS:] != flat[:-_HEADER_WORDS])))):
+                self.received[first:end] = True
                 self.received_count += n
                 return n
+        payload = records["payload"]
         bad, idx = self._invalid(records)
         if bad.any():
             if strict:
@@ -541,12 +620,10 @@ class Reassembler:
         fresh = ~self.received[uniq]
         uniq, pos = uniq[fresh], pos[fresh]
         in_grid = uniq < self._rows
-        _rows(self._grid)[uniq[in_grid]] = _rows(payload)[pos[in_grid]]
+        self._grid_items[uniq[in_grid]] = _payload_items(records)[pos[in_grid]]
         for i, j in zip(uniq[~in_grid], pos[~in_grid], strict=True):  # at most the tail fragment
             self._store(int(i), payload[int(j)])
-        hdr = records["hdr"]
-        self.checks[uniq] = hdr["check"][pos]
-        self.flags[uniq] = hdr["flags"][pos]
+        self._hdr_items[uniq] = _header_items(records)[pos]
         self.received[uniq] = True
         self.received_count += int(uniq.size)
         return int(uniq.size)

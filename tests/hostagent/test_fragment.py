@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable
 
@@ -460,3 +461,79 @@ def test_a_wrong_check_under_a_right_payload_is_found_too() -> None:
     r = Reassembler(KEY, len(chunk))
     r.add_batch(recs)
     assert [int(i) for i in r.bad_fragments()] == [1]
+
+
+
+def _valid_alone(length: int, record: npt.NDArray[np.void]) -> bool:
+    """Whether the per-packet path (``add``) accepts this one record into a fresh reassembler."""
+    try:
+        Reassembler(KEY, length, generation=9).add(record.tobytes())
+    except wire.WireError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("length", [3 * P, 3 * P - 7])
+@pytest.mark.parametrize("start", [0, 1])
+@pytest.mark.parametrize("caller_buffer", [False, True])
+def test_in_order_run_accepts_exactly_what_add_accepts(length: int, start: int, caller_buffer: bool) -> None:
+    """Every single-bit header corruption of every record of an in-order run (the batch fast path):
+    ``add_batch`` stores exactly what ``add`` stores record by record, with the same checks and flags,
+    and strict mode stores nothing of a batch with an invalid record."""
+    chunk = _chunk(length)
+    base = fragment(chunk, KEY, generation=9, request_id=0x1234, flags=int(wire.Flag.COALESCED))
+    n = base.size
+    outcomes: Counter[str] = Counter()
+    for k in range(start, n):
+        for offset in range(wire.HEADER_LEN):
+            for bit in (0x01, 0x80):
+                where = f"record {k}, header byte {offset}, bit {bit:#x}"
+                recs = base.copy()
+                recs.view(np.uint8)[k * wire.DATA_DATAGRAM_LEN + offset] ^= bit
+                one_by_one = Reassembler(KEY, length, generation=9)
+                buf = np.zeros(length, dtype=np.uint8) if caller_buffer else None
+                r = Reassembler(KEY, length, generation=9, buffer=buf)
+                for i in range(start):  # an earlier batch stored the run's predecessors
+                    one_by_one.add(base[i : i + 1].tobytes())
+                r.add_batch(base[:start])
+                for i in range(start, n):
+                    with contextlib.suppress(wire.WireError):
+                        one_by_one.add(recs[i : i + 1].tobytes())
+                if _valid_alone(length, recs[k : k + 1]):
+                    r.add_batch(recs[start:])
+                    outcomes["valid"] += 1
+                else:
+                    with pytest.raises(wire.WireError):
+                        r.add_batch(recs[start:])
+                    assert r.received_count == start, where  # strict: nothing of the batch stored
+                    assert r.add_batch(recs[start:], strict=False) == n - start - 1, where
+                    outcomes["invalid"] += 1
+                assert np.array_equal(r.received, one_by_one.received), where
+                for i in map(int, np.flatnonzero(r.received)):
+                    assert int(r.checks[i]) == int(one_by_one.checks[i]), where
+                    assert int(r.flags[i]) == int(one_by_one.flags[i]), where
+                    lo, hi = i * P, i * P + wire.expected_payload_len(length, i)
+                    assert bytes(r.buffer[lo:hi]) == bytes(one_by_one.buffer[lo:hi]), where
+    # Both outcomes well represented: request_id, check and the known flags may vary, the rest may not.
+    assert outcomes["valid"] >= 20 * (n - start) and outcomes["invalid"] >= 40 * (n - start)
+
+
+@pytest.mark.parametrize("length", [1, P, 3 * P, 3 * P - 7])
+@pytest.mark.parametrize("caller_buffer", [False, True])
+def test_intact_in_order_runs_take_the_fast_path(length: int, caller_buffer: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-order runs of valid records are validated as a run, never record by record (the hot path)."""
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=4, request_id=7, flags=int(wire.Flag.SWITCH_SERVED))
+    r = Reassembler(KEY, length, generation=4, buffer=np.empty(length, np.uint8) if caller_buffer else None)
+
+    def per_record(*_: object) -> None:
+        raise AssertionError("an intact in-order run took the per-record path")
+
+    monkeypatch.setattr(Reassembler, "_invalid", per_record)
+    half = max(1, recs.size // 2)
+    assert r.add_batch(recs[:half]) == half
+    assert r.add_batch(recs[half:]) == recs.size - half
+    assert r.complete and bytes(r.data) == chunk
+    assert [int(c) for c in r.checks] == [int(c) for c in recs["hdr"]["check"]]
+    assert all(r.flags == int(wire.Flag.SWITCH_SERVED))
