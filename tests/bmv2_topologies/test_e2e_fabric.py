@@ -71,8 +71,11 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         assert mc.switches["s1"].absorbed == mc.switches["s5"].absorbed == 0
         sent = sent_per_fragment(mc)
         assert sorted(sent) == [(key, i) for i in range(frags)]
-        # Two waves for four requesters: 8 copies of each fragment without coalescing.
-        assert sum(sent.values()) <= 3 * frags, f"{sum(sent.values())} sends for {frags} fragments"
+        # Two waves for four requesters: 8 copies of each fragment without coalescing.  The
+        # cold first wave is asked for by range GETs until the holder sees the duplicate and
+        # turns them into single ones (issue 16: the switch's path only where it pays), so it
+        # costs 2-2.5 copies on BMv2 here; the hot second wave about one (3.1-3.4 measured).
+        assert sum(sent.values()) <= 4 * frags, f"{sum(sent.values())} sends for {frags} fragments"
         assert mc.holder_bytes < plain.holder_bytes / 2
 
         pool = bed.run_mode("pool")
