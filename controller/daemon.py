@@ -508,6 +508,21 @@ class Controller:
                   groups=cfg.groups if mode is not Mode.PLAIN else None,
                   digests=cfg.digests if mode is not Mode.PLAIN else None)
 
+    def clean_slate(self) -> None:
+        """Push the pipeline afresh to every switch: registers and counters start from zero.
+
+        The owner's deliberate reset (an experiment's next mode), not a restart to recover
+        from: the new instances are taken as the ones this controller knows, so no epoch
+        warns of a restart; resident chunks a switch held are pushed through it again.
+        """
+        for name, sw in self.switches.items():
+            sw.push_pipeline()
+            self._instance_seen[name] = sw.instance
+            self._hits_seen[name] = {}
+            held = [k for k, r in self.residents.items() if r.site.switch == name]
+            if held and self.settings.mode is Mode.POOL:
+                self._refill.update(held)
+
     def close(self) -> None:
         """Close every P4Runtime connection (entries stay on the switches) and stop sending hints."""
         self.hints.close()

@@ -225,8 +225,7 @@ class IntegrityBed(StarHosts):
         ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None,
                          directory=self.directory)
         ctl.start()
-        for sw in ctl.switches.values():
-            sw.push_pipeline()  # a clean slate: no register or counter of the last mode
+        ctl.clean_slate()  # no register or counter of the last mode
         self.ctl = ctl
         self._api = ControllerAPI(ctl, "127.0.0.1", 0, self.socket, token=self.token).start()
         self._loop = threading.Thread(target=ctl.run, args=(self._stop,), name="controller-epochs", daemon=True)

@@ -291,10 +291,9 @@ class Testbed(StarHosts):
         stop = threading.Event()
         agents_before = self.agent_counters()
         with ctl:
-            for sw in ctl.switches.values():
-                # A clean slate: registers and counters of the last mode are gone; the driver
-                # replays this controller's intended entries onto the fresh pipeline.
-                sw.push_pipeline()
+            # A clean slate: registers and counters of the last mode are gone; the driver
+            # replays this controller's intended entries onto the fresh pipeline.
+            ctl.clean_slate()
             loop = threading.Thread(target=ctl.run, args=(stop,), name="controller-epochs", daemon=True)
             loop.start()
             links = list(self.holder_links.values())

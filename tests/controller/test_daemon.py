@@ -340,3 +340,20 @@ def test_an_epoch_that_fails_is_counted_and_the_next_runs(switch: ModelSwitch) -
         assert calls["n"] == 4 and ctl.failed_epochs == 1
         assert ctl.last_epoch_error is not None and "FAILED_PRECONDITION" in ctl.last_epoch_error
         assert ctl.status()["failed_epochs"] == 1
+
+
+def test_a_clean_slate_is_no_restart_but_a_push_by_someone_else_is(switch: ModelSwitch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    with controller(switch, Mode.MULTICAST) as ctl:
+        sw = ctl.switches["s1"]
+        before = sw.instance
+        ctl.clean_slate()
+        assert sw.instance == before + 1  # a fresh pipeline: registers and counters from zero
+        assert switch.state.entry_count(n.WAITER_LOOKUP) > 0  # the intended entries written back
+        with caplog.at_level("WARNING", logger="kvpool.controller"):
+            ctl.run_epoch()
+        assert not [r for r in caplog.records if "new instance" in r.getMessage()]
+        sw.push_pipeline()  # behind the controller's back: what a restarted switch looks like to it
+        with caplog.at_level("WARNING", logger="kvpool.controller"):
+            ctl.run_epoch()
+        assert [r for r in caplog.records if "switch s1: a new instance" in r.getMessage()]
