@@ -517,11 +517,7 @@ class Controller:
         """
         for name, sw in self.switches.items():
             sw.push_pipeline()
-            self._instance_seen[name] = sw.instance
-            self._hits_seen[name] = {}
-            held = [k for k, r in self.residents.items() if r.site.switch == name]
-            if held and self.settings.mode is Mode.POOL:
-                self._refill.update(held)
+            self._take_new_instance(name, sw.instance)
 
     def close(self) -> None:
         """Close every P4Runtime connection (entries stay on the switches) and stop sending hints."""
@@ -686,15 +682,22 @@ class Controller:
             seen = self._instance_seen.get(name)
             if seen is None or sw.instance == seen or not sw.ready:
                 continue
-            self._instance_seen[name] = sw.instance
-            self._hits_seen[name] = {}  # its counters started again from zero
-            held = [k for k, r in self.residents.items() if r.site.switch == name]
-            if held and self.settings.mode is Mode.POOL:
-                self._refill.update(held)  # only the chunks it holds: a relay keeps no bytes
+            held = self._take_new_instance(name, sw.instance)
+            if held:
                 log.warning("switch %s: a new instance (restarted; its registers are empty): asking the holder to "
                             "push %d resident chunk(s) through it", name, len(held))
             else:
                 log.warning("switch %s: a new instance (restarted): resynced", name)
+
+    def _take_new_instance(self, name: str, instance: int) -> list[int]:
+        """Know ``instance`` of switch ``name`` (empty registers); the pool's chunks sited there, to refill."""
+        self._instance_seen[name] = instance
+        self._hits_seen[name] = {}  # its counters started again from zero
+        if self.settings.mode is not Mode.POOL:
+            return []
+        held = [k for k, r in self.residents.items() if r.site.switch == name]
+        self._refill.update(held)  # only the chunks it holds: a relay keeps no bytes
+        return held
 
     def _apply(self, changes: list[Change], report: EpochReport) -> None:
         # Evictions first: an admission in the same epoch may reuse the freed slots.
