@@ -89,8 +89,13 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         assert sum(c.served for s, c in pool.switches.items() if s != spine) == 0
         traffic = holder_traffic(pool.pcaps["h0"], "10.0.0.100", pool.window)
         assert sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == sink) == frags
-        # The second wave starts 4 s after the first (0.5 s into the window): nothing of it
-        # reaches the holder, and nothing leaves it for a requester.
+        # The second wave starts 4 s after the first (0.5 s into the window): the spine answers
+        # it.  The push that fills the spine is not retransmitted, and BMv2 drops a fill
+        # fragment now and then (its queues overflow; 2 of 140 in one run of three here): such
+        # a slot stays unfilled, the GETs for it go on to the holder, and its answer fills the
+        # slot on the way.  So a few fragments may reach the holder, each once for everyone
+        # (the leaves and the spine coalesce them), never the chunk.
         wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
-        assert holder_traffic(pool.pcaps["h0"], "10.0.0.100", wave2).gets_in == 0
-        assert sent_per_fragment(pool, wave2) == {}
+        late = sent_per_fragment(pool, wave2)
+        assert holder_traffic(pool.pcaps["h0"], "10.0.0.100", wave2).gets_in <= frags // 20, late
+        assert len(late) <= frags // 20 and all(n == 1 for n in late.values()), late
