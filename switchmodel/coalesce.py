@@ -107,7 +107,11 @@ class Coalesce(Control):
             meta.release = 1
             meta.release_mask = slot_mask
             meta.release_dst = meta.waiter_id
-            meta.mcast_grp = COALESCE_MCAST_GRP
+            if slot_mask == me:
+                # Only the addressee waits: forwarded, no replica per waiter id to prune.
+                meta.release_unicast = 1
+            else:
+                meta.mcast_grp = COALESCE_MCAST_GRP
             self._count(COALESCE_STATS, CoStat.RELEASE, meta)
 
 
@@ -119,27 +123,31 @@ class CoalesceEgress(Control):
         kv = pkt.kv
         if meta.release == 1:
             assert kv is not None and pkt.udp is not None and pkt.ipv4 is not None
-            rid = meta.egress_rid
-            if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
-                mark_to_drop(meta)
-                self._count(EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
-                return
-            res = self.state.lookup(WAITER_EGRESS, (rid,), meta.packet_length)
-            if res.hit:
+            if meta.release_unicast == 1:
+                # Forwarded to its addressee, already routed: not a replica, no address rewrite.
+                rid = meta.release_dst
+            else:
+                rid = meta.egress_rid
+                if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
+                    mark_to_drop(meta)
+                    self._count(EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
+                    return
+                res = self.state.lookup(WAITER_EGRESS, (rid,), meta.packet_length)
+                if not res.hit:
+                    mark_to_drop(meta)
+                    self._count(EGRESS_STATS, EgStat.NO_WAITER_ENTRY, meta)
+                    return
                 if res.action == REWRITE_WAITER:
                     pkt.ipv4.dst = res.params["addr"]
                     pkt.eth_dst = res.params["mac"]
-                reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)
-                kv.request_id = reply >> 16
-                pkt.udp[1] = reply & 0xFFFF
-                if rid != meta.release_dst:
-                    kv.flags |= FLAG_COALESCED
-                pkt.udp[3] = 0
-                self._count(WAITER_REPLICAS, rid, meta)
-                self._count(EGRESS_STATS, EgStat.REPLICA_SENT, meta)
-            else:
-                mark_to_drop(meta)
-                self._count(EGRESS_STATS, EgStat.NO_WAITER_ENTRY, meta)
+            reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)
+            kv.request_id = reply >> 16
+            pkt.udp[1] = reply & 0xFFFF
+            if rid != meta.release_dst:
+                kv.flags |= FLAG_COALESCED
+            pkt.udp[3] = 0
+            self._count(WAITER_REPLICAS, rid, meta)
+            self._count(EGRESS_STATS, EgStat.REPLICA_SENT, meta)
         elif meta.record_reply == 1:
             assert kv is not None and pkt.udp is not None
             self._write(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + meta.waiter_id) & M32,

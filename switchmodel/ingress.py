@@ -5,7 +5,7 @@
 3. :class:`~switchmodel.pool.Pool`;
 4. GET not served that did not come from a fabric port: :class:`~switchmodel.popularity.Popularity`;
    single-fragment GET, or DATA/NACK from a writer: :class:`~switchmodel.coalesce.Coalesce`;
-5. absorbed GET -> egress; otherwise TTL and, unless released by multicast,
+5. absorbed GET -> egress; otherwise TTL and, unless released by multicast (to more than its addressee),
    :class:`~switchmodel.forwarding.Forwarding`;
 6. a drop reason set -> counted in ``drop_reason``, ``mark_to_drop``.
 """
@@ -65,7 +65,7 @@ class Ingress:
                         meta.drop_reason = Drop.TTL_EXPIRED
                     else:
                         ip.ttl -= 1
-                if meta.drop_reason == Drop.NONE and meta.release == 0:
+                if meta.drop_reason == Drop.NONE and (meta.release == 0 or meta.release_unicast == 1):
                     self.fwd.apply(pkt, meta)
 
         if meta.drop_reason != Drop.NONE:

@@ -246,6 +246,7 @@ class Meta:
     release: int = 0
     release_mask: int = 0
     release_dst: int = 0
+    release_unicast: int = 0
     # standard_metadata
     ingress_port: int = 0
     egress_spec: int = 0

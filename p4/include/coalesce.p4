@@ -39,7 +39,10 @@
  * generation its GET asked for; age does not matter: the answer satisfies everyone who
  * waits): clear the bitmap and multicast.  Each replica gets the waiter's IPv4/MAC and
  * its own recorded request_id and UDP port; all but the one for the original destination
- * get FLAG_COALESCED.  Other DATA is forwarded normally.  A writer here is an (ingress
+ * get FLAG_COALESCED.  When the addressee is the only waiter the response is forwarded
+ * instead (release_unicast) and only gets its request_id and port: the same packet out,
+ * without a replica per waiter id that egress would prune.  Other DATA is forwarded
+ * normally.  A writer here is an (ingress
  * port, source) pair (Safety): a switch-served reply coming from the holder's side counts,
  * since switches are trusted; only the pool refuses to store such bytes.
  *
@@ -154,7 +157,15 @@ control Coalesce(inout headers_t hdr,
             meta.release = 1;
             meta.release_mask = slot_mask;
             meta.release_dst = meta.waiter_id;
-            standard_metadata.mcast_grp = COALESCE_MCAST_GRP;
+            if (slot_mask == me) {
+                // Nobody else waits here: forward it (Forwarding), egress gives it the
+                // addressee's latest reply record.  Multicast would make a replica for every
+                // waiter id only to prune all but this one, and a slot without absorbed GETs
+                // is the common release (the holder's leaf sees one GET per fragment).
+                meta.release_unicast = 1;
+            } else {
+                standard_metadata.mcast_grp = COALESCE_MCAST_GRP;
+            }
             coalesce_stats.count(CO_RELEASE);
         }
     }
@@ -189,10 +200,20 @@ control CoalesceEgress(inout headers_t hdr,
     apply {
         if (meta.release == 1) {
             waiterId_t rid = standard_metadata.egress_rid;
-            if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << (bit<8>)rid)) == 0) {
+            bool send = true;
+            if (meta.release_unicast == 1) {
+                // Forwarded to its addressee, already routed: not a replica, no address rewrite.
+                rid = meta.release_dst;
+            } else if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << (bit<8>)rid)) == 0) {
                 mark_to_drop(standard_metadata);
                 egress_stats.count(EG_REPLICA_PRUNED);
-            } else if (waiter_egress.apply().hit) {
+                send = false;
+            } else if (!waiter_egress.apply().hit) {
+                mark_to_drop(standard_metadata);
+                egress_stats.count(EG_NO_WAITER_ENTRY);
+                send = false;
+            }
+            if (send) {
                 bit<48> reply;
                 pending_reply.read(reply, meta.pending_idx * MAX_WAITERS + (bit<32>)rid);
                 hdr.kv.request_id = reply[47:16];
@@ -203,9 +224,6 @@ control CoalesceEgress(inout headers_t hdr,
                 hdr.udp.checksum = 0;
                 waiter_replicas.count((bit<32>)rid);
                 egress_stats.count(EG_REPLICA_SENT);
-            } else {
-                mark_to_drop(standard_metadata);
-                egress_stats.count(EG_NO_WAITER_ENTRY);
             }
         } else if (meta.record_reply == 1) {
             pending_reply.write(meta.pending_idx * MAX_WAITERS + (bit<32>)meta.waiter_id,

@@ -11,7 +11,7 @@
  *      DATA/NACK from a writer: Coalesce release (multicast to the waiters)
  *   5. absorbed GET -> egress (which records it, then drops it)
  *      otherwise TTL check/decrement (not for the switch's own replies) and, unless
- *      multicast by a release, Forwarding (routes, ARP)
+ *      multicast by a release (one with other waiters), Forwarding (routes, ARP)
  *   6. any drop reason set -> count it in drop_reason, mark_to_drop
  */
 #ifndef KVPOOL_INGRESS_P4
@@ -69,7 +69,7 @@ control MyIngress(inout headers_t hdr,
                         hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
                     }
                 }
-                if (meta.drop_reason == DROP_NONE && meta.release == 0) {
+                if (meta.drop_reason == DROP_NONE && (meta.release == 0 || meta.release_unicast == 1)) {
                     fwd.apply(hdr, meta, standard_metadata);
                 }
             }

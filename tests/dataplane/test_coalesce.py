@@ -65,12 +65,41 @@ def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target
 
 def test_only_waiters_in_the_bitmap_get_a_copy(target: Target) -> None:
     _setup(target)
+    # A lone waiter: its answer is forwarded, not multicast, so no replica is made to prune.
     target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000))
     target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000), 63)))
     target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=1, dport=6000))
     target.expect(2, _replica(2, 1, 6000, coalesced=False))
     target.expect_no_other_packets()
-    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 2  # hosts 1 and 4 did not ask
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 1
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 1
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 0
+
+    # Two waiters: multicast, and the replica for host 1, which did not ask, is pruned.
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=2, sport=6000))
+    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=2, sport=6000), 63)))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=4, sport=6004))
+    target.expect_no_other_packets()
+    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=2, dport=6000))
+    target.expect(2, _replica(2, 2, 6000, coalesced=False))
+    target.expect(4, _replica(4, 4, 6004, coalesced=True))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1
+
+
+def test_a_lone_waiters_answer_carries_its_latest_get(target: Target) -> None:
+    # Forwarded rather than multicast, the answer still gets the request id and port of
+    # the waiter's latest GET here (one outstanding request per host and fragment).
+    _setup(target)
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=7, sport=6000))
+    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=7, sport=6000), 63)))
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=8, sport=6001))
+    target.expect_no_other_packets()  # absorbed: the same waiter's newer request
+    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=7, dport=6000))
+    target.expect(2, _replica(2, 8, 6001, coalesced=False))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 0
 
 
 def test_after_the_timeout_a_new_get_goes_through(target: Target) -> None:
