@@ -54,9 +54,16 @@ class SwitchConfig:
     digests: dict[str, DigestConfig] = field(default_factory=dict)
 
 
-def waiter_ids(topo: Topology) -> dict[str, int]:
-    """Inference host name -> waiter id, the same on every switch (hosts in name order)."""
-    hosts = sorted(topo.inference_hosts(), key=lambda h: (len(h.name), h.name))
+def waiter_ids(topo: Topology, switch: str) -> dict[str, int]:
+    """Inference host name -> its waiter id on ``switch``: the switch's own hosts first, then the rest.
+
+    A release goes to the nested multicast group of the highest waiter id in its bitmap
+    (``kvpool.contract.coalesce_group``), so the hosts that wait together on a switch
+    should have the lowest ids there: on a leaf, its own requesters (GETs from other
+    leaves cross it only toward a holder it serves).  Each part in name order.
+    """
+    hosts = sorted(topo.inference_hosts(),
+                   key=lambda h: (topo.attachment(h.name) != switch, len(h.name), h.name))
     if len(hosts) > MAX_WAITERS:
         raise ValueError(f"{len(hosts)} inference hosts, the data plane coalesces at most {MAX_WAITERS}")
     return {h.name: i for i, h in enumerate(hosts)}
@@ -80,7 +87,6 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
     s = settings or FabricSettings()
     if not 1 <= s.popularity_epoch <= n.EPOCH_MAX:
         raise ValueError(f"popularity_epoch must be 1..{n.EPOCH_MAX}, got {s.popularity_epoch}")
-    waiters = waiter_ids(topo)
     routes = topo.host_routes()
     sinks = sink_addresses(topo, s)
     sink_hops = {sw: topo.next_hops(sw) for sw in sinks}
@@ -119,17 +125,18 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
                 cfg.entries.append(Entry(n.WRITERS, {n.KEY_INGRESS_PORT: port_to[holder.name],
                                                      n.KEY_WRITER_SRC: holder.address}, n.ALLOW_WRITER))
         replicas: list[tuple[int, int]] = []
-        for name, wid in waiters.items():
+        # Hosts unreachable from this switch can never wait here: ids for the others only.
+        reachable = [h for h in waiter_ids(topo, sw) if h in port_to]
+        for wid, name in enumerate(reachable):
             host = topo.hosts[name]
-            if name not in port_to:
-                continue  # unreachable from this switch: it can never wait here
             cfg.entries.append(Entry(n.WAITER_LOOKUP, {n.KEY_WAITER_ADDR: host.address}, n.SET_WAITER_ID,
                                      {"waiter_id": wid}))
             cfg.entries.append(Entry(n.WAITER_EGRESS, {n.KEY_EGRESS_RID: wid}, n.REWRITE_WAITER,
                                      {"addr": host.address, "mac": host.mac}))
             replicas.append((port_to[name], wid))
-        if replicas:
-            cfg.groups[COALESCE_MCAST_GRP] = replicas
+        # Nested release groups: the one for highest waiter id t replicates to waiters 0..t.
+        for top in range(len(replicas)):
+            cfg.groups[COALESCE_MCAST_GRP + top] = replicas[:top + 1]
         cfg.defaults[n.POPULARITY_CONFIG] = (n.SET_POPULARITY, {"threshold": s.popularity_threshold,
                                                                 "epoch": s.popularity_epoch})
         cfg.defaults[n.COALESCE_CONFIG] = (n.SET_PENDING_TIMEOUT, {"timeout_us": s.pending_timeout_us})

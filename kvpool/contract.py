@@ -234,7 +234,17 @@ GUARD_ENTRIES: Final = 512
 """Host ports whose IPv4 source ``host_guard`` checks (one entry per port)."""
 
 COALESCE_MCAST_GRP: Final = 1
-"""Multicast group of the coalescing release: one replica (port to waiter w, rid w) per waiter."""
+"""First multicast group of the coalescing release.  Group ``COALESCE_MCAST_GRP + t`` holds one
+replica (port to waiter w, rid w) per waiter ``w <= t`` of the switch: a release goes to the
+group of the highest waiter id in its bitmap (``coalesce_group``), so a switch makes replicas
+for waiters ``0..t`` only, not for every waiter it knows."""
+
+
+def coalesce_group(mask: int) -> int:
+    """The multicast group a release to the waiter bitmap ``mask`` (non-zero) goes to."""
+    if not 0 < mask < 1 << MAX_WAITERS:
+        raise ValueError(f"a waiter bitmap is 1..2**{MAX_WAITERS}-1, got {mask}")
+    return COALESCE_MCAST_GRP + mask.bit_length() - 1
 
 DEFAULT_PENDING_TIMEOUT_US: Final = 100_000
 DEFAULT_HOT_THRESHOLD: Final = 8

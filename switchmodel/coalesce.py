@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from kvpool.contract import (
     COALESCE_CONFIG,
-    COALESCE_MCAST_GRP,
     COALESCE_STATS,
     EGRESS_STATS,
     FLAG_COALESCED,
@@ -30,6 +29,7 @@ from kvpool.contract import (
     WAITER_EGRESS,
     WAITER_LOOKUP,
     WAITER_REPLICAS,
+    coalesce_group,
 )
 from kvpool.contract import CoalesceStat as CoStat
 from kvpool.contract import EgressStat as EgStat
@@ -111,7 +111,7 @@ class Coalesce(Control):
                 # Only the addressee waits: forwarded, no replica per waiter id to prune.
                 meta.release_unicast = 1
             else:
-                meta.mcast_grp = COALESCE_MCAST_GRP
+                meta.mcast_grp = coalesce_group(slot_mask)  # the highest waiter id's group
             self._count(COALESCE_STATS, CoStat.RELEASE, meta)
 
 

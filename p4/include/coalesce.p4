@@ -12,12 +12,15 @@
  * of that waiter's latest GET.  It lives in egress because a register belongs to one
  * control and the replicas read it there; ingress marks the GET and egress records it.
  *
- * Waiters.  The controller gives each host a waiter id 0..MAX_WAITERS-1 (waiter_lookup
- * on its IPv4 address, waiter_egress on the id) and programs ONE multicast group,
- * COALESCE_MCAST_GRP, with a replica (port towards waiter w, egress_rid = w) for every
- * waiter.  A release multicasts to that group with the waiter bitmap in user metadata
- * (BMv2 copies it into every replica); egress drops replicas whose bit is clear and
- * rewrites the rest.  One group serves every subset: no group per subset.
+ * Waiters.  The controller gives each host a waiter id 0..MAX_WAITERS-1 on each switch
+ * (waiter_lookup on its IPv4 address, waiter_egress on the id), the lowest ids to the
+ * hosts most likely to wait there together (its own hosts first), and programs MAX_WAITERS
+ * nested multicast groups: COALESCE_MCAST_GRP + t has a replica (port towards waiter w,
+ * egress_rid = w) for every waiter w <= t.  A release multicasts to the group of the
+ * highest id in its waiter bitmap, with the bitmap in user metadata (BMv2 copies it into
+ * every replica); egress drops replicas whose bit is clear and rewrites the rest.  No
+ * group per subset, and a leaf whose own hosts wait makes replicas for those only, not
+ * for every host of the fabric (on BMv2 each pruned replica is a full egress pass).
  *
  * GET (single fragment, not answered by the pool), from a host with a waiter id:
  *   slot free or timed out  -> take it: key, {fragment, asked generation}, now, bitmap =
@@ -164,7 +167,15 @@ control Coalesce(inout headers_t hdr,
                 // is the common release (the holder's leaf sees one GET per fragment).
                 meta.release_unicast = 1;
             } else {
-                standard_metadata.mcast_grp = COALESCE_MCAST_GRP;
+                // The group of the highest waiter id in the bitmap (a binary search).
+                waiterMask_t rest = slot_mask;
+                bit<16> top = 0;
+                if (rest[31:16] != 0) { top = top + 16; rest = rest >> 16; }
+                if (rest[15:8] != 0)  { top = top + 8;  rest = rest >> 8; }
+                if (rest[7:4] != 0)   { top = top + 4;  rest = rest >> 4; }
+                if (rest[3:2] != 0)   { top = top + 2;  rest = rest >> 2; }
+                if (rest[1:1] != 0)   { top = top + 1; }
+                standard_metadata.mcast_grp = COALESCE_MCAST_GRP + top;
             }
             coalesce_stats.count(CO_RELEASE);
         }

@@ -84,8 +84,9 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 // Host ports whose IPv4 source the switch checks (one entry per port).
 #define GUARD_ENTRIES   512
 
-// Multicast group the controller programs with one replica per waiter:
-// (port towards waiter w, egress_rid = w) for every w in 0..MAX_WAITERS-1.
+// First of the MAX_WAITERS nested multicast groups the controller programs for releases:
+// group COALESCE_MCAST_GRP + t has a replica (port towards waiter w, egress_rid = w) for
+// every waiter w <= t of the switch (groups 1..32).
 const bit<16> COALESCE_MCAST_GRP = 1;
 
 // Defaults of the runtime-settable configuration tables (default actions).

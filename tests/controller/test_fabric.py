@@ -28,25 +28,43 @@ def test_star_config() -> None:
     guards = {e.match[n.KEY_INGRESS_PORT]: e.params["addr"] for e in cfg.entries if e.table == n.HOST_GUARD}
     assert guards == {1: "10.0.0.100", 2: "10.0.0.1", 3: "10.0.0.2", 4: "10.0.0.3"}
     assert set(cfg.digests) == {n.HOT_CHUNK, n.FILL_MISMATCH}
-    assert waiter_ids(topo) == {"h1": 0, "h2": 1, "h3": 2}
-    # One replica per waiter, out of the port toward it, with the waiter id as its rid.
-    assert cfg.groups == {COALESCE_MCAST_GRP: [(2, 0), (3, 1), (4, 2)]}
+    assert waiter_ids(topo, "s1") == {"h1": 0, "h2": 1, "h3": 2}
+    # One replica per waiter, out of the port toward it, with the waiter id as its rid; the
+    # group for highest id t holds waiters 0..t (a release replicates only that far).
+    assert cfg.groups == {COALESCE_MCAST_GRP: [(2, 0)], COALESCE_MCAST_GRP + 1: [(2, 0), (3, 1)],
+                          COALESCE_MCAST_GRP + 2: [(2, 0), (3, 1), (4, 2)]}
     rewrite = {e.match[n.KEY_EGRESS_RID]: e.params for e in cfg.entries if e.table == n.WAITER_EGRESS}
     assert rewrite[1] == {"addr": "10.0.0.2", "mac": "08:00:00:00:00:02"}
     assert cfg.defaults[n.COALESCE_CONFIG] == (n.SET_PENDING_TIMEOUT, {"timeout_us": 100_000})
 
 
 def test_waiter_ids_sort_numerically_and_are_bounded() -> None:
-    assert list(waiter_ids(star(12))) == [f"h{i}" for i in range(1, 13)]
+    assert list(waiter_ids(star(12), "s1")) == [f"h{i}" for i in range(1, 13)]
+
+
+def test_waiter_ids_put_a_switchs_own_hosts_first() -> None:
+    topo = leaf_spine(3, 2, 6)  # h1..h6 dealt over leaves s2 and s3
+    own = {leaf: sorted((h for h in ("h1", "h2", "h3", "h4", "h5", "h6") if topo.attachment(h) == leaf),
+                        key=lambda h: int(h[1:])) for leaf in ("s2", "s3")}
+    assert own["s2"] and own["s3"]
+    for leaf, hosts in own.items():
+        ids = waiter_ids(topo, leaf)
+        assert sorted(ids.values()) == list(range(6))
+        assert [h for h, _ in sorted(ids.items(), key=lambda kv: kv[1])][:len(hosts)] == hosts
+    # A release to the leaf's own requesters replicates to them only.
+    groups = switch_configs(topo)["s2"].groups
+    assert groups[COALESCE_MCAST_GRP + len(own["s2"]) - 1] == [
+        (r.port, w) for w, r in enumerate(r for h in own["s2"] for r in topo.host_routes()
+                                          if r.switch == "s2" and r.host == h)]
 
 
 def test_leaf_spine_replicas_go_up_for_remote_waiters() -> None:
     topo = leaf_spine(2, 2, 4, holders=2)  # holders h0, h101 on s1 (ports 3, 4); h1..h4 on s2 (ports 3..6)
     cfgs = switch_configs(topo)
     # On leaf s1 every waiter lives on leaf s2: their replicas leave by spine port 1.
-    assert cfgs["s1"].groups[COALESCE_MCAST_GRP] == [(1, 0), (1, 1), (1, 2), (1, 3)]
-    assert cfgs["s2"].groups[COALESCE_MCAST_GRP] == [(3, 0), (4, 1), (5, 2), (6, 3)]
-    assert all(len(c.groups[COALESCE_MCAST_GRP]) == 4 for c in cfgs.values())
+    assert cfgs["s1"].groups[COALESCE_MCAST_GRP + 3] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert cfgs["s2"].groups[COALESCE_MCAST_GRP + 3] == [(3, 0), (4, 1), (5, 2), (6, 3)]
+    assert all(len(c.groups) == 4 and len(c.groups[COALESCE_MCAST_GRP + 3]) == 4 for c in cfgs.values())
     # Host ports are guarded; ports between switches are marked as fabric ports instead
     # (switches are trusted; popularity counts a fetch where it entered the fabric).
     guards = {e.match[n.KEY_INGRESS_PORT]: e.action for e in cfgs["s1"].entries if e.table == n.HOST_GUARD}

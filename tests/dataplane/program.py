@@ -81,13 +81,15 @@ def replace(sw: P4RuntimeSwitch, key: int, base_slot: int, chunk_len: int, gener
 
 
 def waiters(sw: P4RuntimeSwitch, hosts: list[Host]) -> dict[int, int]:
-    """Waiter ids for ``hosts`` (id = index), their egress rewrite and the coalescing multicast group."""
+    """Waiter ids for ``hosts`` (id = index), their egress rewrite and the nested release groups."""
     ids = {h.port: w for w, h in enumerate(hosts)}
     sw.insert_entries([Entry(n.WAITER_LOOKUP, {n.KEY_WAITER_ADDR: h.ip}, n.SET_WAITER_ID, {"waiter_id": w})
                        for w, h in enumerate(hosts)])
     sw.insert_entries([Entry(n.WAITER_EGRESS, {n.KEY_EGRESS_RID: w}, n.REWRITE_WAITER,
                              {"addr": h.ip, "mac": h.mac}) for w, h in enumerate(hosts)])
-    sw.set_multicast_group(n.COALESCE_MCAST_GRP, [(h.port, w) for w, h in enumerate(hosts)])
+    replicas = [(h.port, w) for w, h in enumerate(hosts)]
+    for top in range(len(replicas)):
+        sw.set_multicast_group(n.COALESCE_MCAST_GRP + top, replicas[:top + 1])
     return ids
 
 

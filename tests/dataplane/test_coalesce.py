@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from controller.p4runtime import Entry
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import CoalesceStat as CoStat
@@ -194,3 +195,34 @@ def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target:
     target.expect_no_other_packets()
     assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
     assert target.counter(n.COALESCE_STATS, CoStat.COLLISION) == 1
+
+
+def test_a_release_replicates_up_to_its_highest_waiter_id(target: Target) -> None:
+    # Waiter ids 0, 5, 20 and 31 (hosts 1, 2, 4 and the holder's port for id 31), and the
+    # nested groups: the one for highest id t has every waiter <= t.  A release to {5, 20}
+    # must pick the group for 20 (the P4's binary search over the bitmap): it then makes
+    # replicas for 0, 5 and 20 and prunes only 0.  The group for 31 would prune 31 too, and
+    # any group below 20 would miss host 4.
+    program.routes(target.sw)
+    program.writer(target.sw, HOLDER)
+    ids = {0: host(1), 5: host(2), 20: host(4), 31: HOLDER}
+    target.sw.insert_entries([Entry(n.WAITER_LOOKUP, {n.KEY_WAITER_ADDR: h.ip}, n.SET_WAITER_ID, {"waiter_id": w})
+                              for w, h in ids.items()])
+    target.sw.insert_entries([Entry(n.WAITER_EGRESS, {n.KEY_EGRESS_RID: w}, n.REWRITE_WAITER,
+                                    {"addr": h.ip, "mac": h.mac}) for w, h in ids.items()])
+    for top in range(n.MAX_WAITERS):
+        replicas = [(h.port, w) for w, h in ids.items() if w <= top]
+        if replicas:
+            target.sw.set_multicast_group(n.COALESCE_MCAST_GRP + top, replicas)
+    assert n.coalesce_group(1 << 5 | 1 << 20) == n.COALESCE_MCAST_GRP + 20
+
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=5, sport=7005))
+    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=5, sport=7005), 63)))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=20, sport=7020))
+    target.expect_no_other_packets()
+    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=5, dport=7005))
+    target.expect(2, _replica(2, 5, 7005, coalesced=False))
+    target.expect(4, _replica(4, 20, 7020, coalesced=True))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 2
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1

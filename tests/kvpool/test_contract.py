@@ -303,3 +303,11 @@ def test_build_dir_honours_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
     assert contract.build_dir() == contract.BUILD_DIR
     monkeypatch.setenv(contract.BUILD_ENV, str(tmp_path))
     assert contract.build_dir() == tmp_path
+
+
+def test_a_release_goes_to_the_group_of_its_highest_waiter() -> None:
+    assert [contract.coalesce_group(m) for m in (1, 2, 3, 0b100, 0b111, 1 << 31, (1 << 32) - 1)] == [
+        contract.COALESCE_MCAST_GRP + t for t in (0, 1, 1, 2, 2, 31, 31)]
+    for bad in (0, 1 << 32, -1):
+        with pytest.raises(ValueError, match="waiter bitmap"):
+            contract.coalesce_group(bad)
