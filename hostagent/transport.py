@@ -22,7 +22,8 @@ or stuck call never holds a small one behind it.  Windows are large because on a
 busy host every round trip waits for both processes to be scheduled: the data in flight
 must cover that, not just the wire's round trip.
 
-DATA lands in a ``Reassembler`` keyed by the request id (the chunk key is checked too).
+DATA lands in a ``Reassembler`` keyed by the request id (the chunk key is checked too;
+a switch's replica whose id is stale goes to this host's request for its chunk, ``_rebind``).
 When neither the request nor anything else from its holder has made progress for a
 retransmit timeout (doubling per silent round), it re-asks for exactly the runs
 ``Reassembler.missing_ranges`` reports, with the ``RETRANSMIT`` flag.  Silence is judged
@@ -354,6 +355,8 @@ class _Counters:
     held_gets: int = 0
     """GETs (runs) of hot chunks answered ``hold_s`` late."""
     cancelled_fragments: int = 0
+    rebound_fragments: int = 0
+    """Coalesced DATA with another request's id, taken by this host's request for the chunk (``_rebind``)."""
     requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
     requests_completed: int = 0
     requests_failed: int = 0
@@ -658,6 +661,7 @@ class Transport:
             "held_gets": c.held_gets,
             "converted_gets": c.converted_gets,
             "cancelled_fragments": c.cancelled_fragments,
+            "rebound_fragments": c.rebound_fragments,
             "requests_by_path": dict(c.requests_by_path),
             "hints": self.hints.stats(),
             "requests_completed": c.requests_completed,
@@ -946,8 +950,10 @@ class Transport:
     def _deliver(self, rid: int, recs: npt.NDArray[np.void], now: float) -> None:
         r = self._active.get(rid)
         if r is None:
-            self._drop("late_duplicate" if rid in self._recent else "unknown_request", int(recs.size))
-            return
+            r = self._rebind(recs)
+            if r is None:
+                self._drop("late_duplicate" if rid in self._recent else "unknown_request", int(recs.size))
+                return
         keys = recs["hdr"]["chunk_key"]
         wrong = keys != r.key
         if wrong.any():
@@ -985,6 +991,31 @@ class Transport:
             self._finish(r, data=reasm.data)
             return
         self._grant(r)
+
+    def _rebind(self, recs: npt.NDArray[np.void]) -> _Request | None:
+        """The active request a switch's coalesced replica with a stale request id answers, if any.
+
+        A switch gives each replica the request id of its waiter's latest GET from a reply
+        record it writes in egress, after the GET's ingress already set the waiter's bit.
+        On BMv2, where ingress and egress are separate threads with 64-packet queues, an
+        absorbed GET can be dropped on its way to egress (or not be recorded yet), and the
+        replica then carries an older request's id: without this the fragment would be
+        dropped and the request would wait a retransmit timeout for it (2.2 s in the demo).
+        Only replicas (``COALESCED``; switches are trusted and drop non-writer DATA from
+        hosts, ``p4/README.md``) of one chunk are taken, by the request fetching that chunk
+        at a generation they may answer; each fragment's check still binds its bytes to the
+        key, generation and index.
+        """
+        flags = recs["hdr"]["flags"]
+        keys = recs["hdr"]["chunk_key"]
+        if not bool((flags & wire.Flag.COALESCED).all()) or bool((keys != keys[0]).any()):
+            return None
+        key, gen = int(keys[0]), int(recs["hdr"]["generation"][0])
+        for r in self._active.values():
+            if r.key == key and r.generation in (0, gen):
+                self._c.rebound_fragments += int(recs.size)
+                return r
+        return None
 
     def _verified(self, r: _Request, reasm: Reassembler, now: float) -> bool:
         """Check a complete chunk; if it fails, drop what failed and ask again (or fail the request).
