@@ -582,7 +582,10 @@ def test_a_hinted_length_too_long_costs_bad_range_answers_and_fails_nothing() ->
     assert res.ok and bytes(res.data or b"") == chunk
     # Singles went out for the hinted 45 fragments at once (the proxy may close before the last few pass).
     assert len(proxy.gets) > 15 and all(g.frag_count == 1 for g in proxy.gets)
-    assert {n.status for n in proxy.nacks} == {wire.Status.BAD_RANGE}
+    # Every answer past the end is BAD_RANGE.  Whether any passes the proxy before it closes
+    # depends on scheduling: the holder may take the GETs in several batches and the fetch
+    # end after the 15 DATA, before the later NACKs (0 seen in one suite run under load).
+    assert {n.status for n in proxy.nacks} <= {wire.Status.BAD_RANGE}
     st = r.stats()
     # A BAD_RANGE past the end that reaches the request while it runs is counted and ignored; one
     # that comes after it finished (the holder got the GETs in several batches: a loaded machine)
