@@ -35,6 +35,18 @@ def _setup(target: Target) -> None:
     program.writer(target.sw, HOLDER)
     program.waiters(target.sw, WAITING)
 
+def _hosts_2_and_4_wait(target: Target, first: tuple[int, int], second: tuple[int, int]) -> None:
+    """Host 2's GET (request id, UDP port ``first``) goes upstream, host 4's joins it; the answer reaches both."""
+    (rid2, port2), (rid4, port4) = first, second
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=rid2, sport=port2))
+    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=rid2, sport=port2), 63)))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=rid4, sport=port4))
+    target.expect_no_other_packets()
+    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=rid2, dport=port2))
+    target.expect(2, _replica(2, rid2, port2, coalesced=False))
+    target.expect(4, _replica(4, rid4, port4, coalesced=True))
+    target.expect_no_other_packets()
+
 
 def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target) -> None:
     _setup(target)
@@ -77,14 +89,7 @@ def test_only_waiters_in_the_bitmap_get_a_copy(target: Target) -> None:
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 0
 
     # Two waiters: multicast, and the replica for host 1, which did not ask, is pruned.
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=2, sport=6000))
-    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=2, sport=6000), 63)))
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=4, sport=6004))
-    target.expect_no_other_packets()
-    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=2, dport=6000))
-    target.expect(2, _replica(2, 2, 6000, coalesced=False))
-    target.expect(4, _replica(4, 4, 6004, coalesced=True))
-    target.expect_no_other_packets()
+    _hosts_2_and_4_wait(target, (2, 6000), (4, 6004))
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1
 
@@ -216,13 +221,6 @@ def test_a_release_replicates_up_to_its_highest_waiter_id(target: Target) -> Non
             target.sw.set_multicast_group(n.COALESCE_MCAST_GRP + top, replicas)
     assert n.coalesce_group(1 << 5 | 1 << 20) == n.COALESCE_MCAST_GRP + 20
 
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=5, sport=7005))
-    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=5, sport=7005), 63)))
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=20, sport=7020))
-    target.expect_no_other_packets()
-    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=5, dport=7005))
-    target.expect(2, _replica(2, 5, 7005, coalesced=False))
-    target.expect(4, _replica(4, 20, 7020, coalesced=True))
-    target.expect_no_other_packets()
+    _hosts_2_and_4_wait(target, (5, 7005), (20, 7020))
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 2
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1
