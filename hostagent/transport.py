@@ -997,10 +997,11 @@ class Transport:
 
         A switch gives each replica the request id of its waiter's latest GET from a reply
         record it writes in egress, after the GET's ingress already set the waiter's bit.
-        On BMv2, where ingress and egress are separate threads with 64-packet queues, an
-        absorbed GET can be dropped on its way to egress (or not be recorded yet), and the
-        replica then carries an older request's id: without this the fragment would be
-        dropped and the request would wait a retransmit timeout for it (2.2 s in the demo).
+        On BMv2, where ingress and egress are separate threads with queues between them, an
+        absorbed GET can be lost on its way to egress or not be recorded yet, and the
+        replica then carries an older request's id (34 fragments in one BMv2 leaf-spine pool
+        run): without this the fragment would be dropped and the request would wait a
+        retransmit timeout for it (2.2 s in the demo).
         Only replicas (``COALESCED``; switches are trusted and drop non-writer DATA from
         hosts, ``p4/README.md``) of one chunk are taken, by the request fetching that chunk
         at a generation they may answer; each fragment's check still binds its bytes to the
