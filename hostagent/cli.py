@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-port", type=int, help="HTTP API port (default 7471; 0 = any)")
     parser.add_argument("--dram-bytes", type=parse_size,
                         help="host DRAM tier capacity (default 1GiB; 0 with --backend: serve from the backend)")
+    parser.add_argument("--record-cache-bytes", type=parse_size,
+                        help="DATA records a holder keeps to answer hot chunks from without copying them "
+                             "again (default 256MiB; 0: none)")
     parser.add_argument("--gpu-bytes", type=parse_size, help="GPU tier capacity, used only with CUDA (default 0)")
     parser.add_argument("--backend", choices=BACKENDS, help="lowest tier below DRAM (default none)")
     parser.add_argument("--mooncake-master", help="Mooncake master RPC address host:port (backend mooncake)")
@@ -110,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     cfg = load_config(args.config)
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
+        "record_cache_bytes",
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes", "hold_s",
         "max_queue_s", "window_fragments", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",

@@ -33,7 +33,7 @@ from hostagent.dirsync import DirectorySync
 from hostagent.envelope import content_digest
 from hostagent.gate import RequesterGate, parse_allow
 from hostagent.hints import FabricHints
-from hostagent.holder import Holder
+from hostagent.holder import RECORD_CACHE_BYTES, Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
@@ -70,6 +70,8 @@ class AgentConfig:
     (Mininet hosts share the file system), e.g. by an experiment driver or the controller."""
     dram_bytes: int = 1 << 30
     """Host DRAM tier capacity."""
+    record_cache_bytes: int = RECORD_CACHE_BYTES
+    """DATA records a holder keeps to answer hot chunks from without copying them again (0: none)."""
     gpu_bytes: int = 0
     """GPU tier capacity (used only when CUDA is available)."""
     backend: str = "none"
@@ -174,6 +176,8 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
         if self.dram_bytes < 0 or self.gpu_bytes < 0 or self.max_body_bytes <= 0 or self.fetch_timeout_s <= 0:
             raise ConfigError("max_body_bytes and fetch_timeout_s must be positive, dram_bytes and gpu_bytes >= 0")
+        if self.record_cache_bytes < 0:
+            raise ConfigError(f"record_cache_bytes must be >= 0 (0: keep none), got {self.record_cache_bytes}")
         if not 1 <= self.api_workers <= 1024 or self.api_timeout_s <= 0:
             raise ConfigError(f"api_workers must be 1..1024 and api_timeout_s positive, got {self.api_workers} and "
                               f"{self.api_timeout_s}")
@@ -209,7 +213,7 @@ class Agent:
         self.token = auth.load_or_create(Path(config.token_file) if config.token_file else None)
         self._backend = backend if backend is not None else self._make_backend()
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
-        self.holder = Holder(self.store)
+        self.holder = Holder(self.store, record_cache_bytes=config.record_cache_bytes)
         self.gate = self._make_gate() if config.verify_requesters else None
         #: What the controller said of chunks (hot, pooled): each fetch's path, the holder's holds.
         self.hints = FabricHints()

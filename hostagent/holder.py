@@ -16,6 +16,14 @@ fragment's ``check`` (``hostagent.fragment.fragment_checks``).  It does so once 
 content and generation and keeps the result (bounded, least recently used first out):
 the content is told apart by the checksum a serialized chunk carries (O(1)), or by an
 xxh3 of the whole chunk for bytes that are not a serialized chunk.
+
+Kept records: a hot prefix is asked for again and again (by every requester in plain
+mode, by every wave), and building its DATA records copies the whole chunk each time.
+So the holder also keeps the records of the chunks it answered last (all fragments,
+request id and flags zero; bounded by bytes, least recently used first out, told apart
+like the checks) and answers from them: an answer is then a view of the kept records
+with the GET's request id and flags written in, no payload copied.  Those two fields
+are the only ones that differ between answers, and the only ones anyone writes.
 """
 
 from __future__ import annotations
@@ -36,6 +44,16 @@ from kvpool import wire
 CHECK_CACHE_FRAGMENTS: Final = 1 << 22
 """Fragment checks a holder keeps (8 bytes each: 32 MiB, the checks of about 5.9 GB of chunks)."""
 
+RECORD_CACHE_BYTES: Final = 256 << 20
+"""DATA records a holder keeps to answer from (1.03x the chunks' bytes: about 248 MiB of chunks)."""
+
+
+def stamp(records: npt.NDArray[np.void], request_id: int, flags: int) -> None:
+    """Write the fields that differ between answers of one chunk (request id, flags) into ``records``."""
+    hdr = records["hdr"]
+    hdr["request_id"] = request_id
+    hdr["flags"] = flags
+
 
 class ChunkSource(Protocol):
     """Where a holder reads serialized chunks from."""
@@ -48,7 +66,8 @@ class Holder:
     """Turns GETs into DATA records (or a NACK status) and counts what it served."""
 
     def __init__(self, source: ChunkSource, *, max_fragments_per_get: int = 4096,
-                 check_cache_fragments: int = CHECK_CACHE_FRAGMENTS) -> None:
+                 check_cache_fragments: int = CHECK_CACHE_FRAGMENTS,
+                 record_cache_bytes: int = RECORD_CACHE_BYTES) -> None:
         if max_fragments_per_get <= 0:
             raise ValueError(f"max_fragments_per_get must be positive, got {max_fragments_per_get}")
         self._source = source
@@ -64,6 +83,12 @@ class Holder:
         self._checks_max = check_cache_fragments
         self.checks_computed = 0
         """Chunks whose fragment checks were computed (a cache miss)."""
+        # key -> (generation, chunk_len, content tag, records of every fragment); LRU order.
+        self._records: OrderedDict[int, tuple[int, int, int, npt.NDArray[np.void]]] = OrderedDict()
+        self._records_held = 0
+        self._records_max = max(0, record_cache_bytes)
+        self.records_built = 0
+        """Chunks whose records were built to be kept (a cache miss)."""
 
     def serve(self, chunk_key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
               flags: int = 0,
@@ -74,7 +99,13 @@ class Holder:
         it, else ``STALE_GENERATION``.  A store failure is ``STORE_ERROR``, not a miss.
         ``flags`` go into every record (the transport passes a GET's ``NO_CACHE`` on).
         ``alloc(n)`` gives a record array of at least ``n`` records to fill (a sender's
-        pool, so a busy holder does not fault in fresh pages for every window).
+        pool, so a busy holder does not fault in fresh pages for every window) when the
+        chunk's records are not kept.
+
+        The records may be a view of the holder's kept records (``_kept``): they hold this
+        answer's request id and flags until the chunk is served again.  A sender that keeps
+        them across another ``serve`` writes the two fields again before sending
+        (``stamp``); nothing else in them may be written.
         """
         with self._lock:
             self.gets += 1
@@ -94,9 +125,14 @@ class Holder:
         if first >= total or count <= 0:
             return self._nack(wire.Status.BAD_RANGE)
         n = min(count, total - first, self._max)
-        checks = self.checks(chunk_key, data, held_generation)
-        records = fragment_into(alloc(n), data, chunk_key, generation=held_generation, request_id=request_id,
-                                flags=flags, first=first, count=n, checks=checks)
+        kept = self._kept(chunk_key, data, held_generation, total)
+        if kept is not None:
+            records = kept[first : first + n]
+            stamp(records, request_id, flags)
+        else:
+            checks = self.checks(chunk_key, data, held_generation)
+            records = fragment_into(alloc(n), data, chunk_key, generation=held_generation, request_id=request_id,
+                                    flags=flags, first=first, count=n, checks=checks)
         with self._lock:
             self.fragments_served += n
             self.bytes_served += int(records["hdr"]["payload_len"].sum())
@@ -125,6 +161,33 @@ class Holder:
                 self._checks_held -= gone.size
         return checks
 
+    def _kept(self, chunk_key: int, data: bytes | memoryview, generation: int,
+              total: int) -> npt.NDArray[np.void] | None:
+        """The kept records of every fragment of ``data`` (built and kept on a miss); None when they do not fit."""
+        size = len(data)
+        nbytes = total * wire.DATA_DATAGRAM_LEN
+        if nbytes > self._records_max:
+            return None
+        tag = envelope.content_digest(data)
+        with self._lock:
+            hit = self._records.get(chunk_key)
+            if hit is not None and hit[:3] == (generation, size, tag):
+                self._records.move_to_end(chunk_key)
+                return hit[3]
+        checks = self.checks(chunk_key, data, generation)
+        records = fragment_into(empty_records(total), data, chunk_key, generation=generation, checks=checks)
+        with self._lock:
+            self.records_built += 1
+            old = self._records.pop(chunk_key, None)
+            if old is not None:
+                self._records_held -= old[3].nbytes
+            self._records[chunk_key] = (generation, size, tag, records)
+            self._records_held += nbytes
+            while self._records_held > self._records_max:
+                _, (_, _, _, gone) = self._records.popitem(last=False)
+                self._records_held -= gone.nbytes
+        return records
+
     def _nack(self, status: wire.Status) -> wire.Status:
         with self._lock:
             self.nacks[status.name] = self.nacks.get(status.name, 0) + 1
@@ -139,4 +202,6 @@ class Holder:
                 "bytes_served": self.bytes_served,
                 "nacks": dict(self.nacks),
                 "checks_computed": self.checks_computed,
+                "records_built": self.records_built,
+                "records_kept_bytes": self._records_held,
             }

@@ -111,7 +111,7 @@ from hostagent import envelope
 from hostagent.fragment import Reassembler
 from hostagent.gate import RequesterGate
 from hostagent.hints import DuplicateTracker, FabricHints
-from hostagent.holder import Holder
+from hostagent.holder import Holder, stamp
 from kvpool import wire
 from kvpool.hints import GetPath
 
@@ -322,6 +322,9 @@ class _SendJob:
     """Fragment index of ``records[0]``."""
     not_before: float = 0.0
     """Monotonic time before which it is not sent (a GET of a hot chunk, held; 0: at once)."""
+    stamp: tuple[int, int] | None = None
+    """``(request id, flags)`` written into each quantum before it is sent, when ``records``
+    are the holder's kept records (shared with other answers of the chunk); None: its own."""
 
     @property
     def owner(self) -> tuple[Address, int] | None:
@@ -408,9 +411,6 @@ class DrainMeter:
             self._t0, self._sent0 = now, sent_bytes
 
 
-def _base(records: npt.NDArray[np.void]) -> npt.NDArray[np.void] | None:
-    """The pooled array ``records`` is a view of (returned to the pool when its job is done)."""
-    return records.base if isinstance(records.base, np.ndarray) else None
 
 
 def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tuple[wire.Header, int, int, Address]]:
@@ -470,6 +470,7 @@ class Transport:
         self._queued = 0
         self._starved = False
         self._record_pool: dict[int, list[npt.NDArray[np.void]]] = {}
+        self._allocated: npt.NDArray[np.void] | None = None  # the last array _alloc_records gave out
         self._pooled_records = 0
         self._budget = self.config.max_inflight_fragments
         self._holder_progress: dict[Address, float] = {}
@@ -850,12 +851,12 @@ class Transport:
             return
         first = 0
         while True:
-            out = self.holder.serve(key, first, wire.MAX_FRAGMENTS, alloc=self._alloc_records)
+            out = self._serve(key, first, wire.MAX_FRAGMENTS)
             if isinstance(out, wire.Status):
                 if first == 0:
                     log.warning("push of chunk %#x to %s:%d skipped: %s", key, to[0], to[1], out.name)
                 return
-            self._add_job(_SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), _base(out), key, None, first))
+            self._add_job(self._job(out, to, key, None, first, 0, 0))
             self.pushed_fragments += int(out.size)
             first += int(out.size)
             if first >= int(out[0]["hdr"]["frag_count"]):
@@ -1425,13 +1426,13 @@ class Transport:
             self._nack_run(hdr, first, count, wire.Status.BUSY, addr, self._retry_hint_us(limit))
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
-        out = self.holder.serve(hdr.chunk_key, first, count, request_id=hdr.request_id,
-                                generation=hdr.generation, flags=hdr.flags & wire.Flag.NO_CACHE,
-                                alloc=self._alloc_records)
+        flags = hdr.flags & wire.Flag.NO_CACHE
+        out = self._serve(hdr.chunk_key, first, count, request_id=hdr.request_id, generation=hdr.generation,
+                          flags=flags)
         if isinstance(out, wire.Status):
             self._nack_run(hdr, first, count, out, addr)
             return
-        job = _SendJob(out, out.view(np.uint8).data, addr, 0, int(out.size), _base(out), hdr.chunk_key, hdr, first)
+        job = self._job(out, addr, hdr.chunk_key, hdr, first, hdr.request_id, flags)
         if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
                 and self.hints.path(hdr.chunk_key) is GetPath.SINGLE and self.hints.merging()):
             # A chunk the switches reported hot: duplicates of this GET are likely, and on a
@@ -1442,6 +1443,23 @@ class Transport:
             job.not_before = time.monotonic() + self.config.hold_s
             self._c.held_gets += 1
         self._add_job(job)
+
+    def _serve(self, key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
+               flags: int = 0) -> npt.NDArray[np.void] | wire.Status:
+        """``Holder.serve`` with this sender's record pool (what it allocated is noted for ``_job``)."""
+        assert self.holder is not None
+        self._allocated = None
+        return self.holder.serve(key, first, count, request_id=request_id, generation=generation, flags=flags,
+                                 alloc=self._alloc_records)
+
+    def _job(self, out: npt.NDArray[np.void], to: Address, key: int, get: wire.Header | None, first: int,
+             request_id: int, flags: int) -> _SendJob:
+        """A send job for what ``_serve`` returned: its own pooled array, or a view of the holder's kept records."""
+        own = self._allocated is not None and out.base is self._allocated
+        base = self._allocated if own else None
+        self._allocated = None
+        return _SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), base, key, get, first,
+                        stamp=None if own else (request_id, flags))
 
     def _add_job(self, job: _SendJob) -> None:
         """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk)."""
@@ -1464,8 +1482,10 @@ class Transport:
             free = self._record_pool.get(cls)
             if free:
                 self._pooled_records -= cls
-                return free.pop()
-        return np.empty(size, dtype=wire.DATA_PACKET_DTYPE)
+                self._allocated = free.pop()
+                return self._allocated
+        self._allocated = np.empty(size, dtype=wire.DATA_PACKET_DTYPE)
+        return self._allocated
 
     def _release_records(self, job: _SendJob) -> None:
         """Give a finished job's array back to the pool (bounded, so an idle holder holds little)."""
@@ -1566,6 +1586,10 @@ class Transport:
             end = min(job.count, job.pos + cfg.send_quantum, job.pos + budget - sent)
             view, addr = job.view, job.addr
             pos = job.pos
+            if job.stamp is not None:
+                # Kept records are shared by every answer of the chunk: this answer's request
+                # id and flags go in right before its datagrams are sent.
+                stamp(job.records[pos:end], *job.stamp)
             try:
                 # The tightest loop Python offers: one slice and one syscall per datagram.
                 for off in range(pos * _L, end * _L, _L):

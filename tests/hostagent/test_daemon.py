@@ -153,6 +153,7 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     ("[agent]\nwindow_fragments = 1\n", "window_fragments"),
     ("[agent]\ndram_bytes = 0\n", "dram_bytes 0 needs a backend"),
     ("[agent]\ndram_bytes = -1\n", "dram_bytes and gpu_bytes >= 0"),
+    ("[agent]\nrecord_cache_bytes = -1\n", "record_cache_bytes must be >= 0"),
     ("udp_port = 1\n", "settings go in the \\[agent\\] table"),
     ("[agent\n", "not valid TOML"),
 ])

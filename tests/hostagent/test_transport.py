@@ -478,6 +478,68 @@ def test_holder_computes_checks_once_per_content_and_generation() -> None:
     assert raw_holder.checks_computed == 1
 
 
+def _answer(holder: Holder, key: int, first: int, count: int, request_id: int) -> list[bytes]:
+    out = holder.serve(key, first, count, request_id=request_id)
+    assert not isinstance(out, wire.Status)
+    return [rec.tobytes() for rec in out]
+
+
+def test_holder_answers_from_records_it_builds_once_per_content_and_generation() -> None:
+    blob = _blob(20_000)
+    store = _store({1: blob})
+    holder = Holder(store)
+    n = wire.fragment_count(len(blob))
+    assert _answer(holder, 1, 0, 100, 7) == [wire.data_packet(1, i, blob, request_id=7) for i in range(n)]
+    # Another answer of the same chunk: the kept records, with its own request id and flags.
+    out = holder.serve(1, 3, 4, request_id=9, flags=wire.Flag.NO_CACHE)
+    assert not isinstance(out, wire.Status)
+    assert [rec.tobytes() for rec in out] == [
+        wire.data_packet(1, i, blob, request_id=9, flags=wire.Flag.NO_CACHE) for i in range(3, 7)]
+    assert holder.records_built == 1 and holder.stats()["records_kept_bytes"] == n * wire.DATA_DATAGRAM_LEN
+    new_bytes = _blob(20_000, seed=1)
+    store.put(1, new_bytes, generation=0)  # new bytes, same size and generation: built again
+    assert _answer(holder, 1, 0, n, 1) == [wire.data_packet(1, i, new_bytes, request_id=1) for i in range(n)]
+    store.put(1, new_bytes, generation=5)  # new generation: built again
+    assert _answer(holder, 1, 0, 1, 2) == [wire.data_packet(1, 0, new_bytes, request_id=2, generation=5)]
+    assert holder.records_built == 3
+
+
+def test_holder_keeps_records_within_its_budget() -> None:
+    a, b = _blob(20_000), _blob(20_000, seed=1)
+    one_chunk = wire.fragment_count(len(a)) * wire.DATA_DATAGRAM_LEN
+    holder = Holder(_store({1: a, 2: b}), record_cache_bytes=one_chunk)
+    for key, blob in ((1, a), (2, b), (1, a)):  # the second chunk pushes the first out
+        assert _answer(holder, key, 0, 2, 3) == [wire.data_packet(key, i, blob, request_id=3) for i in range(2)]
+    assert holder.records_built == 3 and holder.stats()["records_kept_bytes"] == one_chunk
+    unkept = Holder(_store({1: a}), record_cache_bytes=one_chunk - 1)  # over budget: built per answer
+    assert _answer(unkept, 1, 0, 2, 4) == [wire.data_packet(1, i, a, request_id=4) for i in range(2)]
+    assert unkept.records_built == 0 and unkept.stats()["records_kept_bytes"] == 0
+
+
+def test_interleaved_answers_of_one_chunk_each_carry_their_own_request_id() -> None:
+    # Two requesters fetch one chunk at once: the holder sends both answers from the same
+    # kept records, a few datagrams of each in turn.  A datagram sent with the other
+    # answer's request id would be dropped by its receiver and asked for again.
+    blob = _blob(1_000_000)
+    hcfg = TransportConfig(port=0, send_quantum=4)
+    rcfg = TransportConfig(port=0, window_fragments=1024, max_inflight_fragments=1024,
+                           retransmit_timeout_s=5.0, give_up_s=30.0)
+    holder = Holder(_store({1: blob}))
+    with Transport(hcfg, holder) as h, Transport(rcfg) as r1, Transport(rcfg) as r2:
+        results: list[list[FetchResult]] = []
+        threads = [threading.Thread(target=lambda r=r: results.append(r.fetch([1], h.address, timeout=30)))
+                   for r in (r1, r2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [res[0].data for res in results] == [blob, blob]
+        assert holder.records_built == 1
+        for r in (r1, r2):
+            st = r.stats()
+            assert st["retransmit_gets"] == 0 and not st["drops"], st
+
+
 def test_a_chunk_republished_during_its_fetch_is_fetched_again_at_the_new_generation() -> None:
     old, new = _blob(600_000, seed=1), _blob(300_000, seed=2)  # another content, another length
     store = _store({8: old}, generation=1)
