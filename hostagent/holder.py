@@ -138,9 +138,14 @@ class Holder:
             self.bytes_served += int(records["hdr"]["payload_len"].sum())
         return records
 
-    def checks(self, chunk_key: int, data: bytes | memoryview, generation: int) -> npt.NDArray[np.uint64]:
-        """Every fragment's ``check`` of ``data`` as chunk ``chunk_key`` at ``generation`` (kept for reuse)."""
-        tag = envelope.content_digest(data)  # O(1) for a serialized chunk, a hash of all of it otherwise
+    def checks(self, chunk_key: int, data: bytes | memoryview, generation: int,
+               tag: int | None = None) -> npt.NDArray[np.uint64]:
+        """Every fragment's ``check`` of ``data`` as chunk ``chunk_key`` at ``generation`` (kept for reuse).
+
+        ``tag`` is ``data``'s ``envelope.content_digest`` when the caller has it already.
+        """
+        if tag is None:
+            tag = envelope.content_digest(data)  # O(1) for a serialized chunk, a hash of all of it otherwise
         size = len(data)
         with self._lock:
             hit = self._checks.get(chunk_key)
@@ -174,7 +179,7 @@ class Holder:
             if hit is not None and hit[:3] == (generation, size, tag):
                 self._records.move_to_end(chunk_key)
                 return hit[3]
-        checks = self.checks(chunk_key, data, generation)
+        checks = self.checks(chunk_key, data, generation, tag)
         records = fragment_into(empty_records(total), data, chunk_key, generation=generation, checks=checks)
         with self._lock:
             self.records_built += 1

@@ -411,8 +411,6 @@ class DrainMeter:
             self._t0, self._sent0 = now, sent_bytes
 
 
-
-
 def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tuple[wire.Header, int, int, Address]]:
     """Runs of GETs to serve as ``(first GET, first fragment, count, address)``, each at most ``cap`` long.
 
