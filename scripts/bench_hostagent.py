@@ -27,6 +27,7 @@ from hostagent import envelope
 from hostagent.fragment import Reassembler, empty_records, fragment_checks, fragment_into
 from hostagent.holder import Holder
 from hostagent.serialize import Quant, deserialize, header_len, serialize, serialize_into, serialized_size, tensor_bytes
+from hostagent.tiers import HostTier, TieredStore
 from kvpool import wire
 
 MIB = 1 << 20
@@ -96,16 +97,6 @@ def _chunk_set(args: argparse.Namespace) -> tuple[list[npt.NDArray[np.uint8]], i
     return chunks, chunk_len
 
 
-class _DictSource:
-    """A holder's chunk source over a dict: ``key -> (bytes, generation)``."""
-
-    def __init__(self, chunks: dict[int, tuple[memoryview, int]]) -> None:
-        self._chunks = chunks
-
-    def lookup(self, key: int) -> tuple[memoryview, int] | None:
-        return self._chunks.get(key)
-
-
 def bench_fragment_reassemble(args: argparse.Namespace) -> Section:
     """Answer every chunk as DATA records, then reassemble and verify them all, vs memcpy."""
     chunks, chunk_len = _chunk_set(args)
@@ -117,9 +108,12 @@ def bench_fragment_reassemble(args: argparse.Namespace) -> Section:
     # Caller-provided, chunk-sized receive buffers, as a receiver reassembling in place.
     dests = [np.empty(chunk_len, dtype=np.uint8) for _ in chunks]
     copies = [np.empty(chunk_len, dtype=np.uint8) for _ in chunks]
-    # The holder a transport answers GETs from, over the same chunks (all of them kept).
-    source = {i + 1: (c.data, 1) for i, c in enumerate(chunks)}
-    holder = Holder(_DictSource(source), max_fragments_per_get=n_frag,
+    # The holder a transport answers GETs from, over an agent's DRAM tier holding the same
+    # chunks (handed over, not copied), with room to keep the records of all of them.
+    store = TieredStore([HostTier(2 * total)])
+    for i, c in enumerate(chunks):
+        store.put(i + 1, c.data, generation=1, copy=False)
+    holder = Holder(store, max_fragments_per_get=n_frag,
                     record_cache_bytes=2 * count * n_frag * wire.DATA_DATAGRAM_LEN)
     answers: list[npt.NDArray[np.void]] = [built[i] for i in range(count)]
     rid = [0]
