@@ -109,6 +109,8 @@ class AgentConfig:
     single_gets: bool = False
     """One GET per fragment for every chunk (so a switch can serve and coalesce them) instead of
     range GETs except for the chunks the controller's hints name."""
+    share_transfers: bool = True
+    """Concurrent fetches of one chunk on this node share one transfer (False: each its own)."""
     fetch_timeout_s: float = 30.0
     """Default deadline of one API fetch."""
     max_body_bytes: int = MAX_BODY
@@ -151,7 +153,8 @@ class AgentConfig:
             window_fragments=self.window_fragments,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
-            single_fragment_gets=self.single_gets, integrity_retries=self.integrity_retries,
+            single_fragment_gets=self.single_gets, share_transfers=self.share_transfers,
+            integrity_retries=self.integrity_retries,
         )
 
     def validate(self) -> None:
@@ -429,7 +432,9 @@ class Agent:
         that could not be had.
 
         With ``local=False`` the tiers are neither read nor written: every chunk crosses
-        the network (experiments that measure transfers use this).
+        the network (experiments that measure transfers use this).  Either way, a chunk
+        another call of this node is fetching from the same holder (same generation pin)
+        is taken from that transfer, not fetched twice (``share_transfers``).
 
         Fetched chunks passed the transport's integrity checks before they are stored or
         returned.  A chunk of the prefix that failed them on every try raises

@@ -208,6 +208,10 @@ class TransportConfig:
     single_fragment_gets: bool = False
     """Ask for every chunk with one GET per fragment carrying reply room (what a switch can serve
     or coalesce) instead of taking each chunk's path from the hints."""
+    share_transfers: bool = True
+    """A ``fetch`` of a chunk this host is already fetching from the same holder (same generation
+    pin) waits for that transfer instead of starting another: requests that share a prompt
+    prefix on one node fetch it once (False: every call transfers its own copy)."""
     max_queued_fragments: int = 65536
     """DATA a holder queues for sending (about 94 MB) before it answers GETs with NACK BUSY."""
     max_queue_s: float = 1.0
@@ -294,6 +298,10 @@ class _Request:
     """Ask with NO_CACHE from now on: a switch's copy failed, or a retry must reach the holder."""
     call: _Call | None = None
     """The ``fetch`` call this request belongs to (its turn in the admission round robin)."""
+    expired: bool = False
+    """It ended because its caller's deadline passed (calls sharing it with later deadlines go on)."""
+    shared: bool = False
+    """Another ``fetch`` call joined it: every call, its own included, gets a read-only view."""
 
 
 @dataclass(eq=False, slots=True)
@@ -360,6 +368,8 @@ class _Counters:
     cancelled_fragments: int = 0
     rebound_fragments: int = 0
     """Coalesced DATA with another request's id, taken by this host's request for the chunk (``_rebind``)."""
+    shared_transfers: int = 0
+    """Chunks a ``fetch`` took from another call's transfer in flight (bumped under ``_flight_lock``)."""
     requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
     requests_completed: int = 0
     requests_failed: int = 0
@@ -462,6 +472,9 @@ class Transport:
         # Fetch calls with requests waiting for a transfer slot, in round-robin order.
         self._pending: collections.deque[_Call] = collections.deque()
         self._active: dict[int, _Request] = {}
+        # Transfers in flight by (chunk, holder, generation pin): a fetch of the same joins it.
+        self._flights: dict[tuple[int, Address, int], _Request] = {}
+        self._flight_lock = threading.Lock()
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
@@ -595,20 +608,54 @@ class Transport:
                 raise ValueError(f"generation {g} does not fit 32 bits")
         deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
         call = _Call(collections.deque())
-        reqs = [
-            _Request(self._new_rid(), key, holder, gen, FetchResult(key), threading.Event(), deadline, call=call)
-            for key, gen in zip(keys, gens, strict=True)
-        ]
-        call.waiting.extend(reqs)
-        self._submit.append(call)
-        self._wake()
-        for r in reqs:
-            # The loop enforces the deadline; this wait only guards against a dead loop thread.
-            while not r.done.wait(0.5):
-                if self._thread is None or not self._thread.is_alive():
+        # Per key: our own request, or the one in flight we share (another call's transfer).
+        reqs: list[tuple[_Request, bool]] = []
+        with self._flight_lock:
+            for key, gen in zip(keys, gens, strict=True):
+                flight = (key, holder, gen)
+                lead = self._flights.get(flight) if self.config.share_transfers else None
+                if lead is not None:
+                    self._c.shared_transfers += 1
+                    lead.shared = True
+                    reqs.append((lead, False))
+                    continue
+                r = _Request(self._new_rid(), key, holder, gen, FetchResult(key), threading.Event(), deadline,
+                             call=call)
+                if self.config.share_transfers:
+                    self._flights[flight] = r
+                call.waiting.append(r)
+                reqs.append((r, True))
+        if call.waiting:
+            self._submit.append(call)
+            self._wake()
+        return [self._outcome(r, own, deadline) for r, own in reqs]
+
+    def _outcome(self, r: _Request, own: bool, deadline: float) -> FetchResult:
+        """Wait for ``r`` and return what it means for this call (a shared transfer is this call's too)."""
+        while not r.done.wait(0.5 if own else max(0.0, min(0.5, deadline - time.monotonic()))):
+            # The loop enforces an own request's deadline; this wait only guards against a dead loop thread.
+            if self._thread is None or not self._thread.is_alive():
+                if own:
                     r.result.error = "transport stopped"
-                    break
-        return [r.result for r in reqs]
+                    return r.result
+                return FetchResult(r.key, error="transport stopped")
+            if not own and time.monotonic() >= deadline:
+                return FetchResult(r.key, error=f"chunk {r.key:#018x}: timed out, the caller's deadline passed "
+                                                "(waiting for this host's transfer of the same chunk)")
+        if own:
+            if r.shared and r.result.data is not None:
+                r.result.data = r.result.data.toreadonly()
+            return r.result
+        res = r.result
+        if res.data is None and r.expired and time.monotonic() < deadline:
+            # The call that owned the transfer gave up at its own, earlier deadline: ours goes on.
+            try:
+                return self.fetch([r.key], r.holder, generation=r.generation, timeout=deadline - time.monotonic())[0]
+            except TransferError as exc:  # stopped meanwhile
+                return FetchResult(r.key, error=str(exc))
+        # The bytes passed the transfer's checks; every call gets a read-only view of them.
+        data = None if res.data is None else res.data.toreadonly()
+        return FetchResult(r.key, data, res.generation, res.error, res.status, res.retransmit_rounds, res.integrity)
 
     def push(self, keys: Sequence[int], to: Address) -> None:
         """Send every fragment of each held chunk in ``keys`` to ``to``, unasked (request id 0).
@@ -661,6 +708,7 @@ class Transport:
             "converted_gets": c.converted_gets,
             "cancelled_fragments": c.cancelled_fragments,
             "rebound_fragments": c.rebound_fragments,
+            "shared_transfers": c.shared_transfers,
             "requests_by_path": dict(c.requests_by_path),
             "hints": self.hints.stats(),
             "requests_completed": c.requests_completed,
@@ -781,6 +829,7 @@ class Transport:
             if call.waiting and now >= call.waiting[0].deadline:  # one deadline per call: all of it expired
                 while call.waiting:
                     r = call.waiting.popleft()
+                    r.expired = True
                     self._finish(r, error=f"chunk {r.key:#018x}: timed out waiting for a transfer slot")
             if not call.waiting:
                 self._pending.pop()  # the call just rotated to the end
@@ -1246,6 +1295,7 @@ class Transport:
                 how = f"{got}/{total} fragments, {r.result.retransmit_rounds} retransmit rounds, {r.busy} BUSY"
                 self._c.requests_failed += 1
                 if now >= r.deadline:  # the holder answers, slowly: the caller's deadline ended it
+                    r.expired = True
                     self._finish(r, error=f"{where}: timed out, the caller's deadline passed ({how})")
                 else:
                     self._finish(r, error=f"{where}: no progress for {quiet:.1f} s ({how}); is the holder running "
@@ -1310,6 +1360,10 @@ class Transport:
         r.result.data = data
         r.result.error = error
         r.result.status = status
+        with self._flight_lock:
+            flight = (r.key, r.holder, r.generation)
+            if self._flights.get(flight) is r:
+                del self._flights[flight]
         r.done.set()
 
     def _fail_all(self, why: str) -> None:

@@ -136,6 +136,8 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     assert cfg.single_gets and cfg.transport_config().single_fragment_gets
     assert not config_from_args(build_parser().parse_args([])).single_gets
     assert config_from_args(build_parser().parse_args(["--single-gets"])).single_gets
+    assert config_from_args(build_parser().parse_args([])).transport_config().share_transfers
+    assert not config_from_args(build_parser().parse_args(["--no-shared-transfers"])).transport_config().share_transfers
     args = build_parser().parse_args(["--config", str(conf), "--api-port", "9100", "--dram-bytes", "2MiB"])
     cfg = config_from_args(args)
     assert (cfg.udp_port, cfg.api_port, cfg.dram_bytes) == (9000, 9100, 2 << 20)

@@ -833,3 +833,69 @@ def test_a_holder_bounds_its_queue_by_the_rate_it_drains_at_not_only_the_rate_it
     assert t._queue_limit() == int(1e6 / wire.DATA_DATAGRAM_LEN)
     t._drain.rate = 1e3  # never below a twentieth of the pacing rate
     assert t._queue_limit() == int(0.5e6 / wire.DATA_DATAGRAM_LEN)
+
+
+def _fetch_together(share: bool) -> tuple[list[list[FetchResult]], dict[str, Any], dict[str, Any], dict[int, bytes]]:
+    """Four calls on one node ask for overlapping chunks of a paced holder while the first call's transfer runs."""
+    data = {7: os.urandom(300_000), 8: os.urandom(50_000), 9: os.urandom(20_000)}
+    # Paced (about 0.3 s for chunk 7 alone), so the later calls start while the first transfers.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
+    rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0,
+                           share_transfers=share)
+    with Transport(hcfg, Holder(_store(data))) as h, Transport(rcfg) as r:
+        out: list[list[FetchResult]] = [[] for _ in range(4)]
+        asks = [[7, 8], [7], [8, 7, 9], [7, 7]]
+
+        def call(i: int) -> None:
+            out[i] = r.fetch(asks[i], h.address, timeout=30)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        threads[0].start()
+        deadline = time.monotonic() + 10
+        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for th in threads[1:]:
+            th.start()
+        for th in threads:
+            th.join()
+        for i, results in enumerate(out):
+            assert [res.key for res in results] == asks[i]
+        return out, h.stats(), r.stats(), data
+
+
+def test_concurrent_fetches_of_one_chunk_on_one_node_share_one_transfer() -> None:
+    out, hs, rs, data = _fetch_together(share=True)
+    for results in out:
+        for res in results:
+            assert res.ok and res.data is not None and bytes(res.data) == data[res.key]
+            # One buffer behind every call that shared it (the first's too): nobody may write it.
+            assert res.data.readonly == (res.key != 9)
+    # Each chunk crossed once: 7 and 8 were in flight when the other calls asked, 9 was asked once.
+    assert hs["datagrams_sent"] == sum(wire.fragment_count(len(v)) for v in data.values())
+    # Calls 1-3 took 7 four times (call 3 asks twice) and 8 once from the first call's transfers.
+    assert rs["shared_transfers"] == 5
+    # Turned off, every call transfers its own copy: chunk 7 crosses once per ask.
+    out, hs, rs, data = _fetch_together(share=False)
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for results in out for res in results)
+    assert rs["shared_transfers"] == 0
+    assert hs["datagrams_sent"] == (5 * wire.fragment_count(300_000) + 2 * wire.fragment_count(50_000)
+                                    + wire.fragment_count(20_000))
+
+
+def test_a_call_sharing_a_transfer_goes_on_when_the_owners_earlier_deadline_ends_it() -> None:
+    payload = os.urandom(1_000_000)  # about 1 s at the holder's pace
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
+    rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0)
+    with Transport(hcfg, Holder(_store({7: payload}))) as h, Transport(rcfg) as r:
+        owner: list[FetchResult] = []
+        first = threading.Thread(target=lambda: owner.extend(r.fetch([7], h.address, timeout=0.3)))
+        first.start()
+        deadline = time.monotonic() + 10
+        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        (late,) = r.fetch([7], h.address, timeout=30)
+        first.join()
+        st = r.stats()
+    assert owner[0].error is not None and "deadline passed" in owner[0].error
+    assert late.ok and bytes(late.data or b"") == payload
+    assert st["shared_transfers"] == 1
