@@ -24,7 +24,7 @@ per window.
 
 **Ideal bytes** per mode: ``plain`` (the switch only forwards) carries every request's
 bytes; ``multicast`` and ``pool`` carry each distinct chunk once per overlapping window.
-``saved_of_ideal`` compares what a mode saved against plain with what the ideal saves.
+``saved_of_ideal`` compares what a mode saved against plain with what the ideal saves against plain.
 """
 
 from __future__ import annotations
@@ -184,16 +184,18 @@ def ideal_for_mode(mode: str, requested: int, ideal: int) -> int:
     return requested if mode == "plain" else ideal
 
 
-def saved_of_ideal(measured: int, plain_measured: int, ideal: int, requested: int) -> float | None:
-    """The bytes a mode saved against plain (measured) as a fraction of what the ideal saves.
+def saved_of_ideal(measured: int, plain_measured: int, ideal: int) -> float | None:
+    """The bytes a mode saved against plain (measured) as a fraction of what the ideal saves against plain.
 
-    ``(1 - measured / plain_measured) / (1 - ideal / requested)``; None when the ideal saves
-    less than 1% of the bytes (nothing worth saving: the ratio would be noise).
+    ``(plain_measured - measured) / (plain_measured - ideal)``: 1 is the ideal, 0 no better than
+    plain, negative worse.  Against plain's measured bytes, not the bytes asked: agents fetch a
+    chunk once for all the requests of a node that want it at the same time, so plain carries
+    less than was asked and only the rest is the switch's to save.  None when the ideal saves
+    less than 1% of plain's bytes (nothing worth saving: the ratio would be noise).
     """
-    ideal_saving = 1 - ideal / requested if requested else 0.0
-    if ideal_saving < 0.01 or plain_measured <= 0:
+    if plain_measured <= 0 or plain_measured - ideal < 0.01 * plain_measured:
         return None
-    return (1 - measured / plain_measured) / ideal_saving
+    return (plain_measured - measured) / (plain_measured - ideal)
 
 
 def default_deadline_s(total_bytes: int, capacity_bps: float, span_s: float) -> float:

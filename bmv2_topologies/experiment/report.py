@@ -155,7 +155,7 @@ def demo_table(results: list[ModeResult]) -> str:
     for r in results:
         s = r.summary()
         ratio = f"{r.holder_bytes / plain.holder_bytes:.3f}" if plain and plain.holder_bytes else "-"
-        saved = (saved_of_ideal(r.holder_bytes, plain.holder_bytes, r.ideal_bytes, r.requested_bytes)
+        saved = (saved_of_ideal(r.holder_bytes, plain.holder_bytes, r.ideal_bytes)
                  if plain is not None and r is not plain else None)
         rows.append((r.mode, f"{s['deliver_p50_ms']:.1f}", f"{s['deliver_p99_ms']:.1f}",
                      f"{r.holder_bytes / 1e6:.2f}", ratio, *((f"{r.fabric_bytes / 1e6:.2f}",) if fabric else ()),
