@@ -748,6 +748,13 @@ def test_nacks_for_a_run_of_single_gets_go_once_per_fragment() -> None:
     assert (rng.frag_index, rng.frag_count, rng.status) == (0, 5, wire.Status.UNKNOWN_CHUNK)  # a range: one NACK
 
 
+def _until_sending(h: Transport) -> None:
+    """Wait (up to 10 s) until holder ``h`` has sent its first datagram."""
+    deadline = time.monotonic() + 10
+    while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list[FetchResult], list[dict[str, Any]]]:
     """A asks a paced holder for a chunk; B asks for it once A's answer started: results, (holder, A, B) stats."""
     hints = [FabricHints() for _ in range(3)]
@@ -761,9 +768,7 @@ def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list
         out: list[FetchResult] = []
         first = threading.Thread(target=lambda: out.extend(a.fetch([7], h.address, timeout=30)))
         first.start()
-        deadline = time.monotonic() + 10
-        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until_sending(h)
         out.extend(b.fetch([7], h.address, timeout=30))
         first.join()
         return out, [h.stats(), a.stats(), b.stats()]
@@ -851,9 +856,7 @@ def _fetch_together(share: bool) -> tuple[list[list[FetchResult]], dict[str, Any
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
         threads[0].start()
-        deadline = time.monotonic() + 10
-        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.002)
+        _until_sending(h)
         for th in threads[1:]:
             th.start()
         for th in threads:
@@ -890,9 +893,7 @@ def test_a_call_sharing_a_transfer_goes_on_when_the_owners_earlier_deadline_ends
         owner: list[FetchResult] = []
         first = threading.Thread(target=lambda: owner.extend(r.fetch([7], h.address, timeout=0.3)))
         first.start()
-        deadline = time.monotonic() + 10
-        while h.stats()["datagrams_sent"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.002)
+        _until_sending(h)
         (late,) = r.fetch([7], h.address, timeout=30)
         first.join()
         st = r.stats()
