@@ -478,6 +478,8 @@ class Transport:
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
+        # In-flight fragments and active requests when waiting calls were last admitted.
+        self._admit_mark = (0, 0)
         self._queued = 0
         self._starved = False
         self._record_pool: dict[int, list[npt.NDArray[np.void]]] = {}
@@ -769,6 +771,7 @@ class Transport:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                 self._admit_submitted()
+                self._admit_mark = (self._inflight, len(self._active))
                 self._admit_pushes()
                 self._receive_data()
                 self._receive_gets()
@@ -788,6 +791,11 @@ class Transport:
 
     def _poll_timeout_ms(self) -> int:
         if self._submit:
+            return 0
+        if self._pending and (self._inflight < self._admit_mark[0] or len(self._active) < self._admit_mark[1]):
+            # Budget or a transfer slot came free after the waiting calls were last looked at (a
+            # transfer ended, a converted range shrank to one GET): start them now, not after
+            # the next DATA, which may be a hold (100 ms) away.
             return 0
         if self._jobs and self._all_held_until:
             # Every queued answer belongs to a held chunk: sleep until the first hold ends.
@@ -1272,6 +1280,14 @@ class Transport:
             self._holder_progress[r.holder] = now
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
+                if r.reasm is None:
+                    # Its single GETs will ask for fragment 0 first: the window it kept for the
+                    # range goes back now, so the call's next chunks are asked at once, together
+                    # with the other requesters', not one retry hint per chunk later.
+                    r.path = self._path(r)
+                    ask = self._first_ask(r, r.asked_hi)
+                    self._inflight -= r.asked_hi - ask
+                    r.asked_hi = ask
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
             r.next_retx = now + wait

@@ -900,3 +900,30 @@ def test_a_call_sharing_a_transfer_goes_on_when_the_owners_earlier_deadline_ends
     assert owner[0].error is not None and "deadline passed" in owner[0].error
     assert late.ok and bytes(late.data or b"") == payload
     assert st["shared_transfers"] == 1
+
+
+def test_a_converted_range_gives_its_window_back_so_the_calls_next_chunk_is_asked_at_once() -> None:
+    # A holder that converts the first range (BUSY for one fragment, retry in 2 s) and answers
+    # nothing else.  The requester's whole budget is one window, which the range took: unless
+    # the refusal gives it back, the call's second chunk waits for the first one's retry.
+    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    fake.bind(("127.0.0.1", 0))
+    fake.settimeout(10)
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))  # the switches merge
+    cfg = TransportConfig(port=0, window_fragments=64, max_inflight_fragments=64, retransmit_timeout_s=5.0,
+                          give_up_s=30.0)
+    try:
+        with Transport(cfg, hints=hints) as r:
+            t = threading.Thread(target=lambda: r.fetch([1, 2], fake.getsockname(), timeout=5), daemon=True)
+            t.start()
+            pkt, addr = fake.recvfrom(2048)
+            first = wire.parse(pkt)
+            assert (first.chunk_key, first.frag_count) == (1, 64)
+            fake.sendto(wire.nack_packet(1, wire.Status.BUSY, first.request_id, 0, 1, 0, retry_us=2_000_000), addr)
+            nxt = wire.parse(fake.recvfrom(2048)[0])
+            # Chunk 2's range, long before chunk 1's single GET after the 1-3 s hint.
+            assert (nxt.chunk_key, nxt.frag_index, nxt.frag_count) == (2, 0, 63)
+            assert r.stats()["busy_received"] == 1
+    finally:
+        fake.close()
