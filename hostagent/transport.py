@@ -1280,14 +1280,6 @@ class Transport:
             self._holder_progress[r.holder] = now
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
-                if r.reasm is None:
-                    # Its single GETs will ask for fragment 0 first: the window it kept for the
-                    # range goes back now, so the call's next chunks are asked at once, together
-                    # with the other requesters', not one retry hint per chunk later.
-                    r.path = self._path(r)
-                    ask = self._first_ask(r, r.asked_hi)
-                    self._inflight -= r.asked_hi - ask
-                    r.asked_hi = ask
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
             r.next_retx = now + wait
