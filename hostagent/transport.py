@@ -637,10 +637,7 @@ class Transport:
         while not r.done.wait(0.5 if own else max(0.0, min(0.5, deadline - time.monotonic()))):
             # The loop enforces an own request's deadline; this wait only guards against a dead loop thread.
             if self._thread is None or not self._thread.is_alive():
-                if own:
-                    r.result.error = "transport stopped"
-                    return r.result
-                return FetchResult(r.key, error="transport stopped")
+                return replace(r.result, data=None, error="transport stopped")
             if not own and time.monotonic() >= deadline:
                 return FetchResult(r.key, error=f"chunk {r.key:#018x}: timed out, the caller's deadline passed "
                                                 "(waiting for this host's transfer of the same chunk)")
@@ -656,8 +653,7 @@ class Transport:
             except TransferError as exc:  # stopped meanwhile
                 return FetchResult(r.key, error=str(exc))
         # The bytes passed the transfer's checks; every call gets a read-only view of them.
-        data = None if res.data is None else res.data.toreadonly()
-        return FetchResult(r.key, data, res.generation, res.error, res.status, res.retransmit_rounds, res.integrity)
+        return replace(res, data=None if res.data is None else res.data.toreadonly())
 
     def push(self, keys: Sequence[int], to: Address) -> None:
         """Send every fragment of each held chunk in ``keys`` to ``to``, unasked (request id 0).
@@ -1368,10 +1364,11 @@ class Transport:
         r.result.data = data
         r.result.error = error
         r.result.status = status
-        with self._flight_lock:
-            flight = (r.key, r.holder, r.generation)
-            if self._flights.get(flight) is r:
-                del self._flights[flight]
+        if self.config.share_transfers:
+            with self._flight_lock:
+                flight = (r.key, r.holder, r.generation)
+                if self._flights.get(flight) is r:
+                    del self._flights[flight]
         r.done.set()
 
     def _fail_all(self, why: str) -> None:
