@@ -125,6 +125,7 @@ class DuplicateTracker:
         self._max = max_keys
         self._asked: OrderedDict[int, tuple[float, Hashable]] = OrderedDict()
         self._converting: dict[int, float] = {}
+        self._sharing: dict[Hashable, float] = {}
         self._holds: dict[int, float] = {}
         self.holds = 0
         self.conversions = 0
@@ -137,11 +138,22 @@ class DuplicateTracker:
             self._asked.popitem(last=False)
         return last is not None and last[1] != owner and now - last[0] < self.hold_s
 
-    def convert(self, key: int, now: float) -> None:
-        """Range GETs for ``key`` are turned into single GETs from ``now`` for two hold times."""
-        self._converting[key] = now + 2 * self.hold_s
+    def convert(self, key: int, now: float, requesters: Iterable[Hashable] = ()) -> None:
+        """Range GETs for ``key`` are turned into single GETs from ``now`` for two hold times.
+
+        ``requesters`` (the ones whose requests met on ``key``) are *sharing* as long: they
+        are fetching the same prefix, so they will meet on its other chunks too.
+        """
+        until = now + 2 * self.hold_s
+        self._converting[key] = until
+        for who in requesters:
+            self._sharing[who] = until
         self.conversions += 1
         self._forget_expired(now)
+
+    def sharing(self, requester: Hashable, now: float) -> bool:
+        """True while ``requester`` is fetching chunks another requester fetches at the same time."""
+        return self._sharing.get(requester, 0.0) > now
 
     def converting(self, key: int, now: float) -> bool:
         """True while range GETs for ``key`` are being turned into single GETs."""
@@ -169,5 +181,7 @@ class DuplicateTracker:
     def _forget_expired(self, now: float) -> None:
         if len(self._converting) > self._max:
             self._converting = {k: t for k, t in self._converting.items() if t > now}
+        if len(self._sharing) > self._max:
+            self._sharing = {k: t for k, t in self._sharing.items() if t > now}
         if len(self._holds) > self._max:
             self._holds = {k: t for k, t in self._holds.items() if now - t < self.hold_s}

@@ -72,8 +72,10 @@ every pending slot.  Where the hints say the switches merge and ``hold_s`` is se
 duplicate in progress (another request asked for the chunk within ``hold_s``, or still has
 answers queued) converts range GETs into single ones (``BUSY``) and holds the chunk's
 answers ``hold_s`` (``hostagent.hints.DuplicateTracker``); each new single GET of a chunk
-the hints call hot is answered ``hold_s`` late; any other lone request is answered at
-once.  With a
+the hints call hot, of a chunk being converted, or from a requester that met another on a
+chunk a moment ago (it fetches a shared prefix) is answered ``hold_s`` late; any other lone
+request is answered at once.  A lone GET of fragment 0 (a requester learning a chunk's
+length) is answered before the other queued answers.  With a
 ``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
 nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
 an answer never exceeds the requester's window.
@@ -286,6 +288,8 @@ class _Request:
     """How the request asks for its fragments (the hints, re-read at every GET)."""
     converted: bool = False
     """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
+    resync: bool = False
+    """Converted after its range's first DATA: the retry asks one fragment, the rest after it."""
     busy: int = 0
     """BUSY answers it got (the holder is there and pushes back)."""
     started: float = 0.0
@@ -477,6 +481,8 @@ class Transport:
         self._flight_lock = threading.Lock()
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
+        # Answers to a lone GET of fragment 0, sent before the other jobs (``_add_job``).
+        self._probes: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
         # In-flight fragments and active requests when waiting calls were last admitted.
         self._admit_mark = (0, 0)
@@ -724,7 +730,7 @@ class Transport:
             },
             "drops": drops,
             "drops_total": sum(drops.values()),
-            "send_queue": len(self._jobs),
+            "send_queue": len(self._jobs) + len(self._probes),
             "send_queue_fragments": self._queued,
             "drain_rate_bps": round(self._drain.rate),
             "inflight_budget": self._budget,
@@ -793,11 +799,11 @@ class Transport:
             # transfer ended, a converted range shrank to one GET): start them now, not after
             # the next DATA, which may be a hold (100 ms) away.
             return 0
-        if self._jobs and self._all_held_until:
+        if self._all_held_until and (self._jobs or self._probes):
             # Every queued answer belongs to a held chunk: sleep until the first hold ends.
             wait_ms = max(1, int((self._all_held_until - time.monotonic()) * 1000) + 1)
             return min(wait_ms, 100) if self._active else wait_ms
-        if self._jobs:
+        if self._jobs or self._probes:
             if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
                 return 0
             return max(1, int((_L - self._tokens) / self.config.rate_bytes_per_s * 1000))
@@ -1276,6 +1282,7 @@ class Transport:
             self._holder_progress[r.holder] = now
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
+                r.resync = r.reasm is not None
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
             r.next_retx = now + wait
@@ -1335,6 +1342,16 @@ class Transport:
                 r.asked_hi = ask
                 self._send_get(r, 0, r.asked_hi, flags)
             else:
+                got = r.reasm.received_count
+                if busy_retry and r.resync and got < r.asked_hi and r.reasm.missing_ranges(max_ranges=1)[0][0] == got:
+                    # Converted after its range delivered fragments 0..got-1: it knows the length,
+                    # the requesters that met it there do not yet (they ask fragment 0 alone, held
+                    # by the holder).  Asking the rest now would run ahead of them by that hold and
+                    # its answers would be gone before their GETs reach the switch; one fragment,
+                    # held as theirs is, lets them all ask the rest together (_grant).
+                    self._inflight -= r.asked_hi - (got + 1)
+                    r.asked_hi = got + 1
+                r.resync = False
                 for start, count in r.reasm.missing_ranges(max_ranges=64):
                     if start >= r.asked_hi:
                         break
@@ -1447,9 +1464,10 @@ class Transport:
         """Cancel what is left of other requesters' range answers for ``key`` (a one-fragment BUSY: ask singly)."""
         if not tracker.converting(key, now):
             self._c.conversions += 1
-        tracker.convert(key, now)
+        jobs = self._jobs_by_key.get(key, ())
+        tracker.convert(key, now, {owner[0], *(job.addr for job in jobs if job.get is not None)})
         hint = self._convert_hint_us()
-        for job in self._jobs_by_key.get(key, ()):
+        for job in jobs:
             if job.get is None or job.get.frag_count == 1 or job.owner == owner or job.pos >= job.count:
                 continue
             left = job.count - job.pos
@@ -1458,6 +1476,21 @@ class Transport:
             self._queued -= left
             self._c.cancelled_fragments += left
             job.count = job.pos  # the sender finishes it at its next turn
+
+    def _likely_shared(self, key: int, addr: Address, tracker: DuplicateTracker) -> bool:
+        """Whether other requesters will ask for ``key`` soon: the switches reported it hot, or we just saw them.
+
+        Seen: ranges for ``key`` are being converted (two requesters met on it), or the
+        requester asking met another on a chunk a moment ago, so it is fetching a prefix
+        others fetch too and the chunk it starts now is that prefix's next one.  Without
+        this, a cold prefix's first requester starts each next chunk alone, answered at once,
+        and the others, a few ms behind, miss its answers and ask again (1.1-1.25 copies of
+        the prefix in the demo's first wave instead of 1).
+        """
+        if self.hints.path(key) is GetPath.SINGLE:
+            return True
+        now = time.monotonic()
+        return tracker.converting(key, now) or tracker.sharing(addr, now)
 
     def _convert_hint_us(self) -> int:
         """Retry hint of a conversion: soon (a tenth of the hold), the single GETs are held anyway."""
@@ -1491,12 +1524,12 @@ class Transport:
             return
         job = self._job(out, addr, hdr.chunk_key, hdr, first, hdr.request_id, flags)
         if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
-                and self.hints.path(hdr.chunk_key) is GetPath.SINGLE and self.hints.merging()):
-            # A chunk the switches reported hot: duplicates of this GET are likely, and on a
-            # slow switch they arrive after an answer sent at once (BMv2 passes one window of
-            # 8 requesters' GETs in about 100 ms).  Answered ``hold_s`` late, the GET stays
-            # pending in the switch meanwhile and every duplicate joins it; each GET waits
-            # once, so the chunk's answers stream on (a hold per GET, not per chunk).
+                and self.hints.merging() and self._likely_shared(hdr.chunk_key, addr, self._tracker)):
+            # Duplicates of this GET are likely, and on a slow switch they arrive after an
+            # answer sent at once (BMv2 passes one window of 8 requesters' GETs in about
+            # 100 ms).  Answered ``hold_s`` late, the GET stays pending in the switch meanwhile
+            # and every duplicate joins it; each GET waits once, so the chunk's answers stream
+            # on (a hold per GET, not per chunk).
             job.not_before = time.monotonic() + self.config.hold_s
             self._c.held_gets += 1
         self._add_job(job)
@@ -1519,8 +1552,19 @@ class Transport:
                         stamp=None if own else (request_id, flags))
 
     def _add_job(self, job: _SendJob) -> None:
-        """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk)."""
-        self._jobs.append(job)
+        """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk).
+
+        A lone GET of fragment 0 is how a requester that does not know a chunk's length asks
+        for it (a converted range, a single path without hints): its whole chunk waits on
+        this one datagram, and where the switches merge, the rest of its GETs must reach the
+        switch while another requester's are still pending there.  So it goes before every
+        other job instead of waiting a round of quanta (8 jobs of 64 fragments are 0.5 s at
+        10 Mbit/s); a probe is one datagram, so the others barely notice.
+        """
+        if job.get is not None and job.first == 0 and job.count == 1:
+            self._probes.append(job)
+        else:
+            self._jobs.append(job)
         self._jobs_by_key.setdefault(job.key, []).append(job)
         self._queued += job.count
 
@@ -1609,12 +1653,13 @@ class Transport:
             self._c.send_errors += 1
 
     def _send_jobs(self) -> bool:
-        """Send queued DATA round robin, paced, skipping held chunks; True if the socket buffer is full."""
+        """Send queued DATA, paced, skipping held chunks: length probes first, then round robin.
+
+        True if the socket buffer is full.
+        """
         self._all_held_until = 0.0
-        if not self._jobs:
+        if not self._jobs and not self._probes:
             return False
-        assert self._hsock is not None
-        sendto = self._hsock.sendto
         cfg = self.config
         now = time.monotonic()
         budget = 4 * cfg.recv_batch  # then go back to receiving, so our own fetches are not starved
@@ -1623,24 +1668,48 @@ class Transport:
                                self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
             self._last_refill = now
             budget = min(budget, int(self._tokens // _L))
+        sent, blocked, probes_held = self._send_from(self._probes, budget, now)
+        jobs_held = 0.0
+        if not blocked:
+            more, blocked, jobs_held = self._send_from(self._jobs, budget - sent, now)
+            sent += more
+        held = [until for until, queue in ((probes_held, self._probes), (jobs_held, self._jobs)) if queue]
+        if held and all(held):
+            # Every queued answer belongs to a held chunk (_poll_timeout_ms sleeps until the first ends).
+            self._all_held_until = min(held)
+        self._c.datagrams_sent += sent
+        self._c.bytes_sent += sent * _L
+        if cfg.rate_bytes_per_s > 0:
+            self._tokens -= sent * _L
+        return blocked
+
+    def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float) -> tuple[int, bool, float]:
+        """Send up to ``budget`` DATA from ``jobs``, round robin in quanta.
+
+        Returns (datagrams sent, socket buffer full, when the first hold ends if every job
+        with something left is held, else 0.0).
+        """
+        assert self._hsock is not None
+        sendto = self._hsock.sendto
+        quantum = self.config.send_quantum
+        tracker = self._tracker
         sent = 0
         blocked = False
-        jobs = self._jobs
-        tracker = self._tracker
         held = 0  # jobs passed over in a row because their chunk is held
+        held_until = 0.0
         while jobs and sent < budget:
             job = jobs[0]
             if job.pos < job.count and (until := max(job.not_before, 0.0 if tracker is None
                                                      else tracker.held_until(job.key))) > now:
                 jobs.rotate(-1)
                 held += 1
-                self._all_held_until = min(self._all_held_until or until, until)
+                held_until = min(held_until or until, until)
                 if held >= len(jobs):
-                    break  # every job waits for a hold to end (_poll_timeout_ms sleeps until then)
+                    return sent, blocked, held_until  # every job waits for a hold to end
                 continue
             held = 0
-            self._all_held_until = 0.0
-            end = min(job.count, job.pos + cfg.send_quantum, job.pos + budget - sent)
+            held_until = 0.0
+            end = min(job.count, job.pos + quantum, job.pos + budget - sent)
             view, addr = job.view, job.addr
             pos = job.pos
             if job.stamp is not None:
@@ -1670,8 +1739,4 @@ class Transport:
                 jobs.rotate(-1)
             if blocked:
                 break
-        self._c.datagrams_sent += sent
-        self._c.bytes_sent += sent * _L
-        if cfg.rate_bytes_per_s > 0:
-            self._tokens -= sent * _L
-        return blocked
+        return sent, blocked, 0.0

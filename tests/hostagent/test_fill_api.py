@@ -194,3 +194,47 @@ def test_holder_answers_a_hot_chunks_get_a_hold_late_and_only_where_the_switches
     finally:
         sock.close()
         holder.stop()
+
+
+def test_holder_holds_the_next_chunks_of_requesters_that_just_met_on_one() -> None:
+    """Two requesters met on a chunk: for two hold times their single GETs of other chunks are held too."""
+    holder = Agent(AgentConfig(udp_port=0, api_port=0, hold_s=0.3, log_level="WARNING"))
+    holder.start()
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for k in (KEY, KEY + 1, KEY + 2, KEY + 3):
+            holder.publish(k, CHUNK)
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(3)
+        first, second, other = socks
+        assert AgentClient(holder.api_url).http.post("/v1/hints", {"ttl_s": 60, "merge": True, "chunks": []}) \
+            == {"chunks": 0}
+        addr = ("127.0.0.1", holder.transport.port)
+
+        def lone(sock: socket.socket, key: int, rid: int) -> float:
+            """Seconds until ``sock``'s single GET of ``key``'s fragment 0 is answered."""
+            t0 = time.monotonic()
+            sock.sendto(wire.get_packet(key, 0, request_id=rid), addr)
+            (answer,) = _answers(sock, 1)
+            assert (answer.opcode, answer.chunk_key, answer.frag_index) == (wire.Opcode.DATA, key, 0)
+            return time.monotonic() - t0
+
+        first.sendto(wire.get_packet(KEY, 0, 6, request_id=1), addr)
+        assert len(_answers(first, 6)) == 6  # alone: answered at once, as a range
+        second.sendto(wire.get_packet(KEY, 0, 6, request_id=2), addr)
+        (refused,) = _answers(second, 1)
+        assert (refused.status, refused.frag_count) == (wire.Status.BUSY, 1)  # they met: converted
+        met = time.monotonic()
+        # The requester that met another starts its next chunk: held, so the others join it in the switch.
+        assert lone(second, KEY + 1, 3) >= 0.3
+        # A requester that met nobody is answered at once.
+        assert lone(other, KEY + 2, 4) < 0.2
+        # Two hold times later the meeting is forgotten.
+        time.sleep(max(0.0, met + 0.65 - time.monotonic()))
+        assert lone(second, KEY + 3, 5) < 0.2
+        assert holder.transport.stats()["held_gets"] == 1
+    finally:
+        for s in socks:
+            s.close()
+        holder.stop()

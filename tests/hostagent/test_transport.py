@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -920,3 +921,86 @@ def test_a_call_sharing_a_transfer_goes_on_when_the_owners_earlier_deadline_ends
     assert owner[0].error is not None and "deadline passed" in owner[0].error
     assert late.ok and bytes(late.data or b"") == payload
     assert st["shared_transfers"] == 1
+
+
+def test_a_range_converted_after_its_first_data_asks_one_fragment_then_the_rest() -> None:
+    """Resync: the requester that learned the length first waits, like the others, for one held answer."""
+    payload = _blob(20 * wire.FRAG_PAYLOAD)  # 20 fragments
+    frags = wire.fragment_count(len(payload))
+    source = Holder(_store({3: payload}))
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.settimeout(5)
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))  # the switches merge
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
+
+    def gets(quiet_s: float) -> list[wire.Header]:
+        """The GETs that arrive until none has for ``quiet_s``."""
+        out: list[wire.Header] = []
+        holder.settimeout(quiet_s)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                out.append(wire.parse(holder.recvfrom(2048)[0]))
+        return out
+
+    try:
+        with Transport(cfg, hints=fabric) as r:
+            results: list[FetchResult] = []
+            t = threading.Thread(target=lambda: results.extend(r.fetch([3], holder.getsockname(), timeout=20)))
+            t.start()
+            first, to = holder.recvfrom(2048)
+            get = wire.parse(first)
+            assert get.frag_count >= frags  # a range: the length is not known yet
+            for pkt in _answer(source, 3, 0, 2, get.request_id):  # fragments 0 and 1 arrive...
+                holder.sendto(pkt, to)
+            # ...then the holder converts the rest (another requester asked): BUSY for one fragment.
+            holder.sendto(wire.nack_packet(3, wire.Status.BUSY, get.request_id, 2, 1, retry_us=1_000), to)
+            retry = gets(0.3)
+            # One single GET, for the first fragment it lacks, not the 18 it knows it lacks.
+            assert [(g.frag_index, g.frag_count) for g in retry] == [(2, 1)]
+            for pkt in _answer(source, 3, 2, 1, retry[0].request_id):
+                holder.sendto(pkt, to)
+            rest = gets(0.3)
+            # Its answer came: the rest of the chunk, one GET per fragment (a switch can merge them).
+            assert sorted(g.frag_index for g in rest) == list(range(3, frags))
+            assert all(g.frag_count == 1 for g in rest)
+            for g in rest:
+                for pkt in _answer(source, 3, g.frag_index, 1, g.request_id):
+                    holder.sendto(pkt, to)
+            t.join(10)
+    finally:
+        holder.close()
+    (res,) = results
+    assert res.ok and bytes(res.data or b"") == payload and r.stats()["busy_received"] == 1
+
+
+def test_a_holder_answers_a_lone_fragment_0_get_before_the_queued_ranges() -> None:
+    """A requester that asks fragment 0 alone (its length) is not kept waiting a round of other answers."""
+    big = {k: os.urandom(10 * wire.FRAG_PAYLOAD) for k in range(1, 65)}  # 64 chunks of 10 fragments
+    small = {99: os.urandom(5 * wire.FRAG_PAYLOAD)}
+    # Paced at 1.5 MB/s: the 64 ranges take about 0.6 s, and once the first burst is out the
+    # holder sends a fragment or two per turn, round robin over the answers queued.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1.5e6, burst_bytes=16 << 10, max_queue_s=0)
+    with Transport(hcfg, Holder(_store(big | small))) as h:
+        ranges = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for s in (ranges, probe):
+                s.bind(("127.0.0.1", 0))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                s.settimeout(5)
+            for k in big:
+                ranges.sendto(wire.get_packet(k, 0, 10, request_id=k), h.address)
+            wire.parse(ranges.recvfrom(2048)[0])  # the ranges are being answered
+            sent_before = h.stats()["datagrams_sent"]
+            probe.sendto(wire.get_packet(99, 0, 1, request_id=99), h.address)
+            answer = wire.parse(probe.recvfrom(2048)[0])
+            sent_meanwhile = h.stats()["datagrams_sent"] - sent_before
+        finally:
+            ranges.close()
+            probe.close()
+    assert (answer.opcode, answer.chunk_key, answer.frag_index) == (wire.Opcode.DATA, 99, 0)
+    # Round robin would have put it behind a turn of each of the 64 ranges (64 fragments or
+    # more); it went out with the next turn.
+    assert sent_meanwhile < 32
