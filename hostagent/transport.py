@@ -289,7 +289,7 @@ class _Request:
     converted: bool = False
     """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
     resync: bool = False
-    """Converted after its range's first DATA: the retry asks one fragment, the rest after it."""
+    """Just converted: its retry, if the length is known by then, asks one fragment, the rest after it."""
     busy: int = 0
     """BUSY answers it got (the holder is there and pushes back)."""
     started: float = 0.0
@@ -1282,7 +1282,7 @@ class Transport:
             self._holder_progress[r.holder] = now
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
-                r.resync = r.reasm is not None
+                r.resync = True  # decided at the retry: DATA received with this NACK may not be counted yet
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
             r.next_retx = now + wait
@@ -1351,11 +1351,11 @@ class Transport:
                     # held as theirs is, lets them all ask the rest together (_grant).
                     self._inflight -= r.asked_hi - (got + 1)
                     r.asked_hi = got + 1
-                r.resync = False
                 for start, count in r.reasm.missing_ranges(max_ranges=64):
                     if start >= r.asked_hi:
                         break
                     self._send_get(r, start, min(count, r.asked_hi - start), flags)
+            r.resync = False
             if not busy_retry:
                 r.rto = min(r.rto * 2, max(1.0, 8 * cfg.retransmit_timeout_s))
             r.next_retx = now + r.rto
