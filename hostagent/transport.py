@@ -288,8 +288,6 @@ class _Request:
     """How the request asks for its fragments (the hints, re-read at every GET)."""
     converted: bool = False
     """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
-    resync: bool = False
-    """Just converted: its retry, if the length is known by then, asks one fragment, the rest after it."""
     busy: int = 0
     """BUSY answers it got (the holder is there and pushes back)."""
     started: float = 0.0
@@ -1282,7 +1280,6 @@ class Transport:
             self._holder_progress[r.holder] = now
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
-                r.resync = True  # decided at the retry: DATA received with this NACK may not be counted yet
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
             r.next_retx = now + wait
@@ -1342,20 +1339,10 @@ class Transport:
                 r.asked_hi = ask
                 self._send_get(r, 0, r.asked_hi, flags)
             else:
-                got = r.reasm.received_count
-                if busy_retry and r.resync and got < r.asked_hi and r.reasm.missing_ranges(max_ranges=1)[0][0] == got:
-                    # Converted after its range delivered fragments 0..got-1: it knows the length,
-                    # the requesters that met it there do not yet (they ask fragment 0 alone, held
-                    # by the holder).  Asking the rest now would run ahead of them by that hold and
-                    # its answers would be gone before their GETs reach the switch; one fragment,
-                    # held as theirs is, lets them all ask the rest together (_grant).
-                    self._inflight -= r.asked_hi - (got + 1)
-                    r.asked_hi = got + 1
                 for start, count in r.reasm.missing_ranges(max_ranges=64):
                     if start >= r.asked_hi:
                         break
                     self._send_get(r, start, min(count, r.asked_hi - start), flags)
-            r.resync = False
             if not busy_retry:
                 r.rto = min(r.rto * 2, max(1.0, 8 * cfg.retransmit_timeout_s))
             r.next_retx = now + r.rto

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -921,58 +920,6 @@ def test_a_call_sharing_a_transfer_goes_on_when_the_owners_earlier_deadline_ends
     assert owner[0].error is not None and "deadline passed" in owner[0].error
     assert late.ok and bytes(late.data or b"") == payload
     assert st["shared_transfers"] == 1
-
-
-def test_a_range_converted_after_its_first_data_asks_one_fragment_then_the_rest() -> None:
-    """Resync: the requester that learned the length first waits, like the others, for one held answer."""
-    payload = _blob(20 * wire.FRAG_PAYLOAD)  # 20 fragments
-    frags = wire.fragment_count(len(payload))
-    source = Holder(_store({3: payload}))
-    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    holder.bind(("127.0.0.1", 0))
-    holder.settimeout(5)
-    fabric = FabricHints()
-    fabric.update(Hints({}, 60.0, True))  # the switches merge
-    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
-
-    def gets(quiet_s: float) -> list[wire.Header]:
-        """The GETs that arrive until none has for ``quiet_s``."""
-        out: list[wire.Header] = []
-        holder.settimeout(quiet_s)
-        with contextlib.suppress(TimeoutError):
-            while True:
-                out.append(wire.parse(holder.recvfrom(2048)[0]))
-        return out
-
-    try:
-        with Transport(cfg, hints=fabric) as r:
-            results: list[FetchResult] = []
-            t = threading.Thread(target=lambda: results.extend(r.fetch([3], holder.getsockname(), timeout=20)))
-            t.start()
-            first, to = holder.recvfrom(2048)
-            get = wire.parse(first)
-            assert get.frag_count >= frags  # a range: the length is not known yet
-            for pkt in _answer(source, 3, 0, 2, get.request_id):  # fragments 0 and 1 arrive...
-                holder.sendto(pkt, to)
-            # ...then the holder converts the rest (another requester asked): BUSY for one fragment.
-            holder.sendto(wire.nack_packet(3, wire.Status.BUSY, get.request_id, 2, 1, retry_us=1_000), to)
-            retry = gets(0.3)
-            # One single GET, for the first fragment it lacks, not the 18 it knows it lacks.
-            assert [(g.frag_index, g.frag_count) for g in retry] == [(2, 1)]
-            for pkt in _answer(source, 3, 2, 1, retry[0].request_id):
-                holder.sendto(pkt, to)
-            rest = gets(0.3)
-            # Its answer came: the rest of the chunk, one GET per fragment (a switch can merge them).
-            assert sorted(g.frag_index for g in rest) == list(range(3, frags))
-            assert all(g.frag_count == 1 for g in rest)
-            for g in rest:
-                for pkt in _answer(source, 3, g.frag_index, 1, g.request_id):
-                    holder.sendto(pkt, to)
-            t.join(10)
-    finally:
-        holder.close()
-    (res,) = results
-    assert res.ok and bytes(res.data or b"") == payload and r.stats()["busy_received"] == 1
 
 
 def test_a_holder_answers_a_lone_fragment_0_get_before_the_queued_ranges() -> None:
