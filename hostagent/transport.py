@@ -1545,8 +1545,8 @@ class Transport:
         for it (a converted range, a single path without hints): its whole chunk waits on
         this one datagram, and where the switches merge, the rest of its GETs must reach the
         switch while another requester's are still pending there.  So it goes before every
-        other job instead of waiting a round of quanta (8 jobs of 64 fragments are 0.5 s at
-        10 Mbit/s); a probe is one datagram, so the others barely notice.
+        other job instead of waiting for each of them to take a turn (64 queued answers are
+        70 ms at 10 Mbit/s); a probe is one datagram, so the others barely notice.
         """
         if job.get is not None and job.first == 0 and job.count == 1:
             self._probes.append(job)
