@@ -19,7 +19,8 @@ An answer is then bounded twice: to the requester's **window** (the most fragmen
 requester keeps in flight: a range GET for more is answered up to the window, the
 requester asks for the rest as it drains), and to a **token-bucket budget per source**
 (fragments per second with a burst): a source over its budget gets a NACK ``BUSY``, one
-small datagram, and asks again after its timeout. Loopback sources have no budget.
+small datagram whose retry hint says when the budget will hold the GET again. Loopback
+sources have no budget.
 
 A GET from a source that is not verified gets nothing at all, not even a NACK: anything
 sent would go to whoever the source names.
@@ -129,6 +130,23 @@ class RequesterGate:
             elif grant < count:
                 self.clamped += 1
             return grant
+
+    def refill_s(self, source: str, count: int) -> float:
+        """Seconds until ``source``'s budget holds ``count`` fragments again (capped at one burst); 0 if it does.
+
+        A BUSY for a spent budget carries it as its retry hint: without one, the requester
+        waits a whole retransmit timeout, and so does every GET a switch merged into the
+        refused one (they wait on its answer).
+        """
+        try:
+            ip = ipaddress.ip_address(source)
+        except ValueError:
+            return 0.0
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.get(ip, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        return max(0.0, min(count, self.window, self.burst) - tokens) / self.rate
 
     def stats(self) -> dict[str, Any]:
         """Refusals and clamps, and what the gate knows (for the agent's stats)."""

@@ -1493,8 +1493,9 @@ class Transport:
             if allowed is None:
                 self._drop("unverified_source")  # no DATA, no NACK: the source may be forged
                 return
-            if allowed == 0:
-                self._nack_run(hdr, first, count, wire.Status.BUSY, addr)  # its budget is spent
+            if allowed == 0:  # its budget is spent: come back when it holds this GET again
+                hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.refill_s(addr[0], count) * 1e6)))
+                self._nack_run(hdr, first, count, wire.Status.BUSY, addr, hint_us)
                 return
             count = allowed
         limit = self._queue_limit()

@@ -16,10 +16,26 @@ REQUESTER_COUNTS = (2, 4, 8, 16)
 """The side-by-side's default requester counts N, one network each."""
 TOPOLOGIES = ("star", "leaf-spine")
 """Generated topologies (``kvpool.topology``); anything else names a topology JSON file."""
-TARGET_KNOBS: dict[str, tuple[int, float]] = {"model": (600, 100.0), "bmv2": (64, 100.0)}
-"""Per switch target, the requesters' window (fragments in flight) and the holder's hold (ms) a
-run takes unless told: the model takes the whole hot prefix at once; BMv2 (3,000-4,700
-packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64."""
+@dataclass(frozen=True)
+class TargetKnobs:
+    """What a run takes on one switch target unless told (``TARGET_KNOBS``)."""
+
+    in_flight: int
+    """Fragments each requester keeps in flight over all its chunks (``kvpool-agent --max-inflight``)."""
+    chunk_window: int
+    """Most fragments in flight for one chunk (``kvpool-agent --window``)."""
+    hold_ms: float
+    """The holder's hold (``kvpool-agent --hold``)."""
+
+
+TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0), "bmv2": TargetKnobs(64, 16, 100.0)}
+"""Per switch target.  The model takes the whole hot prefix at once.  BMv2 (3,000-4,700
+packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64 in flight,
+dealt 16 to a chunk: with a chunk's window as large as the budget, a requester's first chunk
+took all of it and the next ones started as its answers came, which differs between the
+requester that first asked for a chunk and those the holder converted, so requesters drifted
+hundreds of ms apart in the cold first wave and missed each other's answers (3.0 copies of
+the prefix instead of 1.04 with 16 to a chunk, docs/hostagent.md)."""
 
 
 @dataclass
@@ -59,6 +75,8 @@ class DemoConfig:
     """Fragments each requester keeps in flight; None: the target's (``TARGET_KNOBS``; on the
     model enough for the whole hot prefix, so every requester asks for all of it at once, as an
     engine fetching a prefix does)."""
+    chunk_window: int | None = None
+    """Most fragments in flight for one chunk (within ``window``); None: the target's (``TARGET_KNOBS``)."""
     hold_ms: float | None = None
     """How long the holder holds a chunk a second requester asks for while it is in flight, so
     the GETs of requesters that start a little late are coalesced too (``kvpool-agent --hold``;
@@ -71,12 +89,23 @@ class DemoConfig:
     @property
     def in_flight(self) -> int:
         """The requesters' window: ``window``, else the target's (the model's when none is chosen yet)."""
-        return self.window if self.window is not None else TARGET_KNOBS[self.target or "model"][0]
+        return self.window if self.window is not None else self.knobs.in_flight
+
+    @property
+    def chunk_fragments(self) -> int:
+        """The most fragments one chunk keeps in flight: ``chunk_window``, else the target's, within ``in_flight``."""
+        told = self.chunk_window if self.chunk_window is not None else self.knobs.chunk_window
+        return max(2, min(told, self.in_flight))
+
+    @property
+    def knobs(self) -> TargetKnobs:
+        """The target's defaults (the model's when none is chosen yet)."""
+        return TARGET_KNOBS[self.target or "model"]
 
     @property
     def hold_s(self) -> float:
         """The holder's hold in seconds: ``hold_ms``, else the target's."""
-        return (self.hold_ms if self.hold_ms is not None else TARGET_KNOBS[self.target or "model"][1]) / 1000
+        return (self.hold_ms if self.hold_ms is not None else self.knobs.hold_ms) / 1000
 
     @property
     def holder_count(self) -> int:
@@ -113,6 +142,7 @@ class DemoConfig:
             "max_requests": self.max_requests >= 1,
             "time_scale": self.time_scale > 0,
             "window": self.window is None or 1 <= self.window <= 4096,
+            "chunk_window": self.chunk_window is None or 2 <= self.chunk_window <= 4096,
             "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
             "max_queue_ms": 0 <= self.max_queue_ms <= 60_000,
             "deadline_s": self.deadline_s is None or 0 < self.deadline_s <= 3600,

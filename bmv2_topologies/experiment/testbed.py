@@ -224,7 +224,9 @@ class Testbed(StarHosts):
                         "--token-file", str(self.token.path),
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
-                        "--window", str(self.cfg.in_flight), "--max-inflight", str(self.cfg.in_flight),
+                        "--window", str(self.cfg.chunk_fragments), "--max-inflight", str(self.cfg.in_flight),
+                        # A holder answers a source up to its whole budget, not one chunk's window.
+                        "--serve-window", str(self.cfg.in_flight),
                         "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}",
                         # The testbed's hosts are the requesters a holder answers (no directory here).
                         *(f"--allow={o.address}" for o in self.topo.hosts.values() if o.name != h.name)]
@@ -465,7 +467,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     chunk_kib = len(next(iter(workload.blobs.values()))) / 1024
     print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
           f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB, "
-          f"window {cfg.in_flight}, hold {cfg.hold_s * 1000:g} ms",
+          f"window {cfg.in_flight} ({cfg.chunk_fragments} to a chunk), hold {cfg.hold_s * 1000:g} ms",
           file=sys.stderr)
     results: list[ModeResult] = []
     for off in bed.offered_by_holder:
@@ -488,7 +490,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     off = bed.offered
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
            "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
-           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "hold_ms": cfg.hold_s * 1000,
+           "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "chunk_window": cfg.chunk_fragments,
+           "hold_ms": cfg.hold_s * 1000,
            "offered": {"holder": off.holder, "bytes": off.total_bytes, "span_s": round(off.span_s, 3),
                        "mean_bps": round(off.mean_bps), "peak_bps": round(off.peak_bps),
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},

@@ -131,7 +131,7 @@ class TtftConfig:
             "model": QUICK_MODEL, "settle_s": 0.5, "fetch_timeout_s": 30.0, "quick": True,
             # The demo's hold on the model target: the test checks one copy with coalescing on a
             # machine busy with other work.
-            "hold_ms": TARGET_KNOBS["model"][1],
+            "hold_ms": TARGET_KNOBS["model"].hold_ms,
         }
         return cls(**(base | changes))  # type: ignore[arg-type]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,10 @@ def test_window_and_hold_follow_the_target_unless_given() -> None:
     told = VsConfig(target="bmv2", window=32, hold_ms=50).demo_config()
     assert (told.in_flight, told.hold_s) == (32, 0.05)
     assert VsConfig(target="bmv2").demo_config().hold_s == 0.1
+    # BMv2 deals its 64 over the prefix's chunks, 16 each, so every requester starts them all at once.
+    assert (VsConfig(target="model").demo_config().chunk_fragments,
+            VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
+    assert replace(VsConfig(target="bmv2", window=8).demo_config(), chunk_window=64).chunk_fragments == 8
     with pytest.raises(ValueError, match="--window"):
         VsConfig(window=0).validate()
 

@@ -89,3 +89,26 @@ def test_a_forged_get_is_not_amplified(capsys: pytest.CaptureFixture[str]) -> No
               f"  after, registered source: {registered / sent:,.0f}x (one window of {WINDOW} fragments)\n"
               f"  after, 50 GETs from a registered source: {flood / (50 * sent):,.1f}x "
               f"({busy} answered BUSY: its budget of {2 * WINDOW} fragments)")
+
+
+def test_a_get_over_its_sources_budget_is_told_when_to_come_back() -> None:
+    # Without a retry hint the requester waits a whole retransmit timeout (2.2 s in the demo),
+    # and so does every GET a switch merged into the refused one.
+    rate = 0.2  # one fragment in 5 s: the budget stays spent however slowly the window goes out
+    gate = RequesterGate(window_fragments=WINDOW, rate_fragments_per_s=rate, burst_fragments=WINDOW,
+                         allow=["127.0.0.1"], trust_loopback=False)
+    with _holder(gate) as holder, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(5.0)
+        s.sendto(wire.get_packet(KEY, 0, WINDOW, request_id=1), holder.address)  # spends the burst
+        # Not adjacent to the first: the holder would merge the two into one run, clamped to the window.
+        s.sendto(wire.get_packet(KEY, 2 * WINDOW, 1, request_id=1), holder.address)
+        nacks = []
+        while not nacks:
+            hdr = wire.parse(s.recv(4096))
+            if hdr.opcode == wire.Opcode.NACK:
+                nacks.append(hdr)
+    assert nacks[0].status == wire.Status.BUSY and nacks[0].frag_index == 2 * WINDOW
+    # One fragment at 0.2/s: back in 5 s, less what refilled while the window went out.
+    assert 1_000_000 <= nacks[0].chunk_len <= 5_000_000

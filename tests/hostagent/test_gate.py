@@ -51,6 +51,18 @@ def test_answers_are_bounded_to_the_window_and_the_budget() -> None:
     assert (st["refused_budget"], st["clamped"]) == (1, 3)
 
 
+def test_a_spent_budget_says_when_it_holds_the_get_again() -> None:
+    clock = Clock()
+    g = _gate(clock, allow=["10.0.0.1"])
+    assert g.refill_s("10.0.0.1", 8) == 0.0  # a new source starts with its whole burst
+    assert g.admit("10.0.0.1", 16) == 8 and g.admit("10.0.0.1", 8) == 8 and g.admit("10.0.0.1", 4) == 0
+    assert g.refill_s("10.0.0.1", 4) == pytest.approx(0.4)  # 4 fragments at 10/s
+    assert g.refill_s("10.0.0.1", 4096) == pytest.approx(0.8)  # never more than one window's worth
+    clock.now += 0.4
+    assert g.refill_s("10.0.0.1", 4) == pytest.approx(0.0) and g.admit("10.0.0.1", 4) == 4
+    assert g.refill_s("not an address", 4) == 0.0
+
+
 def test_bad_settings_are_one_line_errors() -> None:
     with pytest.raises(ValueError, match=re.escape("'10.0.0.300' is not an IP address or CIDR prefix")):
         parse_allow(["10.0.0.300"])
