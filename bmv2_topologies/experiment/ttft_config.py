@@ -115,7 +115,7 @@ class TtftConfig:
     target: str = "model"
     """The switch: the model by default, not the demo's "BMv2 when installed": the figures are a
     balance of CPU and link, and BMv2 on a small VM overflows its queues at this window (README:
-    it needs ``--window 64``), so every stalled GET costs a retransmit timeout of seconds."""
+    the demo keeps 64 in flight there), so every stalled GET costs a retransmit timeout of seconds."""
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     fetch_timeout_s: float = 60.0
