@@ -140,6 +140,8 @@ _DRAIN_WINDOW_S: Final = 0.25
 """Seconds of backlogged sending over which a holder measures the rate its queue drains at."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
+_REORDER_RTOS: Final = 0.5
+"""Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``_resend_overtaken``)."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
 """Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
 
@@ -304,6 +306,14 @@ class _Request:
     """It ended because its caller's deadline passed (calls sharing it with later deadlines go on)."""
     shared: bool = False
     """Another ``fetch`` call joined it: every call, its own included, gets a read-only view."""
+    asked_at: npt.NDArray[np.float64] | None = None
+    """When each fragment was last asked for by a single GET (monotonic; 0: not asked singly)."""
+    answered_ask: float = 0.0
+    """The latest ask among the fragments that have arrived."""
+    overtaken: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+    """``(arrival, answered_ask)`` each time ``answered_ask`` moved on, oldest first."""
+    settled_ask: float = 0.0
+    """``answered_ask`` as of a reorder window ago: a fragment asked before it and still missing is lost."""
 
 
 @dataclass(eq=False, slots=True)
@@ -361,6 +371,8 @@ class _Counters:
     busy_received: int = 0
     busy_retries: int = 0
     stall_retransmits: int = 0
+    overtaken_retransmits: int = 0
+    """Fragments re-asked because fragments asked after them arrived a reorder window ago."""
     past_end_nacks: int = 0
     holds: int = 0
     conversions: int = 0
@@ -703,6 +715,7 @@ class Transport:
             "busy_received": c.busy_received,
             "busy_retries": c.busy_retries,
             "stall_retransmits": c.stall_retransmits,
+            "overtaken_retransmits": c.overtaken_retransmits,
             "past_end_nacks": c.past_end_nacks,
             "holds": c.holds,
             "conversions": c.conversions,
@@ -933,6 +946,9 @@ class Transport:
             room = bytes(wire.FRAG_PAYLOAD) if r.path is GetPath.SERVABLE else b""
             pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0, 0)
                     + room for i in range(first, first + count)]
+            if r.asked_at is None:
+                r.asked_at = np.zeros(wire.MAX_FRAGMENTS, np.float64)
+            r.asked_at[first:first + count] = time.monotonic()
         else:
             pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
         sent = 0
@@ -1035,6 +1051,12 @@ class Transport:
             return
         self._c.fragments_stored += stored
         self._inflight -= stored
+        if r.asked_at is not None:
+            idx = np.minimum(recs["hdr"]["frag_index"], wire.MAX_FRAGMENTS - 1)
+            newest = float(r.asked_at[idx].max())
+            if newest > r.answered_ask:
+                r.answered_ask = newest
+                r.overtaken.append((now, newest))
         r.last_progress = now
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
@@ -1157,6 +1179,8 @@ class Transport:
         self._inflight -= r.asked_hi - r.reasm.received_count
         r.generation = newest
         r.reasm = None
+        r.asked_at, r.answered_ask, r.settled_ask = None, 0.0, 0.0  # the old generation's asks say nothing
+        r.overtaken.clear()
         ask = self._first_ask(r, min(self.config.window_fragments, self._room()))
         self._send_get(r, 0, ask, 0)
         r.asked_hi = ask
@@ -1309,6 +1333,8 @@ class Transport:
                     self._finish(r, error=f"{where}: no progress for {quiet:.1f} s ({how}); is the holder running "
                                           "and reachable?")
                 continue
+            if r.overtaken and not r.refused:
+                self._resend_overtaken(r, now)
             if now < r.next_retx:
                 continue
             stall_at = r.last_progress + stall
@@ -1346,6 +1372,35 @@ class Transport:
             if not busy_retry:
                 r.rto = min(r.rto * 2, max(1.0, 8 * cfg.retransmit_timeout_s))
             r.next_retx = now + r.rto
+
+    def _resend_overtaken(self, r: _Request, now: float) -> None:
+        """Re-ask single GETs overtaken for a reorder window by answers to GETs asked after them: lost.
+
+        One lost GET stalls more than its sender: a switch merged the others' GETs for the
+        fragment into its pending slot, and they all wait for the answer that never comes.
+        The retransmit timeout would find it only once the whole request has gone quiet (2.2 s
+        in the demo, and never while the holder streams to others).  An answer may trail one
+        asked after it by at most the holder's queue and hold, which the retransmit timeout
+        covers twice: after half of it, a fragment asked before one that has arrived and still
+        missing was lost on the way.  Re-asked with RETRANSMIT, so it goes to the holder even
+        through a switch holding a pending slot for it.
+        """
+        cut = now - _REORDER_RTOS * self.config.retransmit_timeout_s
+        settled = r.settled_ask
+        while r.overtaken and r.overtaken[0][0] <= cut:
+            settled = r.overtaken.popleft()[1]
+        if settled <= r.settled_ask or r.reasm is None or r.asked_at is None:
+            return
+        r.settled_ask = settled
+        hi = min(r.asked_hi, r.reasm.frag_count)
+        at = r.asked_at[:hi]
+        lost = np.flatnonzero((at > 0) & (at < settled) & ~r.reasm.received[:hi])
+        if lost.size == 0:
+            return
+        self._c.overtaken_retransmits += int(lost.size)
+        breaks = np.flatnonzero(np.diff(lost) != 1) + 1
+        for run in np.split(lost, breaks)[:64]:
+            self._send_get(r, int(run[0]), int(run.size), wire.Flag.RETRANSMIT)
 
     def _finish(self, r: _Request, *, data: memoryview | None = None, error: str | None = None,
                 status: wire.Status | None = None) -> None:

@@ -360,6 +360,49 @@ def test_single_fragment_gets_mode_through_a_lossy_link() -> None:
     assert proxy.dropped > 0 and r.stats()["retransmit_gets"] >= proxy.dropped
 
 
+def test_a_single_get_overtaken_by_later_ones_is_re_asked_while_the_holder_streams() -> None:
+    # The lost answer of fragment 3 of a small chunk, while the holder streams a big one to the
+    # same requester: the retransmit timeout never fires (the holder is busy), and the small
+    # chunk waited for the big one to end and a timeout more (3.7 s here before the rule).
+    # Fragments asked after 3 arrive, so after half a retransmit timeout 3 is re-asked.
+    small, big = os.urandom(50 * wire.FRAG_PAYLOAD), os.urandom(2000 * wire.FRAG_PAYLOAD)
+    dropped: list[int] = []
+
+    def drop_once(pkt: bytes) -> bool:
+        if len(pkt) == wire.HEADER_LEN or dropped:
+            return False
+        hdr = wire.parse(pkt)
+        if hdr.chunk_key == 1 and hdr.frag_index == 3:
+            dropped.append(3)
+            return True
+        return False
+
+    cfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=1.0, single_fragment_gets=True)
+    holder_cfg = TransportConfig(port=0, rate_bytes_per_s=1_000_000)  # the big chunk takes about 3 s
+    took: dict[int, float] = {}
+    with Transport(holder_cfg, Holder(_store({1: small, 2: big}))) as h, Transport(cfg) as r:
+        proxy = LossyProxy(h.address, drop=lambda i: False, drop_pkt=drop_once)
+        try:
+            def fetch(key: int) -> None:
+                start = time.monotonic()
+                res = r.fetch([key], proxy.address, timeout=30)[0]
+                assert res.ok and bytes(res.data or b"") == (small if key == 1 else big)
+                took[key] = time.monotonic() - start
+
+            threads = [threading.Thread(target=fetch, args=(k,)) for k in (2, 1)]
+            for t in threads:
+                t.start()
+                time.sleep(0.05)  # the big one streams first
+            for t in threads:
+                t.join()
+        finally:
+            proxy.close()
+        st = r.stats()
+    assert dropped == [3] and st["overtaken_retransmits"] == 1 and st["retransmit_gets"] == 1
+    assert took[2] > 2.5  # the holder streamed all along
+    assert took[1] < 1.5, took  # half a timeout after fragment 4 came, not after the big chunk
+
+
 def test_merge_gets_joins_adjacent_single_gets_of_one_request() -> None:
     a, b = ("127.0.0.1", 1000), ("127.0.0.1", 2000)
 
