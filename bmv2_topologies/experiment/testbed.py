@@ -408,9 +408,9 @@ class Testbed(StarHosts):
             th.join()
 
 
-AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "busy_received", "busy_retries",
-                  "nacks_sent", "holds", "held_gets", "conversions", "converted_gets", "cancelled_fragments",
-                  "rebound_fragments", "shared_transfers",
+AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "overtaken_retransmits", "busy_received",
+                  "busy_retries", "nacks_sent", "holds", "held_gets", "conversions", "converted_gets",
+                  "cancelled_fragments", "rebound_fragments", "shared_transfers",
                   "requests_failed")
 """Transport counters a mode's result reports, summed over the agents (``ModeResult.agents``)."""
 
