@@ -104,7 +104,7 @@ def test_a_get_over_its_sources_budget_is_told_when_to_come_back() -> None:
         s.sendto(wire.get_packet(KEY, 0, WINDOW, request_id=1), holder.address)  # spends the burst
         # Not adjacent to the first: the holder would merge the two into one run, clamped to the window.
         s.sendto(wire.get_packet(KEY, 2 * WINDOW, 1, request_id=1), holder.address)
-        nacks = []
+        nacks: list[wire.Header] = []
         while not nacks:
             hdr = wire.parse(s.recv(4096))
             if hdr.opcode == wire.Opcode.NACK:
