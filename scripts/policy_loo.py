@@ -21,6 +21,7 @@ of Belady's hit ratio.
     python scripts/policy_loo.py                 # about 4 minutes on 2 cores
     python scripts/policy_loo.py --quick         # 1,500 requests, three sizes
     python scripts/policy_loo.py --report results/policy_loo.json   # the table again
+    python scripts/policy_loo.py --seed 1 --no-trace   # other draws of the generated families only
 """
 
 from __future__ import annotations
@@ -198,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("results/policy_loo.json"))
     ap.add_argument("--report", type=Path, help="only print the table from a JSON an earlier run wrote")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default 0)")
+    ap.add_argument("--no-trace", action="store_true", help="the generated families only, without the Mooncake trace")
     args = ap.parse_args(argv)
     if args.report is not None:
         saved: dict[str, dict[str, float]] = json.loads(args.report.read_text())
         fams = list(dict.fromkeys(c.split("/")[0] for c in saved))
         print(report(saved, fams))
         return 0
-    ctx = Context(quick=args.quick, trace_path=find_shared_trace())
+    ctx = Context(quick=args.quick, trace_path=None if args.no_trace else find_shared_trace(), seed=args.seed)
     sizes = (16.0, 256.0, 4096.0) if args.quick else SIZES_MIB
     base = ClusterConfig(nodes=64, model=MODELS["qwen2.5-0.5b"])
     cells: dict[str, dict[str, float]] = {}
