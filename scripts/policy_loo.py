@@ -2,7 +2,8 @@
 
 Candidates are (expert subset, leader race settings): the experts are the engine's default set
 (:data:`controller.policy.engine.DEFAULT_EXPERTS`); a candidate races a subset of them from its
-first member, with a score half-life, a margin, a z threshold and a fill cost, exactly as
+first member, with a score half-life, a margin, a z threshold, a fill cost and a decision period
+(fetches between the race's decisions, ``PolicyConfig.epoch_fetches``), exactly as
 :class:`~controller.policy.engine.PolicyEngine` does (a chunk handed over by a leader switch is
 a miss until a fetch fills it). Since the experts are shadows whose state does not depend on
 who leads, every candidate rides one set of experts per cell; the candidate equal to the
@@ -20,6 +21,7 @@ of Belady's hit ratio.
     python scripts/policy_loo.py                 # about 4 minutes on 2 cores
     python scripts/policy_loo.py --quick         # 1,500 requests, three sizes
     python scripts/policy_loo.py --report results/policy_loo.json   # the table again
+    python scripts/policy_loo.py --seed 1 --no-trace   # other draws of the generated families only
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Tracker:
     margin: float
     z: float
     fill_cost: float
-    epoch: int = 512
+    epoch: int = 512  # fetches between the race's decisions (PolicyConfig.epoch_fetches)
     leader: int = 0  # position in ``experts``
     hits: int = 0
     switches: int = 0
@@ -88,15 +90,18 @@ class Tracker:
         self.lead = self.experts[0]  # index of the leading expert among all
 
     def see(self, key: int, hit: list[bool]) -> None:
-        """One fetch; ``hit[i]`` says whether expert i (of all) held it."""
-        h = hit[self.lead]
-        if self.unfilled and key in self.unfilled:
+        """One fetch while hand-over chunks are unfilled: a fetch of one is a miss (and fills it).
+
+        The leader's own hits are added per epoch (:meth:`end_epoch`), since it changes only there;
+        this takes back the hit of a fetch that found its chunk installed but not yet filled.
+        """
+        if key in self.unfilled:
             self.unfilled.discard(key)
-            h = False
-        self.hits += h
+            self.hits -= hit[self.lead]
 
     def end_epoch(self, pools: list[ValuePool], epoch_hits: list[int]) -> None:
         """Fold the epoch's hits (per expert, of all) in and maybe hand over (as PolicyEngine._epoch)."""
+        self.hits += epoch_hits[self.lead]
         d = self.decay
         self.scores = [s * d + epoch_hits[i] for s, i in zip(self.scores, self.experts, strict=True)]
         best = max(range(len(self.scores)), key=self.scores.__getitem__)
@@ -116,21 +121,30 @@ class Tracker:
         self.switches += 1
 
 
+#: fetches between the race's decisions: the engine's default and the one before it
+PERIODS = (128, 512)
+
+
+def _name(sub: str, hl: float, margin: float, z: float, fill: float, period: int) -> str:
+    return f"{sub}|hl={hl:g}|m={margin:g}|z={z:g}|fill={fill:g}|every={period}"
+
+
 def candidates() -> list[Tracker]:
-    """Every (subset, half-life, margin/z, fill cost) combination."""
+    """Every (subset, half-life, margin/z, fill cost, decision period) combination."""
     out = []
     for sub, idx in SUBSETS.items():
         for hl in (2_500.0, 10_000.0, 40_000.0):
             for margin, z in ((0.0, 1.0), (0.05, 3.0)):
                 for fill in (0.0, 0.25, 0.5, 1.0):
-                    out.append(Tracker(f"{sub}|hl={hl:g}|m={margin:g}|z={z:g}|fill={fill:g}", idx, hl, margin, z, fill))
+                    for period in PERIODS:
+                        out.append(Tracker(_name(sub, hl, margin, z, fill, period), idx, hl, margin, z, fill, period))
     return out
 
 
 def default_name() -> str:
     """The candidate equal to the engine's defaults."""
     c = PolicyConfig(capacity_bytes=1)
-    return f"all|hl={c.leader_half_life:g}|m={c.leader_margin:g}|z={c.leader_z:g}|fill={c.leader_fill_cost:g}"
+    return _name("all", c.leader_half_life, c.leader_margin, c.leader_z, c.leader_fill_cost, c.epoch_fetches)
 
 
 def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig, check: bool) -> dict[str, float]:
@@ -142,20 +156,31 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
     pools = engine.experts
     sketch = engine.sketch
     trackers = candidates()
+    periods = sorted({tr.epoch for tr in trackers})
+    by_period = {p: [tr for tr in trackers if tr.epoch == p] for p in periods}
     n = len(keys)
-    epoch_hits = [0] * len(pools)
+    epoch_hits = {p: [0] * len(pools) for p in periods}
+    filling = [tr for tr in trackers if tr.unfilled]
     for t, (k, p, q) in enumerate(zip(keys, par, pos, strict=True)):
         est = sketch.add(k)
         parent = p if p >= 0 else None
         hit = [pool.access(k, parent, q, cfg.chunk_bytes, 0, est) for pool in pools]
-        for i, was_hit in enumerate(hit):
-            epoch_hits[i] += was_hit
-        for tr in trackers:
+        for eh in epoch_hits.values():
+            for i, was_hit in enumerate(hit):
+                eh[i] += was_hit
+        for tr in filling:
             tr.see(k, hit)
-        if t % 512 == 511:
-            for tr in trackers:
-                tr.end_epoch(pools, epoch_hits)
-            epoch_hits = [0] * len(pools)
+        if filling:
+            filling = [tr for tr in filling if tr.unfilled]
+        for period in periods:
+            if t % period == period - 1:
+                for tr in by_period[period]:
+                    tr.end_epoch(pools, epoch_hits[period])
+                epoch_hits[period] = [0] * len(pools)
+                filling = [tr for tr in trackers if tr.unfilled]
+    for period in periods:  # the last, partial epoch's hits
+        for tr in by_period[period]:
+            tr.hits += epoch_hits[period][tr.lead]
     out = {tr.name: tr.hits / max(n, 1) for tr in trackers}
     if check:
         real = PolicyEngine(replace(engine.config))
@@ -174,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("results/policy_loo.json"))
     ap.add_argument("--report", type=Path, help="only print the table from a JSON an earlier run wrote")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default 0)")
+    ap.add_argument("--no-trace", action="store_true", help="the generated families only, without the Mooncake trace")
     args = ap.parse_args(argv)
     if args.report is not None:
         saved: dict[str, dict[str, float]] = json.loads(args.report.read_text())
         fams = list(dict.fromkeys(c.split("/")[0] for c in saved))
         print(report(saved, fams))
         return 0
-    ctx = Context(quick=args.quick, trace_path=find_shared_trace())
+    ctx = Context(quick=args.quick, trace_path=None if args.no_trace else find_shared_trace(), seed=args.seed)
     sizes = (16.0, 256.0, 4096.0) if args.quick else SIZES_MIB
     base = ClusterConfig(nodes=64, model=MODELS["qwen2.5-0.5b"])
     cells: dict[str, dict[str, float]] = {}
@@ -231,7 +258,7 @@ def report(cells: dict[str, dict[str, float]], fams: list[str]) -> str:
         return (-below_all(name, fam_set), mean_share(name, fam_set))
 
     generated = [f for f in fams if f != "conversation"]
-    lines = ["| tuned on | chosen (subset, leader half-life, margin, z, fill cost) | "
+    lines = ["| tuned on | chosen (subset, leader half-life, margin, z, fill cost, decision period) | "
              + " | ".join(fams) + " |", "|---|---|" + "---:|" * len(fams)]
     rows = [(f, [f]) for f in fams] + [("generated", generated)]
     for label, fset in rows:
@@ -241,6 +268,10 @@ def report(cells: dict[str, dict[str, float]], fams: list[str]) -> str:
     d = default_name()
     lines.append(f"| engine default | {_shown(d)} | "
                  + " | ".join(f"{mean_share(d, [f]):.3f} ({below(d, f)})" for f in fams) + " |")
+    before = d.rsplit("|every=", 1)[0] + "|every=512"  # the default until the race decided every 128 fetches
+    if before != d and before in names:
+        lines.append(f"| engine before | {_shown(before)} | "
+                     + " | ".join(f"{mean_share(before, [f]):.3f} ({below(before, f)})" for f in fams) + " |")
     for b in BASELINES:
         lines.append(f"| baseline | {b} | " + " | ".join(f"{mean_share(b, [f]):.3f}" for f in fams) + " |")
     head = ("Mean share of Belady's hit ratio over the pool sizes (cells below the best of LRU/LFU/GDSF/S3-FIFO "

@@ -156,7 +156,11 @@ class PolicyConfig:
     #: the refill, which the leave-one-family-out selection preferred on the generated families by
     #: a hair; the conversation trace alone would have chosen 0.25 (docs/research.md)
     leader_fill_cost: float = 0.0
-    epoch_fetches: int = 512
+    #: fetches between the race's decisions (fold the hits into the scores, maybe hand over). 128
+    #: rather than 512: the race acts on a lead as soon as it clears the threshold instead of up to
+    #: 511 fetches later, which counts most while the experts first diverge (leave-one-family-out
+    #: choice on the generated families, docs/research.md)
+    epoch_fetches: int = 128
     demote_min_hits: float = 1.0
     sketch_width: int = 1 << 16
     sketch_reset: int = 1 << 16

@@ -32,3 +32,5 @@ def test_the_default_candidate_is_the_engine_hit_for_hit() -> None:
     default = mod["default_name"]()
     assert 0.0 < out[default] < 1.0
     assert len(out) == len(mod["candidates"]())
+    # the race's decision period is a candidate dimension: the engine's 128 and the earlier 512
+    assert default.endswith("every=128") and default.replace("every=128", "every=512") in out

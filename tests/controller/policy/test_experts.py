@@ -211,3 +211,38 @@ def test_s3fifo_expert_keeps_leaves_first_where_the_tier_holds_the_last_copy() -
     assert _first_evicted_from_a_chain(copy_tier) == 10  # textbook: the small FIFO's unhit head
     last_copy = _engine(3, Expert(256.0, kind="s3fifo", leaves_first=False), tier=Tier.POOL, hit_saving="compute")
     assert _first_evicted_from_a_chain(last_copy) == 12  # the leaf: the root and its child moved to main
+
+
+def _first_hand_over(e: PolicyEngine) -> int:
+    """Feed the hot-set-and-scan rounds (the frequency expert leads from the start) until a hand-over."""
+    fresh = 1000
+    while not e.leader_switches and e.clock < 10_000:
+        for k in (*HOT, fresh, fresh + 1, fresh + 2, fresh + 3):
+            e.access(k, None, 0, CHUNK)
+            if e.leader_switches:
+                break
+        fresh += 4
+    return e.clock
+
+
+def test_the_race_acts_on_a_clear_lead_at_its_next_decision_every_epoch_fetches() -> None:
+    assert PolicyConfig(capacity_bytes=CHUNK, slot_bytes=SLOT).epoch_fetches == 128
+    for period in (32, 128, 512):
+        e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=period, leader_half_life=5000.0)
+        # the lead is past one standard deviation after the first rounds: the hand-over comes at the
+        # first decision, so a race deciding every 128 fetches switches 384 fetches before one every 512
+        assert _first_hand_over(e) == period and e.leader == 1
+
+
+def test_deciding_more_often_does_not_turn_noise_into_hand_overs() -> None:
+    import random
+
+    for period in (16, 128, 512):
+        for seed in range(3):
+            rng = random.Random(seed)
+            e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=period, leader_half_life=5000.0)
+            for _ in range(20_000):  # 40 keys drawn uniformly: every expert hits 4/40 in expectation
+                e.access(rng.randrange(40), None, 0, CHUNK)
+            hits = [x.stats["hits"] for x in e.experts]
+            assert abs(hits[0] - hits[1]) < 0.03 * sum(hits)
+            assert e.leader_switches <= 2  # the one-standard-deviation threshold, whatever the period
