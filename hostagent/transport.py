@@ -1382,10 +1382,14 @@ class Transport:
         in the demo, and never while the holder streams to others).  An answer may trail one
         asked after it by at most the holder's queue and hold, which the retransmit timeout
         covers twice: after half of it, a fragment asked before one that has arrived and still
-        missing was lost on the way.  Re-asked with RETRANSMIT, so it goes to the holder even
-        through a switch holding a pending slot for it.
+        missing was lost on the way.  Never sooner than that queue and hold themselves (this
+        agent's ``max_queue_s`` and ``hold_s``, a deployment's holders taking the same): with
+        the agent's default timeout, 0.2 s, half of it is well under a 1 s queue.  Re-asked
+        with RETRANSMIT, so it goes to the holder even through a switch holding a pending slot
+        for it.
         """
-        cut = now - _REORDER_RTOS * self.config.retransmit_timeout_s
+        cfg = self.config
+        cut = now - max(_REORDER_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s + cfg.hold_s)
         settled = r.settled_ask
         while r.overtaken and r.overtaken[0][0] <= cut:
             settled = r.overtaken.popleft()[1]

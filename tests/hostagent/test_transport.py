@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hostagent.backend import BackendError, MemoryBackend
@@ -377,8 +378,10 @@ def test_a_single_get_overtaken_by_later_ones_is_re_asked_while_the_holder_strea
             return True
         return False
 
-    cfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=1.0, single_fragment_gets=True)
-    holder_cfg = TransportConfig(port=0, rate_bytes_per_s=1_000_000)  # the big chunk takes about 3 s
+    # The holder's queue is bounded at 0.3 s (and the requester knows it): re-asked after 0.5 s.
+    cfg = TransportConfig(port=0, window_fragments=32, retransmit_timeout_s=1.0, single_fragment_gets=True,
+                          max_queue_s=0.3)
+    holder_cfg = TransportConfig(port=0, rate_bytes_per_s=1_000_000, max_queue_s=0.3)  # big chunk: about 3 s
     took: dict[int, float] = {}
     with Transport(holder_cfg, Holder(_store({1: small, 2: big}))) as h, Transport(cfg) as r:
         proxy = LossyProxy(h.address, drop=lambda i: False, drop_pkt=drop_once)
@@ -401,6 +404,32 @@ def test_a_single_get_overtaken_by_later_ones_is_re_asked_while_the_holder_strea
     assert dropped == [3] and st["overtaken_retransmits"] == 1 and st["retransmit_gets"] == 1
     assert took[2] > 2.5  # the holder streamed all along
     assert took[1] < 1.5, took  # half a timeout after fragment 4 came, not after the big chunk
+
+
+def test_an_overtaken_get_waits_out_the_holders_queue_bound_first() -> None:
+    # The agent's default timeout is 0.2 s, but a holder may queue an answer for 1 s
+    # (--max-queue) behind others' answers: an answer that late is not lost yet.
+    from hostagent.fragment import Reassembler
+    from hostagent.transport import _Request
+
+    t = Transport(TransportConfig(port=0, retransmit_timeout_s=0.2, max_queue_s=1.0))
+    sent: list[tuple[int, int, int]] = []
+    t._send_get = lambda r, first, count, flags: sent.append((first, count, flags))  # type: ignore[method-assign]
+    r = _Request(rid=1, key=7, holder=("127.0.0.1", 1), generation=0, result=FetchResult(7),
+                 done=threading.Event(), deadline=1e9)
+    r.reasm = Reassembler(7, 10 * wire.FRAG_PAYLOAD)
+    r.asked_hi = 10
+    r.asked_at = np.zeros(wire.MAX_FRAGMENTS)
+    r.asked_at[:10] = 100.0 + np.arange(10) * 0.01  # fragment i asked at 100 + i/100
+    r.reasm.received[5:] = True  # 5..9 came at 100.2; 0..4 did not
+    r.answered_ask = float(r.asked_at[9])
+    r.overtaken.append((100.2, r.answered_ask))
+    t._resend_overtaken(r, 100.9)  # past half the timeout, within the queue bound
+    assert sent == []
+    t._resend_overtaken(r, 101.3)
+    assert sent == [(0, 5, wire.Flag.RETRANSMIT)] and t.stats()["overtaken_retransmits"] == 5
+    t._resend_overtaken(r, 102.0)  # nothing new arrived: nothing asked twice
+    assert len(sent) == 1
 
 
 def test_merge_gets_joins_adjacent_single_gets_of_one_request() -> None:
