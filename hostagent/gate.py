@@ -119,8 +119,8 @@ class RequesterGate:
             return n
         now = self._clock()
         with self._lock:
-            tokens, at = self._buckets.pop(ip, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            tokens = self._tokens(ip, now)
+            self._buckets.pop(ip, None)  # re-inserted last: the least recently seen source goes first
             grant = min(n, int(tokens))
             self._buckets[ip] = (tokens - grant, now)
             if len(self._buckets) > MAX_SOURCES:
@@ -142,11 +142,14 @@ class RequesterGate:
             ip = ipaddress.ip_address(source)
         except ValueError:
             return 0.0
-        now = self._clock()
         with self._lock:
-            tokens, at = self._buckets.get(ip, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            tokens = self._tokens(ip, self._clock())
         return max(0.0, min(count, self.window, self.burst) - tokens) / self.rate
+
+    def _tokens(self, ip: IPAddress, now: float) -> float:
+        """``ip``'s budget now: what its bucket held, refilled at the rate up to one burst (lock held)."""
+        tokens, at = self._buckets.get(ip, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) * self.rate)
 
     def stats(self) -> dict[str, Any]:
         """Refusals and clamps, and what the gate knows (for the agent's stats)."""
