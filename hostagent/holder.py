@@ -138,6 +138,12 @@ class Holder:
             self.bytes_served += int(records["hdr"]["payload_len"].sum())
         return records
 
+    def known_fragments(self, chunk_key: int) -> int | None:
+        """The chunk's fragment count if it was served lately (from the caches, no store read), else None."""
+        with self._lock:
+            entry = self._records.get(chunk_key) or self._checks.get(chunk_key)
+        return None if entry is None else wire.fragment_count(entry[1])
+
     def checks(self, chunk_key: int, data: bytes | memoryview, generation: int,
                tag: int | None = None) -> npt.NDArray[np.uint64]:
         """Every fragment's ``check`` of ``data`` as chunk ``chunk_key`` at ``generation`` (kept for reuse).

@@ -36,15 +36,18 @@ holder (no DATA, no NACK) the request fails with a message that names the chunk,
 holder and how far it got; a holder that answers, even ``BUSY``, is reachable, and the
 request waits for it until the caller's deadline.  A NACK fails the request with the
 holder's ``Status``, except ``BUSY`` (push back: re-asked after the holder's retry hint,
-jittered, or the retransmit timeout) and a ``BAD_RANGE`` past fragment 0 (a guessed length
-was too long: the real one comes with the first DATA).
+jittered unless the switches merge, or the retransmit timeout) and a ``BAD_RANGE`` past
+fragment 0 (a guessed length was too long: the real one comes with the first DATA).
 
 Paths (``hostagent.hints``, ``kvpool.hints``).  Each chunk is asked for by range GETs, the
 cheap path, unless the fabric's hints name it: then by single-fragment GETs (a switch can
 coalesce them; ``single``), with reply room when the switch pool holds it (``servable``).
 A hint with the chunk's length lets the first window go out at once; without one the
-requester asks for fragment 0 first to learn the length.  ``single_fragment_gets`` forces
-every chunk onto the servable path.
+requester asks for fragment 0 first to learn the length.  Where the switches merge, a
+chunk on the single or servable path is asked for a whole window at a time, past the
+shared budget, so every requester of it asks for each fragment at about the same moment
+(``_shared_path``); while its holder refuses, such a burst starts with one GET
+(``_burst``).  ``single_fragment_gets`` forces every chunk onto the servable path.
 
 Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
@@ -66,7 +69,12 @@ set.  Adjacent single-fragment GETs of one request are merged into one range fir
 ``max_queue_s`` of sending at the rate it drains at (the pacing rate, or less when this
 host cannot keep it: ``DrainMeter``), GETs are answered ``BUSY`` with a retry hint (the
 time the queue takes to drain to half the bound), so overload waits at the requesters
-instead of in a queue whose delay outgrows every timeout.  A NACK answering a run of
+instead of in a queue whose delay outgrows every timeout.  Where the switches merge, the
+hint is a booking (``_retry_hint_us``: every requester refused for a chunk comes back at one
+instant, chunks one after another at the drain rate), and a chunk is admitted or refused
+whole: once its first single GETs are admitted the queue keeps room for the rest
+(``_reserve``).  Pushes (``push``) are sent only when no answer can go and do not count
+against the bound.  A NACK answering a run of
 single-fragment GETs is sent once per fragment, so a switch that coalesced them releases
 every pending slot.  Where the hints say the switches merge and ``hold_s`` is set, a
 duplicate in progress (another request asked for the chunk within ``hold_s``, or still has
@@ -112,7 +120,7 @@ import numpy.typing as npt
 from hostagent import envelope
 from hostagent.fragment import Reassembler
 from hostagent.gate import RequesterGate
-from hostagent.hints import DuplicateTracker, FabricHints
+from hostagent.hints import TRACKED_KEYS, DuplicateTracker, FabricHints
 from hostagent.holder import Holder, stamp
 from kvpool import wire
 from kvpool.hints import GetPath
@@ -144,6 +152,10 @@ _REORDER_RTOS: Final = 0.5
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``_resend_overtaken``)."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
 """Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
+_BOOKING_EARLY_S: Final = 0.05
+"""A booked GET may come back this early (or late, or two holds late) and still find its room kept."""
+_RESERVE_SLACK_S: Final = 0.1
+"""Beyond the hold and the queue bound, how long the room kept for a chunk's rest waits for its GETs."""
 
 Address = tuple[str, int]
 
@@ -314,6 +326,9 @@ class _Request:
     """``(arrival, answered_ask)`` each time ``answered_ask`` moved on, oldest first."""
     settled_ask: float = 0.0
     """``answered_ask`` as of a reorder window ago: a fragment asked before it and still missing is lost."""
+    probe: int = 0
+    """0, or 1 while the one GET a burst starts with is out (its holder refused lately), 2 once it was
+    answered and the holder keeps room for the rest of the chunk (``Transport._burst``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -380,6 +395,12 @@ class _Counters:
     held_gets: int = 0
     """GETs (runs) of hot chunks answered ``hold_s`` late."""
     cancelled_fragments: int = 0
+    reserved_chunks: int = 0
+    """Chunks whose length probe was admitted with room kept for their rest (``_reserve``)."""
+    reserved_fragments: int = 0
+    """Fragments admitted into room kept for them (never refused)."""
+    reserved_expired: int = 0
+    """Fragments of kept room whose GETs did not come in time."""
     rebound_fragments: int = 0
     """Coalesced DATA with another request's id, taken by this host's request for the chunk (``_rebind``)."""
     shared_transfers: int = 0
@@ -483,6 +504,7 @@ class Transport:
         self._all_held_until = 0.0
         self._drain = DrainMeter()
         self.pushed_fragments = 0
+        self.skipped_push_fragments = 0
         # Fetch calls with requests waiting for a transfer slot, in round-robin order.
         self._pending: collections.deque[_Call] = collections.deque()
         self._active: dict[int, _Request] = {}
@@ -491,6 +513,9 @@ class Transport:
         self._flight_lock = threading.Lock()
         self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._jobs: collections.deque[_SendJob] = collections.deque()
+        # Pushes (a fill asked for by the controller): sent only when no answer can go (``_add_job``).
+        self._background: collections.deque[_SendJob] = collections.deque()
+        self._background_queued = 0
         # Answers to a lone GET of fragment 0, sent before the other jobs (``_add_job``).
         self._probes: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
@@ -503,6 +528,16 @@ class Transport:
         self._pooled_records = 0
         self._budget = self.config.max_inflight_fragments
         self._holder_progress: dict[Address, float] = {}
+        # Until when each holder counts as full (it answered BUSY): bursts start with one GET.
+        self._refusing_until: dict[Address, float] = {}
+        # Where the switches merge, refused GETs are told to come back at booked times: the
+        # next free time of the holder's calendar, and each chunk's refused GETs all at one.
+        self._booked_until = 0.0
+        self._rendezvous: dict[int, tuple[float, int]] = {}  # chunk -> (when, fragments booked)
+        # Where the switches merge, a chunk whose length probe was answered keeps room in the
+        # queue for the rest of it (``_reserve``): chunk -> (until, fragments), oldest first.
+        self._reserved: collections.OrderedDict[int, tuple[float, int]] = collections.OrderedDict()
+        self._reserved_total = 0
         self._next_rid = int.from_bytes(os.urandom(4), "big") or 1
         self._rid_lock = threading.Lock()
         self._stop = threading.Event()
@@ -701,6 +736,7 @@ class Transport:
         out: dict[str, Any] = {
             "datagrams_received": c.datagrams_received,
             "pushed_fragments": self.pushed_fragments,
+            "skipped_push_fragments": self.skipped_push_fragments,
             "recv_batches": c.recv_batches,
             "data_received": c.data_received,
             "fragments_stored": c.fragments_stored,
@@ -722,6 +758,9 @@ class Transport:
             "held_gets": c.held_gets,
             "converted_gets": c.converted_gets,
             "cancelled_fragments": c.cancelled_fragments,
+            "reserved_chunks": c.reserved_chunks,
+            "reserved_fragments": c.reserved_fragments,
+            "reserved_expired": c.reserved_expired,
             "rebound_fragments": c.rebound_fragments,
             "shared_transfers": c.shared_transfers,
             "requests_by_path": dict(c.requests_by_path),
@@ -741,7 +780,7 @@ class Transport:
             },
             "drops": drops,
             "drops_total": sum(drops.values()),
-            "send_queue": len(self._jobs) + len(self._probes),
+            "send_queue": len(self._jobs) + len(self._probes) + len(self._background),
             "send_queue_fragments": self._queued,
             "drain_rate_bps": round(self._drain.rate),
             "inflight_budget": self._budget,
@@ -810,11 +849,11 @@ class Transport:
             # transfer ended, a converted range shrank to one GET): start them now, not after
             # the next DATA, which may be a hold (100 ms) away.
             return 0
-        if self._all_held_until and (self._jobs or self._probes):
+        if self._all_held_until and (self._jobs or self._probes or self._background):
             # Every queued answer belongs to a held chunk: sleep until the first hold ends.
             wait_ms = max(1, int((self._all_held_until - time.monotonic()) * 1000) + 1)
             return min(wait_ms, 100) if self._active else wait_ms
-        if self._jobs or self._probes:
+        if self._jobs or self._probes or self._background:
             if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
                 return 0
             return max(1, int((_L - self._tokens) / self.config.rate_bytes_per_s * 1000))
@@ -1051,6 +1090,8 @@ class Transport:
             return
         self._c.fragments_stored += stored
         self._inflight -= stored
+        if r.probe == 1:
+            r.probe = 2
         if r.asked_at is not None:
             idx = np.minimum(recs["hdr"]["frag_index"], wire.MAX_FRAGMENTS - 1)
             newest = float(r.asked_at[idx].max())
@@ -1228,7 +1269,12 @@ class Transport:
         floor = min(self.config.window_fragments, 16)
         while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
             want = min(half, total - r.asked_hi)
-            count = min(want, self._room())
+            if self._shared_path(r):
+                count = self._burst(r, want)
+                if count == 0:
+                    return
+            else:
+                count = min(want, self._room())
             if 0 < count < min(want, _MIN_GRANT) and r.asked_hi > r.reasm.received_count:
                 # Crumbs of budget while our own fragments still arrive: wait for a worthwhile
                 # window rather than send a range GET per freed fragment (as many GETs as DATA).
@@ -1244,6 +1290,35 @@ class Transport:
             self._send_get(r, r.asked_hi, count, 0)
             r.asked_hi += count
             self._inflight += count
+
+    def _burst(self, r: _Request, want: int) -> int:
+        """How many of ``want`` single GETs a shared chunk asks for now: all, or one while its holder refuses.
+
+        A full holder refuses a burst one NACK per fragment (each GET cost a NACK back, and
+        under overload most of the holder link's control bytes were these), so while it
+        refuses (its last ``BUSY`` hint has not passed) a burst starts with one GET: once
+        that one is answered the holder keeps room for the rest (``_reserve``); refused, one
+        NACK says so and the holder books the chunk's return.
+        """
+        if r.probe == 1:
+            return 0  # the first GET is out: the rest waits for its answer
+        if r.probe == 0 and want > 1 and time.monotonic() < self._refusing_until.get(r.holder, 0.0):
+            r.probe = 1
+            return 1
+        return want
+
+    def _shared_path(self, r: _Request) -> bool:
+        """Whether ``r`` asks for its whole window at once, past the shared in-flight budget.
+
+        Where the switches merge, a single-path chunk is one other requesters fetch at the same
+        time, and the switch merges only GETs for a fragment that meet while one is pending.
+        Held to the budget, each requester asks for such a chunk a few fragments per round trip
+        as its other transfers free budget, so the requesters ask for each fragment at
+        different times and the holder sends it once per requester (replayed agent traffic:
+        70% of the holder's duplicate DATA went to a node that had asked for the chunk before
+        its first copy left).  Its answers still come at the holder's pace.
+        """
+        return r.path is not GetPath.RANGE and self.hints.merging()
 
     def _grant_all(self) -> None:
         """Hand budget freed by arrivals to windows cut short by the budget, then to waiting requests."""
@@ -1305,8 +1380,10 @@ class Transport:
             if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
                 r.converted = True
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
-            wait = hint_us / 1e6 * (0.5 + random.random()) if hint_us else r.rto
+            jitter = 1.0 if self.hints.merging(now) else 0.5 + random.random()
+            wait = hint_us / 1e6 * jitter if hint_us else r.rto
             r.next_retx = now + wait
+            self._refusing_until[r.holder] = max(self._refusing_until.get(r.holder, 0.0), now + wait)
             return
         self._c.requests_failed += 1
         self._finish(r, error=f"chunk {r.key:#018x}: holder {r.holder[0]}:{r.holder[1]} answered "
@@ -1513,6 +1590,7 @@ class Transport:
         jobs = self._jobs_by_key.get(key, ())
         tracker.convert(key, now, {owner[0], *(job.addr for job in jobs if job.get is not None)})
         hint = self._convert_hint_us()
+        cancelled = 0
         for job in jobs:
             if job.get is None or job.get.frag_count == 1 or job.owner == owner or job.pos >= job.count:
                 continue
@@ -1520,8 +1598,11 @@ class Transport:
             self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=1), wire.Status.BUSY,
                             job.addr, hint)
             self._queued -= left
-            self._c.cancelled_fragments += left
+            cancelled += left
             job.count = job.pos  # the sender finishes it at its next turn
+        self._c.cancelled_fragments += cancelled
+        # They come back singly a tenth of a hold from now, for what was cancelled.
+        self._reserve(key, cancelled, now)
 
     def _likely_shared(self, key: int, addr: Address, tracker: DuplicateTracker) -> bool:
         """Whether other requesters will ask for ``key`` soon: the switches reported it hot, or we just saw them.
@@ -1537,6 +1618,59 @@ class Transport:
             return True
         now = time.monotonic()
         return tracker.converting(key, now) or tracker.sharing(addr, now)
+
+    def _booked(self, key: int) -> bool:
+        """Whether GETs for ``key`` come back at the time a BUSY booked for them (``_retry_hint_us``)."""
+        at = self._rendezvous.get(key, (0.0, 0))[0]
+        now = time.monotonic()
+        return at - _BOOKING_EARLY_S <= now <= at + max(_BOOKING_EARLY_S, 2 * self.config.hold_s)
+
+    def _reservation(self, key: int, now: float) -> int:
+        """Fragments of the queue kept for the rest of ``key`` (0: none), expired reservations dropped."""
+        while self._reserved:
+            first, (until, n) = next(iter(self._reserved.items()))
+            if until > now:
+                break
+            del self._reserved[first]
+            self._reserved_total -= n
+            self._c.reserved_expired += n
+        entry = self._reserved.get(key)
+        return 0 if entry is None else entry[1]
+
+    def _take_reserved(self, key: int, count: int) -> None:
+        """``count`` GETs of ``key`` came for the room kept for them."""
+        until, n = self._reserved[key]
+        used = min(n, count)
+        self._reserved_total -= used
+        self._c.reserved_fragments += used
+        if used == n:
+            del self._reserved[key]
+        else:
+            self._reserved[key] = (until, n - used)
+
+    def _reserve(self, key: int, rest: int, now: float) -> None:
+        """Keep room in the queue for ``rest`` more fragments of ``key``, whose single GETs are on their way.
+
+        After a chunk's first single GETs were admitted (a length probe, or the first GET of a
+        burst), its requesters ask for the rest at once (``_shared_path``), one GET per
+        fragment; and once the holder converted its ranges, the cancelled part comes back
+        singly a moment later.  Admitted or refused as they came, those GETs found the queue
+        taken by others' meanwhile and were refused one NACK per fragment (replayed agent
+        traffic at 69 times the holder link: a NACK for every DATA sent).  So a chunk is
+        admitted or refused whole, at its first GET: its rest is never refused.
+        """
+        kept = self._reserved.pop(key, (0.0, 0))[1]
+        rest = max(rest, kept)
+        if rest <= 0:
+            return
+        # The rest comes once the answer to what was admitted reached its requesters: after
+        # the queue ahead of it (and its hold), the way back and the queue again.
+        rate = self._drain_rate()
+        ahead = self._answers_queued() * _L / rate if rate > 0 else 0.0
+        until = now + self.config.hold_s + ahead + self.config.max_queue_s + _RESERVE_SLACK_S
+        self._reserved[key] = (until, rest)
+        self._reserved_total += rest - kept
+        self._c.reserved_chunks += not kept
 
     def _convert_hint_us(self) -> int:
         """Retry hint of a conversion: soon (a tenth of the hold), the single GETs are held anyway."""
@@ -1558,9 +1692,20 @@ class Transport:
                 return
             count = allowed
         limit = self._queue_limit()
-        if self._queued >= limit:
-            # Bounded queue, bounded wait: the requester comes back when the hint says.
-            self._nack_run(hdr, first, count, wire.Status.BUSY, addr, self._retry_hint_us(limit))
+        now = time.monotonic()
+        merging = self.hints.merging(now)
+        reserved = self._reservation(hdr.chunk_key, now) if merging else 0
+        if reserved:
+            # The rest of a chunk whose probe was admitted: its room was kept.
+            self._take_reserved(hdr.chunk_key, count)
+        elif (self._answers_queued() + self._reserved_total >= limit
+              and not (merging and self._answers_queued() + self._reserved_total < 2 * limit
+                       and self._booked(hdr.chunk_key))):
+            # Bounded queue, bounded wait: the requester comes back when the hint says.  A refused
+            # probe books room for its whole chunk (the rest is asked for right after it).
+            probe = first == 0 and count == 1 and hdr.frag_count == 1
+            booked = (self.holder.known_fragments(hdr.chunk_key) or count) if probe else count
+            self._nack_run(hdr, first, count, wire.Status.BUSY, addr, self._retry_hint_us(limit, hdr.chunk_key, booked))
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         flags = hdr.flags & wire.Flag.NO_CACHE
@@ -1570,14 +1715,17 @@ class Transport:
             self._nack_run(hdr, first, count, out, addr)
             return
         job = self._job(out, addr, hdr.chunk_key, hdr, first, hdr.request_id, flags)
+        if merging and count == 1 and hdr.frag_count == 1 and not reserved and not hdr.flags & wire.Flag.RETRANSMIT:
+            # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
+            self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
         if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
-                and self.hints.merging() and self._likely_shared(hdr.chunk_key, addr, self._tracker)):
+                and merging and self._likely_shared(hdr.chunk_key, addr, self._tracker)):
             # Duplicates of this GET are likely, and on a slow switch they arrive after an
             # answer sent at once (BMv2 passes one window of 8 requesters' GETs in about
             # 100 ms).  Answered ``hold_s`` late, the GET stays pending in the switch meanwhile
             # and every duplicate joins it; each GET waits once, so the chunk's answers stream
             # on (a hold per GET, not per chunk).
-            job.not_before = time.monotonic() + self.config.hold_s
+            job.not_before = now + self.config.hold_s
             self._c.held_gets += 1
         self._add_job(job)
 
@@ -1608,7 +1756,10 @@ class Transport:
         other job instead of waiting for each of them to take a turn (64 queued answers are
         70 ms at 10 Mbit/s); a probe is one datagram, so the others barely notice.
         """
-        if job.get is not None and job.first == 0 and job.count == 1:
+        if job.get is None:
+            self._background.append(job)
+            self._background_queued += job.count
+        elif job.first == 0 and job.count == 1:
             self._probes.append(job)
         else:
             self._jobs.append(job)
@@ -1646,6 +1797,10 @@ class Transport:
         self._record_pool.setdefault(int(base.size), []).append(base)
         self._pooled_records += int(base.size)
 
+    def _answers_queued(self) -> int:
+        """Fragments queued to answer GETs (pushes wait for idle time and do not count)."""
+        return self._queued - self._background_queued
+
     def _queue_limit(self) -> int:
         """Fragments the send queue may hold before GETs are answered BUSY."""
         cfg = self.config
@@ -1667,13 +1822,34 @@ class Transport:
             return rate
         return min(rate, max(self._drain.rate, rate / 20))
 
-    def _retry_hint_us(self, limit: int) -> int:
-        """A BUSY NACK's retry hint: microseconds until the paced queue drains to half ``limit`` (0: unpaced)."""
+    def _retry_hint_us(self, limit: int, key: int | None = None, count: int = 0) -> int:
+        """A BUSY NACK's retry hint: microseconds until the paced queue has room (0: unpaced).
+
+        Plain: until the queue has drained to half ``limit``.  Where the switches merge, a
+        booking for ``count`` fragments of chunk ``key``: every requester refused for the chunk
+        comes back at one instant, so the switch merges their GETs again, and chunks refused
+        one after another come back one after another at the rate the queue drains.  Told
+        only to drain to half, every refused requester came back at once, found the queue full
+        again and was refused again (replayed agent traffic, 69 times the holder link: each
+        refused fragment up to ten times, a NACK for every DATA sent).
+        """
         rate = self._drain_rate()
         if rate <= 0:
             return 0
-        excess = max(0, self._queued - limit // 2)
-        return int(min(_MAX_RETRY_HINT_US, max(1000.0, excess * _L / rate * 1e6)))
+        now = time.monotonic()
+        start = now + max(0, self._answers_queued() - limit // 2) * _L / rate
+        if key is not None and self.hints.merging(now):
+            at, booked = self._rendezvous.get(key, (0.0, 0))
+            if at <= now:
+                at, booked = max(start, self._booked_until), 0
+                if len(self._rendezvous) >= 4 * TRACKED_KEYS:
+                    self._rendezvous = {k: v for k, v in self._rendezvous.items() if v[0] > now}
+            # Other requesters refused for the chunk come back with it: book only what is new.
+            more = max(0, count - booked)
+            self._rendezvous[key] = (at, booked + more)
+            self._booked_until = max(self._booked_until, at) + more * _L / rate
+            start = at
+        return int(min(_MAX_RETRY_HINT_US, max(1000.0, (start - now) * 1e6)))
 
     def _nack_run(self, hdr: wire.Header, first: int, count: int, status: wire.Status, addr: Address,
                   retry_us: int = 0) -> None:
@@ -1705,7 +1881,7 @@ class Transport:
         True if the socket buffer is full.
         """
         self._all_held_until = 0.0
-        if not self._jobs and not self._probes:
+        if not self._jobs and not self._probes and not self._background:
             return False
         cfg = self.config
         now = time.monotonic()
@@ -1721,6 +1897,14 @@ class Transport:
             more, blocked, jobs_held = self._send_from(self._jobs, budget - sent, now)
             sent += more
         held = [until for until, queue in ((probes_held, self._probes), (jobs_held, self._jobs)) if queue]
+        if not blocked and sent < budget and self._background and all(held):
+            # Nothing else can go: a push takes the idle time (a fill, never ahead of an answer).
+            self._skip_redundant_pushes()
+            before = self._queued
+            more, blocked, _ = self._send_from(self._background, budget - sent, now)
+            sent += more
+            self._background_queued -= before - self._queued
+            held = []
         if held and all(held):
             # Every queued answer belongs to a held chunk (_poll_timeout_ms sleeps until the first ends).
             self._all_held_until = min(held)
@@ -1729,6 +1913,21 @@ class Transport:
         if cfg.rate_bytes_per_s > 0:
             self._tokens -= sent * _L
         return blocked
+
+    def _skip_redundant_pushes(self) -> None:
+        """Drop what is left of pushes of chunks with answers queued: those fill the switch as they pass.
+
+        A push costs the holder's link a copy of the chunk; the controller asks for one when it
+        admits a chunk its switches saw asked for, which is often while the holder still
+        answers it (replayed agent traffic: pushes were a third of the pool's duplicate DATA).
+        """
+        for job in self._background:
+            if job.pos < job.count and any(j.get is not None for j in self._jobs_by_key.get(job.key, ())):
+                left = job.count - job.pos
+                self._queued -= left
+                self._background_queued -= left
+                self.skipped_push_fragments += left
+                job.count = job.pos  # the sender finishes it at its next turn
 
     def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float) -> tuple[int, bool, float]:
         """Send up to ``budget`` DATA from ``jobs``, round robin in quanta.

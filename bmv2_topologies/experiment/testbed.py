@@ -410,7 +410,8 @@ class Testbed(StarHosts):
 
 AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "overtaken_retransmits", "busy_received",
                   "busy_retries", "nacks_sent", "holds", "held_gets", "conversions", "converted_gets",
-                  "cancelled_fragments", "rebound_fragments", "shared_transfers",
+                  "cancelled_fragments", "reserved_chunks", "reserved_fragments",
+                  "reserved_expired", "rebound_fragments", "shared_transfers",
                   "requests_failed")
 """Transport counters a mode's result reports, summed over the agents (``ModeResult.agents``)."""
 

@@ -887,7 +887,9 @@ def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> Non
 
 def test_refused_fragments_are_re_asked_at_the_hint_while_the_rest_of_the_request_streams() -> None:
     payload = os.urandom(200 * wire.FRAG_PAYLOAD)
-    hints = Hints({3: Hint(GetPath.SINGLE, len(payload))}, 60.0, True)
+    # (No merging fabric: where one merges, the holder keeps room for a hot chunk's rest once
+    # its first fragment is asked for, and nothing is refused.)
+    hints = Hints({3: Hint(GetPath.SINGLE, len(payload))}, 60.0, False)
     # The holder takes 32-fragment runs until 64 are queued and refuses the rest: the first runs'
     # DATA keeps arriving while the refused ones wait for the hint (tens of ms).  They must be
     # re-asked then, not a retransmit timeout after the last DATA: the give-up (2 s of silence)
@@ -1023,3 +1025,195 @@ def test_a_holder_answers_a_lone_fragment_0_get_before_the_queued_ranges() -> No
     # Round robin would have put it behind a turn of each of the 64 ranges (64 fragments or
     # more); it went out with the next turn.
     assert sent_meanwhile < 32
+
+
+def _shared_chunk_asks() -> tuple[list[FetchResult], list[wire.Header], dict[int, bytes]]:
+    """A cold chunk's range holds the whole budget while a hot chunk is fetched: results, GETs, chunks."""
+    data = {1: os.urandom(600 * wire.FRAG_PAYLOAD), 2: os.urandom(60 * wire.FRAG_PAYLOAD)}
+    hints = Hints({2: Hint(GetPath.SINGLE, len(data[2]))}, 60.0, True)
+    # Paced at 1 MB/s, so chunk 1's 32-fragment windows keep the requester's 32 of budget busy.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
+    rcfg = TransportConfig(port=0, window_fragments=128, max_inflight_fragments=32, retransmit_timeout_s=5.0,
+                           give_up_s=30.0)
+    results, proxy, _r = _fetch_through_proxy(data, [1, 2], rcfg, holder_cfg=hcfg, hints=hints)
+    return results, proxy.gets, data
+
+
+def test_where_switches_merge_a_shared_chunk_is_asked_for_whole_once_its_length_is_known() -> None:
+    # The switch merges GETs for a fragment only while one is pending: requesters that share a
+    # chunk must ask for it together, not a few fragments per round trip as their other
+    # transfers free budget (each would then ask for each fragment at its own time).
+    results, gets, data = _shared_chunk_asks()
+    assert all(res.ok and bytes(res.data or b"") == data[res.key] for res in results)
+    hot = [i for i, g in enumerate(gets) if g.chunk_key == 2 and g.frag_index > 0]
+    assert len(hot) == 59 and hot == list(range(hot[0], hot[0] + 59)), "asked in one burst, nothing between"
+
+
+def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_spaces_the_chunks() -> None:
+    chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD),
+              3: os.urandom(40 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    # Paced at 1 MB/s with a 64-fragment queue: chunk 1's range fills it for about 0.4 s.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05, hold_s=0.05)
+    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h:
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                s.settimeout(5)
+
+            def refused(s: socket.socket, key: int, rid: int) -> tuple[float, int]:
+                """Ask ``key``'s fragments 0-3 singly: when the NACKs came and their hint in us."""
+                for i in range(4):
+                    s.sendto(wire.get_packet(key, i, 1, request_id=rid), h.address)
+                nacks: list[wire.Header] = []
+                while len(nacks) < 4:
+                    hdr = wire.parse(s.recvfrom(2048)[0])
+                    if hdr.opcode == wire.Opcode.NACK:
+                        nacks.append(hdr)
+                assert {n.status for n in nacks} == {wire.Status.BUSY}
+                hints = [n.chunk_len for n in nacks]  # one booking, told as the time left until it
+                assert max(hints) - min(hints) < 20_000, hints
+                return time.monotonic(), min(hints)
+
+            socks[0].sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)
+            wire.parse(socks[0].recvfrom(2048)[0])  # chunk 1 is being answered, the queue is full
+            t_a, hint_a = refused(socks[1], 2, 20)
+            t_b, hint_b = refused(socks[2], 2, 21)  # another requester, the same chunk
+            t_c, hint_c = refused(socks[2], 3, 30)  # another chunk
+        finally:
+            for s in socks:
+                s.close()
+    # Every requester refused for chunk 2 comes back at the same instant (where the switch
+    # merges their GETs again); chunk 3 comes back after it, not with it.
+    back_a, back_b, back_c = t_a + hint_a / 1e6, t_b + hint_b / 1e6, t_c + hint_c / 1e6
+    assert abs(back_a - back_b) < 0.02, (hint_a, hint_b)
+    # After the four fragments booked for chunk 2 at the rate the queue drains (1 MB/s at most).
+    assert back_c - back_b >= 0.9 * 4 * wire.DATA_DATAGRAM_LEN / 1e6, (hint_b, hint_c)
+
+
+def test_where_switches_merge_a_refused_requester_comes_back_when_the_hint_says_not_jittered() -> None:
+    # The holder booked that instant for every requester refused for the chunk: jittered, they
+    # would come back apart and the switch could not merge their GETs again.
+    fabric = FabricHints()
+    fabric.update(Hints({k: Hint(GetPath.SINGLE, 4 * wire.FRAG_PAYLOAD) for k in range(1, 7)}, 60.0, True))
+    hint_s = 0.2
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder, \
+            Transport(TransportConfig(port=0, retransmit_timeout_s=5.0, give_up_s=30.0), hints=fabric) as r:
+        holder.bind(("127.0.0.1", 0))
+        holder.settimeout(5)
+        addr = ("127.0.0.1", int(holder.getsockname()[1]))
+        calls = [threading.Thread(target=r.fetch, args=([k], addr), kwargs={"timeout": 3}) for k in range(1, 7)]
+        for t in calls:
+            t.start()
+        refused_at: dict[int, float] = {}
+        back_after: dict[int, float] = {}
+        while len(back_after) < 6:
+            pkt, src = holder.recvfrom(2048)
+            get = wire.parse(pkt)
+            now = time.monotonic()
+            if get.chunk_key not in refused_at:
+                holder.sendto(wire.nack_packet(get.chunk_key, wire.Status.BUSY, get.request_id, get.frag_index,
+                                               1, get.generation, retry_us=int(hint_s * 1e6)), src)
+                refused_at[get.chunk_key] = now
+            elif get.chunk_key not in back_after:
+                back_after[get.chunk_key] = now - refused_at[get.chunk_key]
+        for t in calls:
+            t.join()
+    assert all(hint_s * 0.95 <= w <= hint_s + 0.05 for w in back_after.values()), back_after
+
+
+def test_where_switches_merge_a_chunk_whose_probe_was_answered_is_never_refused_its_rest() -> None:
+    # Refused one NACK per fragment, a shared chunk's rest cost as many NACKs as DATA under
+    # overload; so the holder admits or refuses a chunk whole, at its length probe.
+    chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD),
+              3: os.urandom(40 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    # Paced at 1 MB/s with a 64-fragment queue: chunk 1's range takes it for about 0.4 s.
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05)
+    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h:
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                s.settimeout(5)
+
+            def answers(s: socket.socket, n: int) -> list[wire.Header]:
+                return [wire.parse(s.recvfrom(2048)[0]) for _ in range(n)]
+
+            a, b, c = socks
+            a.sendto(wire.get_packet(2, 0, 1, request_id=2), h.address)  # chunk 2's probe: admitted
+            (probe,) = answers(a, 1)
+            b.sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)  # fills the queue
+            answers(b, 1)
+            for i in range(4):  # another chunk's GETs find the queue full
+                c.sendto(wire.get_packet(3, i, 1, request_id=3), h.address)
+            other = answers(c, 4)
+            for i in range(1, 40):  # chunk 2's rest, asked once the probe told its length
+                a.sendto(wire.get_packet(2, i, 1, request_id=2), h.address)
+            rest = answers(a, 39)
+        finally:
+            for s in socks:
+                s.close()
+    assert (probe.opcode, probe.frag_count) == (wire.Opcode.DATA, 40)
+    assert {(n.opcode, n.status) for n in other} == {(wire.Opcode.NACK, wire.Status.BUSY)}
+    assert {g.opcode for g in rest} == {wire.Opcode.DATA} and sorted(g.frag_index for g in rest) == list(range(1, 40))
+
+
+def test_where_switches_merge_a_burst_starts_with_one_get_while_its_holder_refuses() -> None:
+    # A full holder refuses a burst of single GETs one NACK per fragment; while it refuses, a
+    # burst asks for one fragment first, and for the rest once that one is answered (the
+    # holder then keeps room for them).  Chunk 1 is refused for long; chunk 2 is answered.
+    data = {1: os.urandom(10 * wire.FRAG_PAYLOAD), 2: os.urandom(10 * wire.FRAG_PAYLOAD)}
+    records = Holder(_store(data))
+    fabric = FabricHints()
+    fabric.update(Hints({k: Hint(GetPath.SINGLE, len(v)) for k, v in data.items()}, 60.0, True))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder, \
+            Transport(TransportConfig(port=0, retransmit_timeout_s=5.0, give_up_s=30.0), hints=fabric) as r:
+        holder.bind(("127.0.0.1", 0))
+        holder.settimeout(5)
+        addr = ("127.0.0.1", int(holder.getsockname()[1]))
+        busy = threading.Thread(target=r.fetch, args=([1], addr), kwargs={"timeout": 2})
+        busy.start()
+        pkt, src = holder.recvfrom(2048)
+        get = wire.parse(pkt)
+        holder.sendto(wire.nack_packet(1, wire.Status.BUSY, get.request_id, get.frag_index, 1, get.generation,
+                                       retry_us=5_000_000), src)
+        time.sleep(0.05)
+        out: list[FetchResult] = []
+        fetch = threading.Thread(target=lambda: out.extend(r.fetch([2], addr, timeout=10)))
+        fetch.start()
+        asked: list[list[int]] = []  # chunk 2's GETs, by the answer they came before
+        while not out:
+            try:
+                pkt, src = holder.recvfrom(2048)
+            except TimeoutError:
+                break
+            get = wire.parse(pkt)
+            if get.chunk_key != 2:
+                continue
+            asked.append([get.frag_index])
+            time.sleep(0.05)  # the rest of a burst, sent together, is in by then
+            holder.setblocking(False)
+            while True:
+                try:
+                    more = wire.parse(holder.recv(2048))
+                except BlockingIOError:
+                    break
+                if more.chunk_key == 2:
+                    asked[-1].append(more.frag_index)
+            holder.settimeout(5)
+            for i in asked[-1]:
+                rec = records.serve(2, i, 1, request_id=get.request_id)
+                assert not isinstance(rec, wire.Status)
+                holder.sendto(rec.tobytes(), src)
+            fetch.join(0.2)
+        fetch.join()
+        busy.join()
+    assert out and out[0].ok and bytes(out[0].data or b"") == data[2]
+    # The length probe, then one fragment alone, then the rest together.
+    assert asked[:2] == [[0], [1]] and sorted(asked[2]) == list(range(2, 10)), asked
