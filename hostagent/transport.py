@@ -516,6 +516,9 @@ class Transport:
         # Pushes (a fill asked for by the controller): sent only when no answer can go (``_add_job``).
         self._background: collections.deque[_SendJob] = collections.deque()
         self._background_queued = 0
+        # Chunks with a push queued: which of their fragments an answer carried since the push
+        # was asked for (the switch filled them on pass, ``_skip_redundant_pushes``).
+        self._fill_watch: dict[int, npt.NDArray[np.bool_]] = {}
         # Answers to a lone GET of fragment 0, sent before the other jobs (``_add_job``).
         self._probes: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
@@ -963,6 +966,8 @@ class Transport:
                 if first == 0:
                     log.warning("push of chunk %#x to %s:%d skipped: %s", key, to[0], to[1], out.name)
                 return
+            if first == 0:
+                self._fill_watch.setdefault(key, np.zeros(int(out[0]["hdr"]["frag_count"]), np.bool_))
             self._add_job(self._job(out, to, key, None, first, 0, 0))
             self.pushed_fragments += int(out.size)
             first += int(out.size)
@@ -1772,6 +1777,8 @@ class Transport:
             same.remove(job)
             if not same:
                 del self._jobs_by_key[job.key]
+        if job.get is None and not any(j.get is None for j in same or ()):
+            self._fill_watch.pop(job.key, None)
         self._release_records(job)
 
     def _alloc_records(self, n: int) -> npt.NDArray[np.void]:
@@ -1915,19 +1922,30 @@ class Transport:
         return blocked
 
     def _skip_redundant_pushes(self) -> None:
-        """Drop what is left of pushes of chunks with answers queued: those fill the switch as they pass.
+        """Trim pushes of the fragments an answer carried since the push was asked for: those filled the switch.
 
-        A push costs the holder's link a copy of the chunk; the controller asks for one when it
-        admits a chunk its switches saw asked for, which is often while the holder still
-        answers it (replayed agent traffic: pushes were a third of the pool's duplicate DATA).
+        A push costs the holder's link a copy of the chunk; the controller asks for one when
+        it admits a chunk its switches saw asked for, often while the holder still answers
+        it, and every answer that passes the switch after the admission fills it
+        (replayed agent traffic: pushes were a third of the pool's duplicate DATA).  A push
+        loses the filled fragments at its ends, or goes whole when any is left between them.
         """
         for job in self._background:
-            if job.pos < job.count and any(j.get is not None for j in self._jobs_by_key.get(job.key, ())):
-                left = job.count - job.pos
-                self._queued -= left
-                self._background_queued -= left
-                self.skipped_push_fragments += left
-                job.count = job.pos  # the sender finishes it at its next turn
+            watch = self._fill_watch.get(job.key)
+            if watch is None:
+                continue
+            lo, hi = job.first + job.pos, job.first + job.count
+            filled = watch[lo:hi]
+            if not filled.any():
+                continue
+            head = int(np.argmin(filled)) if not filled.all() else hi - lo
+            tail = int(np.argmin(filled[::-1])) if head < hi - lo else 0
+            job.pos += head
+            skipped = head + tail
+            job.count -= tail
+            self._queued -= skipped
+            self._background_queued -= skipped
+            self.skipped_push_fragments += skipped
 
     def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float) -> tuple[int, bool, float]:
         """Send up to ``budget`` DATA from ``jobs``, round robin in quanta.
@@ -1977,6 +1995,8 @@ class Transport:
                 job.count = pos
             sent += pos - job.pos
             self._queued -= pos - job.pos
+            if job.get is not None and (watch := self._fill_watch.get(job.key)) is not None:
+                watch[job.first + job.pos : job.first + pos] = True
             job.pos = pos
             if pos >= job.count:
                 jobs.popleft()
