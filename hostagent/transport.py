@@ -516,9 +516,9 @@ class Transport:
         # Pushes (a fill asked for by the controller): sent only when no answer can go (``_add_job``).
         self._background: collections.deque[_SendJob] = collections.deque()
         self._background_queued = 0
-        # Chunks with a push queued: which of their fragments an answer carried since the push
-        # was asked for (the switch filled them on pass, ``_skip_redundant_pushes``).
-        self._fill_watch: dict[int, npt.NDArray[np.bool_]] = {}
+        # Chunks with a push queued, per fill sink: which of their fragments an answer carried
+        # since that push was asked for (they filled the switch on pass, ``_skip_redundant_pushes``).
+        self._fill_watch: dict[int, dict[Address, npt.NDArray[np.bool_]]] = {}
         # Answers to a lone GET of fragment 0, sent before the other jobs (``_add_job``).
         self._probes: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
@@ -966,8 +966,8 @@ class Transport:
                 if first == 0:
                     log.warning("push of chunk %#x to %s:%d skipped: %s", key, to[0], to[1], out.name)
                 return
-            if first == 0:
-                self._fill_watch.setdefault(key, np.zeros(int(out[0]["hdr"]["frag_count"]), np.bool_))
+            if first == 0:  # a placement's own push: what answered before it filled another one
+                self._fill_watch.setdefault(key, {})[to] = np.zeros(int(out[0]["hdr"]["frag_count"]), np.bool_)
             self._add_job(self._job(out, to, key, None, first, 0, 0))
             self.pushed_fragments += int(out.size)
             first += int(out.size)
@@ -1777,8 +1777,11 @@ class Transport:
             same.remove(job)
             if not same:
                 del self._jobs_by_key[job.key]
-        if job.get is None and not any(j.get is None for j in same or ()):
-            self._fill_watch.pop(job.key, None)
+        if job.get is None and not any(j.get is None and j.addr == job.addr for j in same or ()):
+            watches = self._fill_watch.get(job.key, {})
+            watches.pop(job.addr, None)
+            if not watches:
+                self._fill_watch.pop(job.key, None)
         self._release_records(job)
 
     def _alloc_records(self, n: int) -> npt.NDArray[np.void]:
@@ -1931,7 +1934,7 @@ class Transport:
         loses the filled fragments at its ends, or goes whole when any is left between them.
         """
         for job in self._background:
-            watch = self._fill_watch.get(job.key)
+            watch = self._fill_watch.get(job.key, {}).get(job.addr)
             if watch is None:
                 continue
             lo, hi = job.first + job.pos, job.first + job.count
@@ -1995,8 +1998,9 @@ class Transport:
                 job.count = pos
             sent += pos - job.pos
             self._queued -= pos - job.pos
-            if job.get is not None and (watch := self._fill_watch.get(job.key)) is not None:
-                watch[job.first + job.pos : job.first + pos] = True
+            if job.get is not None and (watches := self._fill_watch.get(job.key)) is not None:
+                for watch in watches.values():
+                    watch[job.first + job.pos : job.first + pos] = True
             job.pos = pos
             if pos >= job.count:
                 jobs.popleft()

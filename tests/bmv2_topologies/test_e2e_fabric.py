@@ -80,7 +80,7 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
 
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (8, 0, 1)
-        # Held by the spine, filled by the holder's push to its sink, served there only.  When
+        # Held by the spine, filled on pass and by the holder's push to its sink, served there only.  When
         # one leaf's hot report reaches the controller an epoch before the other's, the chunk
         # is first sited at that leaf and moves to the spine with the second report (a new
         # placement: the leaf's bytes are never served), so the spine may fill more than once
@@ -88,7 +88,9 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         assert pool.switches[spine].fills >= frags and pool.switches[spine].served >= 2 * frags
         assert sum(c.served for s, c in pool.switches.items() if s != spine) == 0
         traffic = holder_traffic(pool.pcaps["h0"], "10.0.0.100", pool.window)
-        assert sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == sink) == frags
+        # The holder's push fills what no answer carried past the spine since the chunk was
+        # sited there (answers fill it on their way): at most one copy of the chunk.
+        assert sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == sink) <= frags
         # The second wave starts 4 s after the first (0.5 s into the window): the spine answers
         # it.  The push that fills the spine is not retransmitted, and BMv2 drops a fill
         # fragment now and then (its queues overflow; 2 of 140 in one run of three here): such

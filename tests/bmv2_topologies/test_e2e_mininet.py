@@ -63,14 +63,16 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         assert mc.coalesced >= frags  # the other requesters' GETs were absorbed in the switch
 
         # 2. Pool mode, two waves: the first is coalesced and makes the chunk hot; the controller
-        # admits it and the holder pushes it through the switch; the second wave is all hits.
+        # admits it, answers and the holder's push fill the switch; the second wave is all hits.
         bed.workload = workload
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)
         traffic = holder_traffic(pool.pcaps["h0"], holder, pool.window)
         to_sink = sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == "10.0.0.254")
-        assert to_sink == frags  # the push that filled the switch, one copy of each fragment
+        # The push fills what no answer carried past the switch since the admission (answers
+        # fill it on their way): at most one copy of each fragment.
+        assert to_sink <= frags
         # The second wave starts 4 s after the first (which starts 0.5 s into the window):
         # from then on nothing reaches the holder, and nothing leaves it for a requester.
         wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
