@@ -714,7 +714,9 @@ class Transport:
 
         This is how a holder fills a switch pool: the DATA crosses the switches on its way
         to ``to`` (the controller's fill sink) and each switch that admitted the chunk
-        writes it as it passes.  Chunks not held are skipped (logged).
+        writes it as it passes.  Chunks not held are skipped (logged).  A push goes only when
+        no answer to a GET can, and without the fragments answers carried since it was asked
+        for (they passed the switch after the admission and filled it).
         """
         if self._thread is None or self._stop.is_set():
             raise TransferError("transport is not running")

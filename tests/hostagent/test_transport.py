@@ -1217,3 +1217,35 @@ def test_where_switches_merge_a_burst_starts_with_one_get_while_its_holder_refus
     assert out and out[0].ok and bytes(out[0].data or b"") == data[2]
     # The length probe, then one fragment alone, then the rest together.
     assert asked[:2] == [[0], [1]] and sorted(asked[2]) == list(range(2, 10)), asked
+
+
+def test_a_push_waits_for_the_answers_and_skips_what_they_carried_since_it_was_asked_for() -> None:
+    # A push (the controller's fill of an admitted chunk) costs the holder's link a copy; the
+    # answers that pass the switch after the admission fill it too.  So a push goes only when
+    # no answer can, and without the fragments answers carried meanwhile.
+    chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD)}
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
+    with Transport(hcfg, Holder(_store(chunks))) as h:
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                s.settimeout(5)
+            requester, sink = socks
+            requester.sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)  # keeps the link busy
+            wire.parse(requester.recvfrom(2048)[0])
+            h.push([2], sink.getsockname())
+            requester.sendto(wire.get_packet(2, 0, 20, request_id=2), h.address)
+            answered = sorted(hdr.frag_index for hdr in (wire.parse(requester.recvfrom(2048)[0]) for _ in range(319))
+                              if hdr.chunk_key == 2)
+            pushed = sorted(wire.parse(sink.recvfrom(2048)[0]).frag_index for _ in range(20))
+            sink.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                sink.recvfrom(2048)
+        finally:
+            for s in socks:
+                s.close()
+        st = h.stats()
+    assert answered == list(range(20)) and pushed == list(range(20, 40))
+    assert st["pushed_fragments"] == 40 and st["skipped_push_fragments"] == 20
