@@ -329,6 +329,9 @@ class _Request:
     probe: int = 0
     """0, or 1 while the one GET a burst starts with is out (its holder refused lately), 2 once it was
     answered and the holder keeps room for the rest of the chunk (``Transport._burst``)."""
+    lone: set[int] = field(default_factory=set)
+    """Fragments last asked for by a range GET of that one fragment: a one-fragment ``BUSY`` for one
+    of them is a full queue, not the holder converting a range (``Transport._slow_packet``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -997,6 +1000,10 @@ class Transport:
             r.asked_at[first:first + count] = time.monotonic()
         else:
             pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
+            if count == 1:
+                r.lone.add(first)
+            else:
+                r.lone.discard(first)
         sent = 0
         try:
             for pkt in pkts:
@@ -1294,6 +1301,11 @@ class Transport:
             if count <= 0:
                 self._starved = True  # _grant_all resumes it once arrivals free budget
                 return
+            if count == 1 and want > 1 and r.path is GetPath.RANGE:
+                # A GET of one fragment looks like a length probe or a single GET to the holder,
+                # which then keeps room for the rest of the chunk (``_reserve``): one over budget
+                # keeps a range a range.
+                count = 2
             self._send_get(r, r.asked_hi, count, 0)
             r.asked_hi += count
             self._inflight += count
@@ -1384,7 +1396,11 @@ class Transport:
             r.refused = True
             r.last_progress = now
             self._holder_progress[r.holder] = now
-            if hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now):
+            if (hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now)
+                    and hdr.frag_index not in r.lone):
+                # (A range of one fragment refused is a full queue: it looks the same on the wire.
+                # Read as a conversion, every such chunk went single under overload, a request
+                # packet per fragment for nothing: 5x plain's GETs on the conversation trace.)
                 r.converted = True
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             jitter = 1.0 if self.hints.merging(now) else 0.5 + random.random()

@@ -871,6 +871,52 @@ def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_wh
     assert all(res.ok for res in results) and hs["conversions"] == 0 and hs["nacks_sent"] == 0
 
 
+def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion() -> None:
+    # On the wire a holder converting a range (a one-fragment BUSY: ask singly) and a full queue
+    # refusing a range of one fragment look the same.  Read as a conversion, the chunk went single
+    # (a GET per fragment): under overload nearly every chunk did, 5x plain's GETs.
+    payload = os.urandom(20 * wire.FRAG_PAYLOAD)
+    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    fake.bind(("127.0.0.1", 0))
+    fake.settimeout(0.05)
+    gets: list[wire.Header] = []
+    stop = threading.Event()
+
+    def serve() -> None:  # all but fragment 7 at first; its first re-ask refused BUSY, then answered
+        while not stop.is_set():
+            try:
+                pkt, addr = fake.recvfrom(4096)
+            except TimeoutError:
+                continue
+            g = wire.parse(pkt)
+            gets.append(g)
+            if len(gets) == 2:
+                fake.sendto(wire.nack_packet(g.chunk_key, wire.Status.BUSY, g.request_id, g.frag_index, 1,
+                                             g.generation, retry_us=10_000), addr)
+                continue
+            for i in range(g.frag_index, min(g.frag_index + g.frag_count, 20)):  # clamped, as a holder does
+                if i != 7 or len(gets) > 1:
+                    fake.sendto(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))  # the switches merge: a real conversion would be followed
+    try:
+        with Transport(TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=5.0), hints=hints) as r:
+            (res,) = r.fetch([9], fake.getsockname(), timeout=5)
+            st = r.stats()
+    finally:
+        stop.set()
+        t.join()
+        fake.close()
+    assert res.ok and bytes(res.data or b"") == payload and st["busy_received"] == 1
+    # First GET the whole window; then fragment 7 alone, refused; re-asked as the range it was
+    # (RETRANSMIT), not as a converted single GET (no flag, so a switch may merge it).
+    assert [(g.frag_index, min(g.frag_count, 20)) for g in gets] == [(0, 20), (7, 1), (7, 1)]
+    assert gets[2].flags & wire.Flag.RETRANSMIT
+
+
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
     data = {k: os.urandom(40 * wire.FRAG_PAYLOAD) for k in range(1, 25)}  # 24 chunks of 40 fragments
     cfg = TransportConfig(port=0, window_fragments=64, max_inflight_fragments=96, max_active_requests=8,
