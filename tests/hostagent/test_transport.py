@@ -294,6 +294,17 @@ def test_pacing_limits_the_send_rate() -> None:
     assert elapsed >= (sent - burst) / rate * 0.95
 
 
+def test_a_pacing_bucket_holds_at_least_a_wake_up_of_sending() -> None:
+    # The loop sleeps whole milliseconds and wakes late: a bucket of two datagrams at 11.25 MB/s
+    # (the demo's holders) let out two per wake-up, 2.9 MB/s.  It is deepened to 2 ms of sending.
+    two = 2 * wire.DATA_DATAGRAM_LEN
+    fast = TransportConfig(port=0, rate_bytes_per_s=11.25e6, burst_bytes=two)
+    assert fast.pace_depth_bytes == pytest.approx(11.25e6 * 0.002) and fast.pace_depth_bytes > 15 * two / 2
+    slow = TransportConfig(port=0, rate_bytes_per_s=1.125e6, burst_bytes=two)  # 10 Mbit/s: as asked
+    assert slow.pace_depth_bytes == two
+    assert TransportConfig(port=0, burst_bytes=two).pace_depth_bytes == two  # unpaced: irrelevant, unchanged
+
+
 def test_many_requests_share_the_inflight_budget() -> None:
     data = {k: os.urandom(20_000 + k) for k in range(1, 41)}  # 40 chunks of 15 fragments
     cfg = TransportConfig(port=0, window_fragments=16, max_inflight_fragments=48, max_active_requests=8)
