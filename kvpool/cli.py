@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 #: subcommand -> (module, one-line help)
@@ -37,9 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: every ``with`` and ``finally`` runs (networks stopped, daemons ended)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvpool`` console script."""
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # Without it a plain ``kill`` (or a CI timeout) ends the process where it stands and
+        # leaves the demo's switch, agents and Mininet links behind.
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args._module.run(args))
     except KeyboardInterrupt:
