@@ -338,6 +338,9 @@ class _Request:
     probe: int = 0
     """0, or 1 while the one GET a burst starts with is out (its holder refused lately), 2 once it was
     answered and the holder keeps room for the rest of the chunk (``Transport._burst``)."""
+    free: bool = False
+    """Started on the shared path (``Transport._shared_path``): its fragments in flight are outside the
+    shared budget, so they do not starve the range requests (``Transport._room``)."""
     lone: set[int] = field(default_factory=set)
     """Fragments last asked for by a range GET of that one fragment: a one-fragment ``BUSY`` for one
     of them is a full queue, not the holder converting a range (``Transport._slow_packet``)."""
@@ -534,6 +537,7 @@ class Transport:
         # Answers to a lone GET of fragment 0, sent before the other jobs (``_add_job``).
         self._probes: collections.deque[_SendJob] = collections.deque()
         self._inflight = 0
+        self._free_inflight = 0  # of ``_inflight``: fragments of requests outside the budget (``_Request.free``)
         # In-flight fragments and active requests when waiting calls were last admitted.
         self._admit_mark = (0, 0)
         self._queued = 0
@@ -840,7 +844,7 @@ class Transport:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                 self._admit_submitted()
-                self._admit_mark = (self._inflight, len(self._active))
+                self._admit_mark = (self._inflight - self._free_inflight, len(self._active))
                 self._admit_pushes()
                 self._receive_data()
                 self._receive_gets()
@@ -861,7 +865,8 @@ class Transport:
     def _poll_timeout_ms(self) -> int:
         if self._submit:
             return 0
-        if self._pending and (self._inflight < self._admit_mark[0] or len(self._active) < self._admit_mark[1]):
+        counted = self._inflight - self._free_inflight
+        if self._pending and (counted < self._admit_mark[0] or len(self._active) < self._admit_mark[1]):
             # Budget or a transfer slot came free after the waiting calls were last looked at (a
             # transfer ended, a converted range shrank to one GET): start them now, not after
             # the next DATA, which may be a hold (100 ms) away.
@@ -884,7 +889,13 @@ class Transport:
 
     def _room(self) -> int:
         """Fragments that may still be asked for under the shared in-flight budget."""
-        return self._budget - self._inflight
+        return self._budget - (self._inflight - self._free_inflight)
+
+    def _account(self, r: _Request, fragments: int) -> None:
+        """``fragments`` more (or fewer) of ``r``'s asked for and not yet received."""
+        self._inflight += fragments
+        if r.free:
+            self._free_inflight += fragments
 
     def _admit_submitted(self) -> None:
         """Start waiting requests, taking one from each ``fetch`` call in turn (round robin).
@@ -926,6 +937,7 @@ class Transport:
                 ask = small
             r = call.waiting.popleft()
             r.path = self._path(r)
+            r.free = self._shared_path(r)
             ask = self._first_ask(r, ask)
             self._c.requests_by_path[str(r.path)] += 1
             call.active += 1
@@ -936,7 +948,7 @@ class Transport:
             r.next_retx = now + r.rto
             self._send_get(r, 0, ask, 0)
             r.asked_hi = ask
-            self._inflight += ask
+            self._account(r, ask)
 
     def _path(self, r: _Request) -> GetPath:
         """How to ask for ``r``'s chunk now: what the hints say (single once converted), or servable when forced."""
@@ -1112,7 +1124,7 @@ class Transport:
         if stored == 0:
             return
         self._c.fragments_stored += stored
-        self._inflight -= stored
+        self._account(r, -(stored))
         if r.probe == 1:
             r.probe = 2
         if r.asked_at is not None:
@@ -1202,7 +1214,7 @@ class Transport:
             runs = np.split(bad, np.flatnonzero(np.diff(bad) != 1) + 1)
             for run in runs:
                 self._send_get(r, int(run[0]), int(run.size), wire.Flag.RETRANSMIT)
-            self._inflight += int(bad.size)
+            self._account(r, int(bad.size))
         else:
             # Which fragments are wrong is unknowable: fetch the whole chunk again.
             reasm.reset()
@@ -1240,7 +1252,7 @@ class Transport:
             return
         log.info("chunk %#018x: generation %d -> %d during the fetch, starting over", r.key, r.reasm.generation,
                  newest)
-        self._inflight -= r.asked_hi - r.reasm.received_count
+        self._account(r, -(r.asked_hi - r.reasm.received_count))
         r.generation = newest
         r.reasm = None
         r.asked_at, r.answered_ask, r.settled_ask = None, 0.0, 0.0  # the old generation's asks say nothing
@@ -1248,7 +1260,7 @@ class Transport:
         ask = self._first_ask(r, min(self.config.window_fragments, self._room()))
         self._send_get(r, 0, ask, 0)
         r.asked_hi = ask
-        self._inflight += ask
+        self._account(r, ask)
         r.last_progress = now
         r.rto = self.config.retransmit_timeout_s
         r.next_retx = now + r.rto
@@ -1268,7 +1280,7 @@ class Transport:
             reasm = Reassembler(r.key, hdr.chunk_len, hdr.generation)
             # The holder clamped our first window to the chunk: forget the part past its end.
             if r.asked_hi > reasm.frag_count:
-                self._inflight -= r.asked_hi - reasm.frag_count
+                self._account(r, -(r.asked_hi - reasm.frag_count))
                 r.asked_hi = reasm.frag_count
             return reasm
         return None
@@ -1317,7 +1329,7 @@ class Transport:
                 count = 2
             self._send_get(r, r.asked_hi, count, 0)
             r.asked_hi += count
-            self._inflight += count
+            self._account(r, count)
 
     def _burst(self, r: _Request, want: int) -> int:
         """How many of ``want`` single GETs a shared chunk asks for now: all, or one while its holder refuses.
@@ -1470,7 +1482,7 @@ class Transport:
                 # Length still unknown: single GETs cannot be clamped by the holder, so ask for
                 # fragment 0 alone (or the hinted length) and the rest once its DATA tells.
                 ask = self._first_ask(r, r.asked_hi)
-                self._inflight -= r.asked_hi - ask
+                self._account(r, -(r.asked_hi - ask))
                 r.asked_hi = ask
                 self._send_get(r, 0, r.asked_hi, flags)
             else:
@@ -1519,7 +1531,7 @@ class Transport:
                 status: wire.Status | None = None) -> None:
         if self._active.pop(r.rid, None) is not None:
             got = 0 if r.reasm is None else r.reasm.received_count
-            self._inflight -= r.asked_hi - got
+            self._account(r, -(r.asked_hi - got))
             if r.call is not None:
                 r.call.active -= 1
             took = time.monotonic() - r.started

@@ -928,6 +928,59 @@ def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion(
     assert gets[2].flags & wire.Flag.RETRANSMIT
 
 
+def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
+    # A pooled chunk's GETs go out a whole window at once, past the budget; counted against
+    # it, they starved every range request until they were answered (replayed agent traffic in
+    # pool mode: the holder link half idle while a requester's range chunks waited seconds).
+    hot, cold = os.urandom(200 * wire.FRAG_PAYLOAD), os.urandom(10 * wire.FRAG_PAYLOAD)
+    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    fake.bind(("127.0.0.1", 0))
+    fake.settimeout(0.05)
+    cold_asked: list[float] = []
+    stop = threading.Event()
+
+    def serve() -> None:  # the hot chunk's answers come 0.5 s late (held); the cold one's at once
+        late: list[tuple[float, bytes, Address]] = []
+        while not stop.is_set():
+            now = time.monotonic()
+            for item in [x for x in late if x[0] <= now]:
+                fake.sendto(item[1], item[2])
+                late.remove(item)
+            try:
+                pkt, addr = fake.recvfrom(4096)
+            except TimeoutError:
+                continue
+            g = wire.parse(pkt)
+            data = hot if g.chunk_key == 1 else cold
+            n = wire.fragment_count(len(data))
+            for i in range(g.frag_index, min(g.frag_index + g.frag_count, n)):
+                out = wire.data_packet(g.chunk_key, i, data, g.request_id, g.generation)
+                if g.chunk_key == 1:
+                    late.append((time.monotonic() + 0.5, out, addr))
+                else:
+                    fake.sendto(out, addr)
+            if g.chunk_key == 2:
+                cold_asked.append(time.monotonic())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    hints = FabricHints()
+    hints.update(Hints({1: Hint(GetPath.SERVABLE, len(hot))}, 60.0, True))  # the whole chunk asked at once
+    cfg = TransportConfig(port=0, window_fragments=256, max_inflight_fragments=32, retransmit_timeout_s=2.0,
+                          give_up_s=10.0)
+    try:
+        with Transport(cfg, hints=hints) as r:
+            t0 = time.monotonic()
+            got = r.fetch([1, 2], fake.getsockname(), timeout=10)
+    finally:
+        stop.set()
+        t.join()
+        fake.close()
+    assert [bytes(x.data or b"") for x in got] == [hot, cold]
+    # The cold chunk was asked for while the hot one's answers were still held, not after.
+    assert cold_asked and cold_asked[0] - t0 < 0.4, f"cold chunk first asked {cold_asked[0] - t0:.2f} s in"
+
+
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
     data = {k: os.urandom(40 * wire.FRAG_PAYLOAD) for k in range(1, 25)}  # 24 chunks of 40 fragments
     cfg = TransportConfig(port=0, window_fragments=64, max_inflight_fragments=96, max_active_requests=8,
