@@ -1619,6 +1619,12 @@ class Transport:
                     self._convert(key, owner, tracker, now)
                     self._c.converted_gets += 1
                     self._send_nack(replace(hdr, frag_count=1), wire.Status.BUSY, addr, self._convert_hint_us())
+                    # Another's range for it in this same batch is not a job yet, so ``_convert``
+                    # could not cancel it: refused the same way, it is asked singly too (else it
+                    # is answered whole, and the converted requesters fetch the chunk again).
+                    for other in [o for o in out if self._same_range_chunk(o, key, owner)]:
+                        out.remove(other)
+                        self._refuse_range(other, now)
                     continue
             elif dup:
                 self._convert(key, owner, tracker, now)
@@ -1662,6 +1668,22 @@ class Transport:
             return True
         now = time.monotonic()
         return tracker.converting(key, now) or tracker.sharing(addr, now)
+
+    def _peer_held_ahead(self, key: int, now: float) -> bool:
+        """Whether another requester is ahead on ``key``: its ranges are being converted, or later fragments held.
+
+        A length probe is then answered at once, not a hold late: its requester asks for the
+        rest while the peer's answers are still held, and the switch merges them.  Held too,
+        the probe's answer came with the peer's, so the rest was asked a hold behind and
+        missed every one of them (a converted first wave at 100 Mbit/s: two copies of the
+        chunk instead of one).
+        """
+        tracker = self._tracker
+        if tracker is not None and tracker.converting(key, now):
+            return True
+        chunk_held = tracker is not None and tracker.held_until(key) > now
+        return any(job.first > 0 and (chunk_held or job.not_before > now) and job.pos < job.count
+                   for job in self._jobs_by_key.get(key, ()))
 
     def _booked(self, key: int) -> bool:
         """Whether GETs for ``key`` come back at the time a BUSY booked for them (``_retry_hint_us``)."""
@@ -1716,6 +1738,20 @@ class Transport:
         self._reserved_total += rest - kept
         self._c.reserved_chunks += not kept
 
+    @staticmethod
+    def _same_range_chunk(get: tuple[wire.Header, Address], key: int, owner: tuple[Address, int]) -> bool:
+        """Whether ``get`` is another owner's range GET for ``key``."""
+        hdr, addr = get
+        return hdr.chunk_key == key and hdr.frag_count > 1 and (addr, hdr.request_id) != owner
+
+    def _refuse_range(self, get: tuple[wire.Header, Address], now: float) -> None:
+        """Refuse a screened range GET as a conversion does (a one-fragment BUSY: ask singly)."""
+        hdr, addr = get
+        self._c.converted_gets += 1
+        self._send_nack(replace(hdr, frag_count=1), wire.Status.BUSY, addr, self._convert_hint_us())
+        assert self._tracker is not None
+        self._tracker.convert(hdr.chunk_key, now, {addr})
+
     def _convert_hint_us(self) -> int:
         """Retry hint of a conversion: soon (a tenth of the hold), the single GETs are held anyway."""
         return int(max(1e-3, self.config.hold_s / 10) * 1e6)
@@ -1763,7 +1799,8 @@ class Transport:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
         if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
-                and merging and self._likely_shared(hdr.chunk_key, addr, self._tracker)):
+                and merging and self._likely_shared(hdr.chunk_key, addr, self._tracker)
+                and not (first == 0 and self._peer_held_ahead(hdr.chunk_key, now))):
             # Duplicates of this GET are likely, and on a slow switch they arrive after an
             # answer sent at once (BMv2 passes one window of 8 requesters' GETs in about
             # 100 ms).  Answered ``hold_s`` late, the GET stays pending in the switch meanwhile
@@ -1940,7 +1977,7 @@ class Transport:
                                self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
             self._last_refill = now
             budget = min(budget, int(self._tokens // _L))
-        sent, blocked, probes_held = self._send_from(self._probes, budget, now)
+        sent, blocked, probes_held = self._send_from(self._probes, budget, now, probes=True)
         jobs_held = 0.0
         if not blocked:
             more, blocked, jobs_held = self._send_from(self._jobs, budget - sent, now)
@@ -1989,8 +2026,12 @@ class Transport:
             self._background_queued -= skipped
             self.skipped_push_fragments += skipped
 
-    def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float) -> tuple[int, bool, float]:
+    def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float,
+                   probes: bool = False) -> tuple[int, bool, float]:
         """Send up to ``budget`` DATA from ``jobs``, round robin in quanta.
+
+        ``probes``: the jobs are length probes, which wait only for their own hold, never the
+        chunk's: a probe answered late starts its requester a hold behind the others.
 
         Returns (datagrams sent, socket buffer full, when the first hold ends if every job
         with something left is held, else 0.0).
@@ -1998,7 +2039,7 @@ class Transport:
         assert self._hsock is not None
         sendto = self._hsock.sendto
         quantum = self.config.send_quantum
-        tracker = self._tracker
+        tracker = None if probes else self._tracker
         sent = 0
         blocked = False
         held = 0  # jobs passed over in a row because their chunk is held

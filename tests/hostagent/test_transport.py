@@ -981,6 +981,41 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
     assert cold_asked and cold_asked[0] - t0 < 0.4, f"cold chunk first asked {cold_asked[0] - t0:.2f} s in"
 
 
+def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
+    # Ranges from two requesters read in one batch: the second is a duplicate, and the first is
+    # not a send job yet, so cancelling jobs missed it; answered whole, it went to one requester
+    # while the other fetched the chunk singly (two copies).  Both are refused: both ask singly.
+    gate, entered = threading.Event(), threading.Event()
+
+    class SlowFirst(Holder):
+        def serve(self, chunk_key: int, *args: Any, **kwargs: Any) -> Any:
+            if chunk_key == 1 and not gate.is_set():
+                entered.set()
+                gate.wait(5)  # the loop thread waits here while both ranges queue up
+            return super().serve(chunk_key, *args, **kwargs)
+
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))
+    data = {1: os.urandom(1000), 7: os.urandom(50 * wire.FRAG_PAYLOAD)}
+    cfg = TransportConfig(port=0, hold_s=0.05)
+    with Transport(cfg, SlowFirst(_store(data)), hints=hints) as h, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+        a.settimeout(3)
+        b.settimeout(3)
+        a.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
+        assert entered.wait(5)
+        a.sendto(wire.get_packet(7, 0, 64, request_id=10), h.address)
+        b.sendto(wire.get_packet(7, 0, 64, request_id=11), h.address)
+        time.sleep(0.05)
+        gate.set()
+        first = wire.parse(a.recv(4096))
+        assert first.chunk_key == 1 and first.opcode == wire.Opcode.DATA
+        got_a, got_b = wire.parse(a.recv(4096)), wire.parse(b.recv(4096))
+    for got in (got_a, got_b):
+        assert (got.chunk_key, got.opcode, got.status, got.frag_count) == (7, wire.Opcode.NACK, wire.Status.BUSY, 1)
+
+
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
     data = {k: os.urandom(40 * wire.FRAG_PAYLOAD) for k in range(1, 25)}  # 24 chunks of 40 fragments
     cfg = TransportConfig(port=0, window_fragments=64, max_inflight_fragments=96, max_active_requests=8,
