@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -882,45 +883,62 @@ def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_wh
     assert all(res.ok for res in results) and hs["conversions"] == 0 and hs["nacks_sent"] == 0
 
 
+Send = Callable[[bytes, Address], object]
+
+
+@contextlib.contextmanager
+def _fake_holder(on_get: Callable[[wire.Header, Address, Send], None],
+                 on_idle: Callable[[Send], None] | None = None) -> Iterator[Address]:
+    """A scripted holder on a socket of its own: ``on_get`` answers each GET, ``on_idle`` runs between reads."""
+    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    fake.bind(("127.0.0.1", 0))
+    fake.settimeout(0.01)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            if on_idle is not None:
+                on_idle(fake.sendto)
+            try:
+                pkt, addr = fake.recvfrom(4096)
+            except TimeoutError:
+                continue
+            on_get(wire.parse(pkt), addr, fake.sendto)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield fake.getsockname()
+    finally:
+        stop.set()
+        t.join()
+        fake.close()
+
+
 def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion() -> None:
     # On the wire a holder converting a range (a one-fragment BUSY: ask singly) and a full queue
     # refusing a range of one fragment look the same.  Read as a conversion, the chunk went single
     # (a GET per fragment): under overload nearly every chunk did, 5x plain's GETs.
     payload = os.urandom(20 * wire.FRAG_PAYLOAD)
-    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    fake.bind(("127.0.0.1", 0))
-    fake.settimeout(0.05)
     gets: list[wire.Header] = []
-    stop = threading.Event()
 
-    def serve() -> None:  # all but fragment 7 at first; its first re-ask refused BUSY, then answered
-        while not stop.is_set():
-            try:
-                pkt, addr = fake.recvfrom(4096)
-            except TimeoutError:
-                continue
-            g = wire.parse(pkt)
-            gets.append(g)
-            if len(gets) == 2:
-                fake.sendto(wire.nack_packet(g.chunk_key, wire.Status.BUSY, g.request_id, g.frag_index, 1,
-                                             g.generation, retry_us=10_000), addr)
-                continue
-            for i in range(g.frag_index, min(g.frag_index + g.frag_count, 20)):  # clamped, as a holder does
-                if i != 7 or len(gets) > 1:
-                    fake.sendto(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        # All but fragment 7 at first; its first re-ask refused BUSY, then answered.
+        gets.append(g)
+        if len(gets) == 2:
+            send(wire.nack_packet(g.chunk_key, wire.Status.BUSY, g.request_id, g.frag_index, 1, g.generation,
+                                  retry_us=10_000), addr)
+            return
+        for i in range(g.frag_index, min(g.frag_index + g.frag_count, 20)):  # clamped, as a holder does
+            if i != 7 or len(gets) > 1:
+                send(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
     hints = FabricHints()
     hints.update(Hints({}, 60.0, True))  # the switches merge: a real conversion would be followed
-    try:
-        with Transport(TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=5.0), hints=hints) as r:
-            (res,) = r.fetch([9], fake.getsockname(), timeout=5)
-            st = r.stats()
-    finally:
-        stop.set()
-        t.join()
-        fake.close()
+    with _fake_holder(on_get) as holder, \
+            Transport(TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=5.0), hints=hints) as r:
+        (res,) = r.fetch([9], holder, timeout=5)
+        st = r.stats()
     assert res.ok and bytes(res.data or b"") == payload and st["busy_received"] == 1
     # First GET the whole window; then fragment 7 alone, refused; re-asked as the range it was
     # (RETRANSMIT), not as a converted single GET (no flag, so a switch may merge it).
@@ -933,49 +951,34 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
     # it, they starved every range request until they were answered (replayed agent traffic in
     # pool mode: the holder link half idle while a requester's range chunks waited seconds).
     hot, cold = os.urandom(200 * wire.FRAG_PAYLOAD), os.urandom(10 * wire.FRAG_PAYLOAD)
-    fake = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    fake.bind(("127.0.0.1", 0))
-    fake.settimeout(0.05)
     cold_asked: list[float] = []
-    stop = threading.Event()
+    late: list[tuple[float, bytes, Address]] = []
 
-    def serve() -> None:  # the hot chunk's answers come 0.5 s late (held); the cold one's at once
-        late: list[tuple[float, bytes, Address]] = []
-        while not stop.is_set():
-            now = time.monotonic()
-            for item in [x for x in late if x[0] <= now]:
-                fake.sendto(item[1], item[2])
-                late.remove(item)
-            try:
-                pkt, addr = fake.recvfrom(4096)
-            except TimeoutError:
-                continue
-            g = wire.parse(pkt)
-            data = hot if g.chunk_key == 1 else cold
-            n = wire.fragment_count(len(data))
-            for i in range(g.frag_index, min(g.frag_index + g.frag_count, n)):
-                out = wire.data_packet(g.chunk_key, i, data, g.request_id, g.generation)
-                if g.chunk_key == 1:
-                    late.append((time.monotonic() + 0.5, out, addr))
-                else:
-                    fake.sendto(out, addr)
-            if g.chunk_key == 2:
-                cold_asked.append(time.monotonic())
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        # The hot chunk's answers come 0.5 s late (held); the cold one's at once.
+        data = hot if g.chunk_key == 1 else cold
+        for i in range(g.frag_index, min(g.frag_index + g.frag_count, wire.fragment_count(len(data)))):
+            out = wire.data_packet(g.chunk_key, i, data, g.request_id, g.generation)
+            if g.chunk_key == 1:
+                late.append((time.monotonic() + 0.5, out, addr))
+            else:
+                send(out, addr)
+        if g.chunk_key == 2:
+            cold_asked.append(time.monotonic())
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    def on_idle(send: Send) -> None:
+        now = time.monotonic()
+        for item in [x for x in late if x[0] <= now]:
+            send(item[1], item[2])
+            late.remove(item)
+
     hints = FabricHints()
     hints.update(Hints({1: Hint(GetPath.SERVABLE, len(hot))}, 60.0, True))  # the whole chunk asked at once
     cfg = TransportConfig(port=0, window_fragments=256, max_inflight_fragments=32, retransmit_timeout_s=2.0,
                           give_up_s=10.0)
-    try:
-        with Transport(cfg, hints=hints) as r:
-            t0 = time.monotonic()
-            got = r.fetch([1, 2], fake.getsockname(), timeout=10)
-    finally:
-        stop.set()
-        t.join()
-        fake.close()
+    with _fake_holder(on_get, on_idle) as holder, Transport(cfg, hints=hints) as r:
+        t0 = time.monotonic()
+        got = r.fetch([1, 2], holder, timeout=10)
     assert [bytes(x.data or b"") for x in got] == [hot, cold]
     # The cold chunk was asked for while the hot one's answers were still held, not after.
     assert cold_asked and cold_asked[0] - t0 < 0.4, f"cold chunk first asked {cold_asked[0] - t0:.2f} s in"
@@ -1194,43 +1197,47 @@ def test_where_switches_merge_a_shared_chunk_is_asked_for_whole_once_its_length_
     assert len(hot) == 59 and hot == list(range(hot[0], hot[0] + 59)), "asked in one burst, nothing between"
 
 
-def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_spaces_the_chunks() -> None:
+@contextlib.contextmanager
+def _merging_holder_and_three_requesters(hold_s: float) -> Iterator[tuple[Transport, list[socket.socket]]]:
+    """A holder where the switches merge, with chunk 1 (300 fragments), 2 and 3 (40 each), and three raw sockets.
+
+    Paced at 1 MB/s with a 64-fragment queue: chunk 1's range fills it for about 0.4 s.
+    """
     chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD),
               3: os.urandom(40 * wire.FRAG_PAYLOAD)}
     fabric = FabricHints()
     fabric.update(Hints({}, 60.0, True))
-    # Paced at 1 MB/s with a 64-fragment queue: chunk 1's range fills it for about 0.4 s.
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05, hold_s=0.05)
-    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h:
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
-        try:
-            for s in socks:
-                s.bind(("127.0.0.1", 0))
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-                s.settimeout(5)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05, hold_s=hold_s)
+    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h, contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(3)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.settimeout(5)
+        yield h, socks
 
-            def refused(s: socket.socket, key: int, rid: int) -> tuple[float, int]:
-                """Ask ``key``'s fragments 0-3 singly: when the NACKs came and their hint in us."""
-                for i in range(4):
-                    s.sendto(wire.get_packet(key, i, 1, request_id=rid), h.address)
-                nacks: list[wire.Header] = []
-                while len(nacks) < 4:
-                    hdr = wire.parse(s.recvfrom(2048)[0])
-                    if hdr.opcode == wire.Opcode.NACK:
-                        nacks.append(hdr)
-                assert {n.status for n in nacks} == {wire.Status.BUSY}
-                hints = [n.chunk_len for n in nacks]  # one booking, told as the time left until it
-                assert max(hints) - min(hints) < 20_000, hints
-                return time.monotonic(), min(hints)
 
-            socks[0].sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)
-            wire.parse(socks[0].recvfrom(2048)[0])  # chunk 1 is being answered, the queue is full
-            t_a, hint_a = refused(socks[1], 2, 20)
-            t_b, hint_b = refused(socks[2], 2, 21)  # another requester, the same chunk
-            t_c, hint_c = refused(socks[2], 3, 30)  # another chunk
-        finally:
-            for s in socks:
-                s.close()
+def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_spaces_the_chunks() -> None:
+    with _merging_holder_and_three_requesters(hold_s=0.05) as (h, socks):
+        def refused(s: socket.socket, key: int, rid: int) -> tuple[float, int]:
+            """Ask ``key``'s fragments 0-3 singly: when the NACKs came and their hint in us."""
+            for i in range(4):
+                s.sendto(wire.get_packet(key, i, 1, request_id=rid), h.address)
+            nacks: list[wire.Header] = []
+            while len(nacks) < 4:
+                hdr = wire.parse(s.recvfrom(2048)[0])
+                if hdr.opcode == wire.Opcode.NACK:
+                    nacks.append(hdr)
+            assert {n.status for n in nacks} == {wire.Status.BUSY}
+            hints = [n.chunk_len for n in nacks]  # one booking, told as the time left until it
+            assert max(hints) - min(hints) < 20_000, hints
+            return time.monotonic(), min(hints)
+
+        socks[0].sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)
+        wire.parse(socks[0].recvfrom(2048)[0])  # chunk 1 is being answered, the queue is full
+        t_a, hint_a = refused(socks[1], 2, 20)
+        t_b, hint_b = refused(socks[2], 2, 21)  # another requester, the same chunk
+        t_c, hint_c = refused(socks[2], 3, 30)  # another chunk
     # Every requester refused for chunk 2 comes back at the same instant (where the switch
     # merges their GETs again); chunk 3 comes back after it, not with it.
     back_a, back_b, back_c = t_a + hint_a / 1e6, t_b + hint_b / 1e6, t_c + hint_c / 1e6
@@ -1273,37 +1280,21 @@ def test_where_switches_merge_a_refused_requester_comes_back_when_the_hint_says_
 def test_where_switches_merge_a_chunk_whose_probe_was_answered_is_never_refused_its_rest() -> None:
     # Refused one NACK per fragment, a shared chunk's rest cost as many NACKs as DATA under
     # overload; so the holder admits or refuses a chunk whole, at its length probe.
-    chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD),
-              3: os.urandom(40 * wire.FRAG_PAYLOAD)}
-    fabric = FabricHints()
-    fabric.update(Hints({}, 60.0, True))
-    # Paced at 1 MB/s with a 64-fragment queue: chunk 1's range takes it for about 0.4 s.
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05)
-    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h:
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
-        try:
-            for s in socks:
-                s.bind(("127.0.0.1", 0))
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-                s.settimeout(5)
+    with _merging_holder_and_three_requesters(hold_s=0.0) as (h, socks):
+        def answers(s: socket.socket, n: int) -> list[wire.Header]:
+            return [wire.parse(s.recvfrom(2048)[0]) for _ in range(n)]
 
-            def answers(s: socket.socket, n: int) -> list[wire.Header]:
-                return [wire.parse(s.recvfrom(2048)[0]) for _ in range(n)]
-
-            a, b, c = socks
-            a.sendto(wire.get_packet(2, 0, 1, request_id=2), h.address)  # chunk 2's probe: admitted
-            (probe,) = answers(a, 1)
-            b.sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)  # fills the queue
-            answers(b, 1)
-            for i in range(4):  # another chunk's GETs find the queue full
-                c.sendto(wire.get_packet(3, i, 1, request_id=3), h.address)
-            other = answers(c, 4)
-            for i in range(1, 40):  # chunk 2's rest, asked once the probe told its length
-                a.sendto(wire.get_packet(2, i, 1, request_id=2), h.address)
-            rest = answers(a, 39)
-        finally:
-            for s in socks:
-                s.close()
+        a, b, c = socks
+        a.sendto(wire.get_packet(2, 0, 1, request_id=2), h.address)  # chunk 2's probe: admitted
+        (probe,) = answers(a, 1)
+        b.sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)  # fills the queue
+        answers(b, 1)
+        for i in range(4):  # another chunk's GETs find the queue full
+            c.sendto(wire.get_packet(3, i, 1, request_id=3), h.address)
+        other = answers(c, 4)
+        for i in range(1, 40):  # chunk 2's rest, asked once the probe told its length
+            a.sendto(wire.get_packet(2, i, 1, request_id=2), h.address)
+        rest = answers(a, 39)
     assert (probe.opcode, probe.frag_count) == (wire.Opcode.DATA, 40)
     assert {(n.opcode, n.status) for n in other} == {(wire.Opcode.NACK, wire.Status.BUSY)}
     assert {g.opcode for g in rest} == {wire.Opcode.DATA} and sorted(g.frag_index for g in rest) == list(range(1, 40))
