@@ -62,6 +62,12 @@ class DataPlane:
         """Stop the port loop and close the sockets (logging what the impairment did, if any)."""
         if self.ports is not None:
             self.ports.close()
+            st = self.ports.stats
+            lost = st.tx_errors + st.rx_kernel_drops
+            log.log(logging.WARNING if lost else logging.INFO,
+                    "ports: %d frames in, %d out; %d not sent (socket buffer full), %d dropped by the kernel "
+                    "before the loop read them %s", st.rx_frames, st.tx_frames, st.tx_errors, st.rx_kernel_drops,
+                    st.per_port_kernel_drops or "")
             if self.ports.impairer is not None:
                 log.warning("impairment counters: %s", self.ports.impairer.stats())
 

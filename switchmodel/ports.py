@@ -47,11 +47,19 @@ SOL_PACKET: Final = 263
 PACKET_AUXDATA: Final = 8
 PACKET_IGNORE_OUTGOING: Final = 23
 PACKET_OUTGOING: Final = 4
+PACKET_STATISTICS: Final = 6
+_TPACKET_STATS: Final = struct.Struct("=II")  # struct tpacket_stats: tp_packets, tp_drops
 TP_STATUS_CSUMNOTREADY: Final = 1 << 3
 _AUXDATA: Final = struct.Struct("=IIIHHHH")
 _MAX_FRAME: Final = 65536
 _CMSG_SPACE: Final = socket.CMSG_SPACE(_AUXDATA.size)
-_SOCKET_BUFFER: Final = 4 << 20
+_SOCKET_BUFFER: Final = 32 << 20
+"""Per port and direction. A frame costs its skb's truesize (a few KiB on a veth), and the
+loop, one Python thread on a shared CPU, can be kept from reading for a few hundred ms: a
+holder at 100 Mbit/s overflowed 4 MiB while requesters' single GETs kept the loop busy
+(the DATA lost, every GET the switch had absorbed for it waited for its retransmit)."""
+_SO_SNDBUFFORCE: Final = 32  # Linux values; Python does not export them.
+_SO_RCVBUFFORCE: Final = 33
 _DRAIN_BATCH: Final = 64
 """Frames read from one socket per wake-up: amortises the select call under load."""
 
@@ -130,8 +138,20 @@ class PortStats:
     unknown_egress: int = 0
     tx_errors: int = 0
     process_errors: int = 0
+    #: frames the kernel dropped because a port's socket buffer was full: the loop fell behind
+    rx_kernel_drops: int = 0
+    per_port_kernel_drops: dict[int, int] = field(default_factory=dict)
     per_port_rx: dict[int, int] = field(default_factory=dict)
     per_port_tx: dict[int, int] = field(default_factory=dict)
+
+
+def _set_buffers(sock: socket.socket, size: int) -> None:
+    """Socket buffers of ``size`` bytes; as root past net.core.{r,w}mem_max, else capped at them."""
+    for force, plain in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF), (_SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, plain, size)
 
 
 def open_raw_socket(ifname: str) -> socket.socket:
@@ -141,8 +161,7 @@ def open_raw_socket(ifname: str) -> socket.socket:
     except PermissionError as exc:
         raise PortError("raw sockets need root (or CAP_NET_RAW)") from exc
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        _set_buffers(sock, _SOCKET_BUFFER)
         sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         # Kernels before 4.20 lack this option; recv_frame then skips outgoing frames by pkttype.
         with contextlib.suppress(OSError):
@@ -215,9 +234,21 @@ class PortIO:
             raise
         self._selector = selector
 
+    def read_kernel_drops(self) -> int:
+        """Add the frames the kernel dropped since the last read (socket buffers full) to ``stats``."""
+        for port, sock in self._socks.items():
+            with contextlib.suppress(OSError):
+                raw = sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size)
+                dropped = _TPACKET_STATS.unpack(raw)[1]  # the kernel resets its counters on read
+                if dropped:
+                    self.stats.rx_kernel_drops += dropped
+                    self.stats.per_port_kernel_drops[port] = self.stats.per_port_kernel_drops.get(port, 0) + dropped
+        return self.stats.rx_kernel_drops
+
     def close(self) -> None:
         """Stop the loop (if running) and close every socket."""
         self.stop()
+        self.read_kernel_drops()
         if self._selector is not None:
             self._selector.close()
             self._selector = None

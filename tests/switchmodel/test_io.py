@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 import time
 
 import pytest
@@ -139,3 +140,48 @@ def test_port_io_forwards_between_veths_and_completes_checksums() -> None:
             assert lab.recv(0) is None  # the switch does not echo back, and our own TX is ignored
             assert io.stats.rx_frames == 1 and io.stats.tx_frames == 1
             assert io.stats.per_port_tx == {2: 1}
+
+
+class _Count:
+    """Counts what it is given; forwards nothing."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        self.frames += 1
+        return []
+
+
+def _drain(io: PortIO) -> None:
+    while io.poll(0.05):
+        pass
+
+
+@pytest.mark.root
+@pytest.mark.skipif(can_build() is not None, reason=str(can_build()))
+def test_port_buffers_hold_a_second_of_a_holder_while_the_loop_is_busy() -> None:
+    # A holder at 100 Mbit/s sends ~8,600 full frames a second; the loop, one Python thread
+    # on a shared CPU, can be kept from reading for hundreds of ms. With 4 MiB buffers the
+    # kernel dropped such DATA (1.5% of a replay's frames), and every GET the switch had
+    # absorbed for a lost one waited for its retransmit timeout.
+    frame = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+                  / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=1, dport=2) / Raw(b"x" * 1408))
+    with VethLab(1) as lab:
+        counter = _Count()
+        with PortIO([PortSpec(1, lab.switch_ifs[0])], counter) as io:
+            for _ in range(8600):  # nobody reads meanwhile
+                lab.send(0, frame)
+            _drain(io)
+            assert io.read_kernel_drops() == 0
+            assert counter.frames == 8600
+
+            # A buffer that cannot hold them: what the kernel dropped is counted, per port.
+            io._socks[1].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+            for _ in range(2000):
+                lab.send(0, frame)
+            _drain(io)
+            dropped = io.read_kernel_drops()
+            assert dropped > 0
+            assert counter.frames + dropped == 8600 + 2000
+            assert io.stats.per_port_kernel_drops == {1: dropped}
