@@ -477,18 +477,24 @@ def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tu
     Consecutive GETs of one request for adjacent fragments (what a requester in
     single-GET mode sends) become one range, so the holder makes one ``fragment()``
     call and one send job instead of one per fragment; the requester gets the same DATA.
+    A single GET never joins a range GET (nor a range a run of singles): a conversion
+    cancels what is left of a range's answers, and the switch may hold a pending slot for
+    a single GET's fragment, other requesters' GETs absorbed into it, all waiting for that
+    one answer (merged into a range and cancelled, it never came: they waited out the
+    slot's timeout and their retransmit timers, 6 s in a replay whose p50 was 1.2 s).
     """
     out: list[tuple[wire.Header, int, int, Address]] = []
     i = 0
     while i < len(gets):
         hdr, addr = gets[i]
         first, count = hdr.frag_index, min(hdr.frag_count, cap)
+        single = hdr.frag_count == 1
         j = i + 1
         while j < len(gets) and count < cap:
             nxt, naddr = gets[j]
             if (naddr != addr or nxt.chunk_key != hdr.chunk_key or nxt.request_id != hdr.request_id
                     or nxt.generation != hdr.generation or nxt.frag_index != first + count
-                    or (nxt.flags ^ hdr.flags) & wire.Flag.NO_CACHE):
+                    or (nxt.frag_count == 1) != single or (nxt.flags ^ hdr.flags) & wire.Flag.NO_CACHE):
                 break
             count += min(nxt.frag_count, cap - count)
             j += 1

@@ -444,16 +444,19 @@ def test_an_overtaken_get_waits_out_the_holders_queue_bound_first() -> None:
     assert len(sent) == 1
 
 
-def test_merge_gets_joins_adjacent_single_gets_of_one_request() -> None:
+def test_merge_gets_joins_adjacent_gets_of_one_request_and_kind() -> None:
     a, b = ("127.0.0.1", 1000), ("127.0.0.1", 2000)
 
     def g(idx: int, count: int = 1, rid: int = 1, key: int = 5) -> wire.Header:
         return wire.Header(wire.Opcode.GET, key, idx, count, rid)
 
-    gets = [(g(0), a), (g(1), a), (g(2, 3), a), (g(5), b), (g(6, rid=2), a), (g(7, rid=2), a), (g(9, rid=2), a),
-            (g(10, key=6, rid=2), a)]
+    gets = [(g(0), a), (g(1), a), (g(2, 3), a), (g(5, 2), a), (g(7), a), (g(5), b), (g(6, rid=2), a),
+            (g(7, rid=2), a), (g(9, rid=2), a), (g(10, key=6, rid=2), a)]
     merged = [(h.request_id, first, count, addr) for h, first, count, addr in merge_gets(gets, cap=100)]
-    assert merged == [(1, 0, 5, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a), (2, 10, 1, a)]
+    # Singles with singles, ranges with ranges: never a single into a range (a conversion
+    # cancels a range's answers; a single's may be what a switch's pending slot waits for).
+    assert merged == [(1, 0, 2, a), (1, 2, 5, a), (1, 7, 1, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a),
+                      (2, 10, 1, a)]
     capped = [(first, count) for _, first, count, _ in merge_gets([(g(i), a) for i in range(10)], cap=4)]
     assert capped == [(0, 4), (4, 4), (8, 2)]
 
@@ -1017,6 +1020,53 @@ def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
         got_a, got_b = wire.parse(a.recv(4096)), wire.parse(b.recv(4096))
     for got in (got_a, got_b):
         assert (got.chunk_key, got.opcode, got.status, got.frag_count) == (7, wire.Opcode.NACK, wire.Status.BUSY, 1)
+
+
+def test_a_conversion_never_cancels_the_answer_to_a_single_get() -> None:
+    # A requester asked for a chunk's fragments 107-138 as a range and for 139, the last, alone
+    # (a range asks for at least two); both read in one batch.  Merged into one range job, a
+    # second requester's range converted it and cancelled 139 with the rest: the requester
+    # re-asked what the NACK refused, and 139 was never answered.  Where a switch merges, its
+    # pending slot for 139 held other requesters' GETs too: all waited 2.2 s for the slot and
+    # then their retransmit timers (replayed tool traffic: 6.3 s against a 1.2 s p50).
+    gate, entered = threading.Event(), threading.Event()
+
+    class SlowFirst(Holder):
+        def serve(self, chunk_key: int, *args: Any, **kwargs: Any) -> Any:
+            if chunk_key == 1 and not gate.is_set():
+                entered.set()
+                gate.wait(5)  # the loop thread waits here while the GETs queue up
+            return super().serve(chunk_key, *args, **kwargs)
+
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))
+    data = {1: os.urandom(1000), 7: os.urandom(140 * wire.FRAG_PAYLOAD)}
+    # Paced, so the range is still being answered when the second requester's range comes.
+    cfg = TransportConfig(port=0, hold_s=0.05, rate_bytes_per_s=100e3, burst_bytes=4096)
+    with Transport(cfg, SlowFirst(_store(data)), hints=hints) as h, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+        a.settimeout(1.5)
+        a.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
+        assert entered.wait(5)
+        a.sendto(wire.get_packet(7, 107, 32, request_id=10), h.address)
+        a.sendto(wire.get_packet(7, 139, 1, request_id=10), h.address)
+        time.sleep(0.05)
+        gate.set()
+        time.sleep(0.05)
+        b.sendto(wire.get_packet(7, 0, 140, request_id=11), h.address)
+        data_frags, busy = set(), []
+        with contextlib.suppress(TimeoutError):
+            while 139 not in data_frags or not busy:
+                got = wire.parse(a.recv(4096))
+                if got.chunk_key != 7:
+                    continue
+                if got.opcode == wire.Opcode.DATA:
+                    data_frags.add(got.frag_index)
+                elif got.status == wire.Status.BUSY:
+                    busy.append(got.frag_index)
+    assert busy and busy[0] < 139, "the range was not converted: the test did not set up the race"
+    assert 139 in data_frags, f"the single GET for 139 was cancelled with the range (DATA for {sorted(data_frags)})"
 
 
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
