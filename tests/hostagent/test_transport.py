@@ -1055,7 +1055,8 @@ def test_a_conversion_never_cancels_the_answer_to_a_single_get() -> None:
         gate.set()
         time.sleep(0.05)
         b.sendto(wire.get_packet(7, 0, 140, request_id=11), h.address)
-        data_frags, busy = set(), []
+        data_frags: set[int] = set()
+        busy: list[int] = []
         with contextlib.suppress(TimeoutError):
             while 139 not in data_frags or not busy:
                 got = wire.parse(a.recv(4096))
