@@ -995,6 +995,24 @@ class P4RuntimeSwitch:
             out[cell or 0] = value
         return out
 
+    def read_counter_cells(self, name: str, indices: Iterable[int]) -> dict[int, CounterValue]:
+        """The given cells of an indexed counter, in one read: index -> value (``{}`` for none).
+
+        Cheaper than a whole-array read when few cells matter: on the model target a read of
+        all 1,024 slot counters every 0.1 s epoch took the switch's CPU from its packets.
+        """
+        info = self.p4info.counter(name)
+        entities = []
+        for index in sorted(set(indices)):
+            e = p4runtime_pb2.Entity()
+            codec.encode_counter_entry(info, index, None, e.counter_entry)
+            entities.append(e)
+        out = {}
+        for x in self._read(entities) if entities else ():
+            _, cell, value = codec.decode_counter_entry(self.p4info, x.counter_entry)
+            out[cell or 0] = value
+        return out
+
     def read_direct_counters(self, table: str) -> list[tuple[Entry, CounterValue]]:
         """Direct-counter value of every entry of ``table``."""
         e = p4runtime_pb2.Entity()
