@@ -260,6 +260,23 @@ class EmulatedNetwork:
         self._spawn(handle)
         return handle
 
+    def frames_lost(self) -> dict[str, int]:
+        """Per model switch that lost any: frames its ports dropped (a full socket buffer), from its log.
+
+        Read once the switches stopped (each logs its port counters as it exits). A loss
+        means the model could not keep up: latencies then measure the emulation.
+        """
+        from switchmodel.dataplane import frames_lost
+
+        out: dict[str, int] = {}
+        for name, handle in self.switches.items():
+            if handle.target != "model" or not handle.log_path.exists():
+                continue
+            lost = frames_lost(handle.log_path.read_text(errors="replace"))
+            if lost:
+                out[name] = lost
+        return out
+
     def stop(self) -> None:
         """Stop the switch processes this network started, then the Mininet hosts and links."""
         for handle in self.switches.values():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,17 @@ from switchmodel.ports import PortError, PortIO, PortSpec, check_unique, disable
 from switchmodel.state import SwitchState
 
 log = logging.getLogger(__name__)
+
+
+_PORTS_LINE = re.compile(r"ports: \d+ frames in, \d+ out; (\d+) not sent \(socket buffer full\), (\d+) dropped")
+
+
+def frames_lost(log_text: str) -> int:
+    """Frames a model switch lost at its ports (not sent, or dropped before read), from its log; 0 if none logged.
+
+    Summed over every stop the log records (a restarted switch appends to it).
+    """
+    return sum(int(m[1]) + int(m[2]) for m in _PORTS_LINE.finditer(log_text))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

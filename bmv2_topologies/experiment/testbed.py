@@ -148,6 +148,8 @@ class Testbed(StarHosts):
         self.sinks = fabric_sinks(self.topo)
         self.holder_links = holder_links(self.topo)
         self.captures: dict[str, LinkCapture] = {}
+        self.frames_lost: dict[str, int] = {}
+        """Per model switch, frames its ports lost during the last run (``EmulatedNetwork.frames_lost``)."""
         self.token: Token | None = None
         """The operator's token (made if missing): the agents check it, the clients here send it."""
         chunk_len = {k: len(v) for k, v in workload.blobs.items()}
@@ -195,6 +197,7 @@ class Testbed(StarHosts):
         finally:
             self.captures = {}
             self.net.stop()
+            self.frames_lost = self.net.frames_lost()
 
     def popen(self, host: str, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``args`` inside ``host``'s namespace; the caller ends it by PID."""
@@ -487,6 +490,9 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
         return 1
     text = demo_table(results)
     print(text)
+    for name, lost in sorted(bed.frames_lost.items()):
+        print(f"kvpool demo: warning: switch {name} lost {lost} frames at its ports (the model could not keep "
+              f"up; see {bed.run_dir / (name + '.log')}): the latencies above measure the emulation", file=sys.stderr)
     summary = {r.mode: r.summary() for r in results}
     off = bed.offered
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
@@ -498,7 +504,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},
            "offered_bytes_by_holder": {o.holder: o.total_bytes for o in bed.offered_by_holder},
            "requested_bytes": bed.requested_bytes, "ideal_bytes": bed.ideal_bytes, "deadline_s": bed.deadline_s,
-           **summary}
+           "switch_frames_lost": bed.frames_lost, **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")
     demo_plot(results, cfg.out / "demo.png")
