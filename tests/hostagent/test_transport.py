@@ -987,36 +987,43 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
     assert cold_asked and cold_asked[0] - t0 < 0.4, f"cold chunk first asked {cold_asked[0] - t0:.2f} s in"
 
 
-def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
-    # Ranges from two requesters read in one batch: the second is a duplicate, and the first is
-    # not a send job yet, so cancelling jobs missed it; answered whole, it went to one requester
-    # while the other fetched the chunk singly (two copies).  Both are refused: both ask singly.
+@contextlib.contextmanager
+def _paused_merging_holder(data: dict[int, bytes], cfg: TransportConfig) -> Iterator[tuple[Transport, threading.Event]]:
+    """A holder where the switches merge, its loop stopped inside serving chunk 1 until the event is set.
+
+    GETs sent before the event is set are read in one batch.
+    """
     gate, entered = threading.Event(), threading.Event()
 
-    class SlowFirst(Holder):
+    class Paused(Holder):
         def serve(self, chunk_key: int, *args: Any, **kwargs: Any) -> Any:
             if chunk_key == 1 and not gate.is_set():
                 entered.set()
-                gate.wait(5)  # the loop thread waits here while both ranges queue up
+                gate.wait(5)  # the loop thread waits here while the GETs queue up
             return super().serve(chunk_key, *args, **kwargs)
 
     hints = FabricHints()
     hints.update(Hints({}, 60.0, True))
-    data = {1: os.urandom(1000), 7: os.urandom(50 * wire.FRAG_PAYLOAD)}
-    cfg = TransportConfig(port=0, hold_s=0.05)
-    with Transport(cfg, SlowFirst(_store(data)), hints=hints) as h, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+    with Transport(cfg, Paused(_store({1: os.urandom(1000), **data})), hints=hints) as h, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as first:
+        first.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
+        assert entered.wait(5)
+        yield h, gate
+
+
+def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
+    # Ranges from two requesters read in one batch: the second is a duplicate, and the first is
+    # not a send job yet, so cancelling jobs missed it; answered whole, it went to one requester
+    # while the other fetched the chunk singly (two copies).  Both are refused: both ask singly.
+    with _paused_merging_holder({7: os.urandom(50 * wire.FRAG_PAYLOAD)}, TransportConfig(port=0, hold_s=0.05)) \
+            as (h, gate), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
         a.settimeout(3)
         b.settimeout(3)
-        a.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
-        assert entered.wait(5)
         a.sendto(wire.get_packet(7, 0, 64, request_id=10), h.address)
         b.sendto(wire.get_packet(7, 0, 64, request_id=11), h.address)
         time.sleep(0.05)
         gate.set()
-        first = wire.parse(a.recv(4096))
-        assert first.chunk_key == 1 and first.opcode == wire.Opcode.DATA
         got_a, got_b = wire.parse(a.recv(4096)), wire.parse(b.recv(4096))
     for got in (got_a, got_b):
         assert (got.chunk_key, got.opcode, got.status, got.frag_count) == (7, wire.Opcode.NACK, wire.Status.BUSY, 1)
@@ -1029,26 +1036,12 @@ def test_a_conversion_never_cancels_the_answer_to_a_single_get() -> None:
     # re-asked what the NACK refused, and 139 was never answered.  Where a switch merges, its
     # pending slot for 139 held other requesters' GETs too: all waited 2.2 s for the slot and
     # then their retransmit timers (replayed tool traffic: 6.3 s against a 1.2 s p50).
-    gate, entered = threading.Event(), threading.Event()
-
-    class SlowFirst(Holder):
-        def serve(self, chunk_key: int, *args: Any, **kwargs: Any) -> Any:
-            if chunk_key == 1 and not gate.is_set():
-                entered.set()
-                gate.wait(5)  # the loop thread waits here while the GETs queue up
-            return super().serve(chunk_key, *args, **kwargs)
-
-    hints = FabricHints()
-    hints.update(Hints({}, 60.0, True))
-    data = {1: os.urandom(1000), 7: os.urandom(140 * wire.FRAG_PAYLOAD)}
     # Paced, so the range is still being answered when the second requester's range comes.
     cfg = TransportConfig(port=0, hold_s=0.05, rate_bytes_per_s=100e3, burst_bytes=4096)
-    with Transport(cfg, SlowFirst(_store(data)), hints=hints) as h, \
+    with _paused_merging_holder({7: os.urandom(140 * wire.FRAG_PAYLOAD)}, cfg) as (h, gate), \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
         a.settimeout(1.5)
-        a.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
-        assert entered.wait(5)
         a.sendto(wire.get_packet(7, 107, 32, request_id=10), h.address)
         a.sendto(wire.get_packet(7, 139, 1, request_id=10), h.address)
         time.sleep(0.05)
