@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hostagent.backend import BackendError, MemoryBackend
+from hostagent.gate import RequesterGate
 from hostagent.hints import FabricHints
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
@@ -988,27 +989,28 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
 
 
 @contextlib.contextmanager
-def _paused_merging_holder(data: dict[int, bytes], cfg: TransportConfig) -> Iterator[tuple[Transport, threading.Event]]:
+def _paused_merging_holder(data: dict[int, bytes], cfg: TransportConfig,
+                           gate: RequesterGate | None = None) -> Iterator[tuple[Transport, threading.Event]]:
     """A holder where the switches merge, its loop stopped inside serving chunk 1 until the event is set.
 
     GETs sent before the event is set are read in one batch.
     """
-    gate, entered = threading.Event(), threading.Event()
+    resume, entered = threading.Event(), threading.Event()
 
     class Paused(Holder):
         def serve(self, chunk_key: int, *args: Any, **kwargs: Any) -> Any:
-            if chunk_key == 1 and not gate.is_set():
+            if chunk_key == 1 and not resume.is_set():
                 entered.set()
-                gate.wait(5)  # the loop thread waits here while the GETs queue up
+                resume.wait(5)  # the loop thread waits here while the GETs queue up
             return super().serve(chunk_key, *args, **kwargs)
 
     hints = FabricHints()
     hints.update(Hints({}, 60.0, True))
-    with Transport(cfg, Paused(_store({1: os.urandom(1000), **data})), hints=hints) as h, \
+    with Transport(cfg, Paused(_store({1: os.urandom(1000), **data})), gate, hints) as h, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as first:
         first.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
         assert entered.wait(5)
-        yield h, gate
+        yield h, resume
 
 
 def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
@@ -1061,6 +1063,33 @@ def test_a_conversion_never_cancels_the_answer_to_a_single_get() -> None:
                     busy.append(got.frag_index)
     assert busy and busy[0] < 139, "the range was not converted: the test did not set up the race"
     assert 139 in data_frags, f"the single GET for 139 was cancelled with the range (DATA for {sorted(data_frags)})"
+
+
+def test_single_gets_past_a_sources_budget_are_refused_not_left_unanswered() -> None:
+    # A requester's 80 single GETs for one chunk read in one batch, merged into one run; its
+    # budget held 24 fragments.  The rest got neither DATA nor NACK: a switch's pending slots
+    # for them, with other requesters' GETs absorbed, waited out their timeout and every
+    # waiter its stall timer (9-11 s on replayed agent traffic at 10 Mbit/s).
+    gate = RequesterGate(window_fragments=600, rate_fragments_per_s=0.1, burst_fragments=24, trust_loopback=False,
+                         allow=["127.0.0.1"])
+    with _paused_merging_holder({7: os.urandom(100 * wire.FRAG_PAYLOAD)}, TransportConfig(port=0), gate) \
+            as (h, gate_open), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
+        a.settimeout(1.0)
+        for i in range(80):
+            a.sendto(wire.get_packet(7, i, 1, request_id=5), h.address)
+        time.sleep(0.05)
+        gate_open.set()
+        data: set[int] = set()
+        busy: dict[int, int] = {}
+        with contextlib.suppress(TimeoutError):
+            while len(data) + len(busy) < 80:
+                got = wire.parse(a.recv(4096))
+                if got.opcode == wire.Opcode.DATA:
+                    data.add(got.frag_index)
+                elif got.status == wire.Status.BUSY:
+                    busy[got.frag_index] = got.chunk_len
+    assert len(data) <= 24 and data | set(busy) == set(range(80)), f"unanswered: {set(range(80)) - data - set(busy)}"
+    assert all(hint >= 1_000_000 for hint in busy.values())  # back when the budget refilled (0.1 fragments/s)
 
 
 def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> None:
