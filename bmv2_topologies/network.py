@@ -25,6 +25,7 @@ from typing import Any
 
 from kvpool.tcp import free_port, wait_listening
 from kvpool.topology import Topology
+from switchmodel.dataplane import frames_lost as logged_frames_lost
 from switchmodel.targets import find_simple_switch_grpc
 
 log = logging.getLogger(__name__)
@@ -266,13 +267,11 @@ class EmulatedNetwork:
         Read once the switches stopped (each logs its port counters as it exits). A loss
         means the model could not keep up: latencies then measure the emulation.
         """
-        from switchmodel.dataplane import frames_lost
-
         out: dict[str, int] = {}
         for name, handle in self.switches.items():
             if handle.target != "model" or not handle.log_path.exists():
                 continue
-            lost = frames_lost(handle.log_path.read_text(errors="replace"))
+            lost = logged_frames_lost(handle.log_path.read_text(errors="replace"))
             if lost:
                 out[name] = lost
         return out

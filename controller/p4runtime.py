@@ -987,13 +987,7 @@ class P4RuntimeSwitch:
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, CounterValue]:
         """Cells of an indexed counter: one ``index`` or all of them, index -> value."""
-        e = p4runtime_pb2.Entity()
-        codec.encode_counter_entry(self.p4info.counter(name), index, None, e.counter_entry)
-        out = {}
-        for x in self._read([e]):
-            _, cell, value = codec.decode_counter_entry(self.p4info, x.counter_entry)
-            out[cell or 0] = value
-        return out
+        return self._read_counter(name, [index])
 
     def read_counter_cells(self, name: str, indices: Iterable[int]) -> dict[int, CounterValue]:
         """The given cells of an indexed counter, in one read: index -> value (``{}`` for none).
@@ -1001,9 +995,13 @@ class P4RuntimeSwitch:
         Cheaper than a whole-array read when few cells matter: on the model target a read of
         all 1,024 slot counters every 0.1 s epoch took the switch's CPU from its packets.
         """
+        return self._read_counter(name, sorted(set(indices)))
+
+    def _read_counter(self, name: str, indices: Sequence[int | None]) -> dict[int, CounterValue]:
+        """One read of ``name``'s cells at ``indices`` (``None``: every cell), index -> value."""
         info = self.p4info.counter(name)
         entities = []
-        for index in sorted(set(indices)):
+        for index in indices:
             e = p4runtime_pb2.Entity()
             codec.encode_counter_entry(info, index, None, e.counter_entry)
             entities.append(e)

@@ -124,12 +124,11 @@ from hostagent.hints import TRACKED_KEYS, DuplicateTracker, FabricHints
 from hostagent.holder import Holder, stamp
 from kvpool import wire
 from kvpool.hints import GetPath
+from kvpool.sockets import set_buffers
 
 log = logging.getLogger("kvpool.transport")
 
 _L: Final = wire.DATA_DATAGRAM_LEN
-_SO_SNDBUFFORCE: Final = 32  # Linux values; Python does not export them.
-_SO_RCVBUFFORCE: Final = 33
 _MSG_TRUNC: Final = getattr(socket, "MSG_TRUNC", 0x20)
 _RECENT_REQUESTS: Final = 4096
 _POOL_RECORDS: Final = 1 << 15
@@ -433,15 +432,6 @@ class _Counters:
     drops: dict[str, int] = field(default_factory=dict)
 
 
-def _set_buffers(sock: socket.socket, size: int) -> None:
-    """Ask for big socket buffers; as root, force them past net.core.{r,w}mem_max."""
-    for force, plain in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF), (_SO_SNDBUFFORCE, socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except OSError:  # not root: the kernel caps the plain option at the sysctl maximum
-            sock.setsockopt(socket.SOL_SOCKET, plain, size)
-
-
 @dataclass(slots=True)
 class DrainMeter:
     """The rate a send queue drains at (bytes/s), measured only while it stays backlogged.
@@ -592,7 +582,7 @@ class Transport:
         rsock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for s, port in ((hsock, cfg.port), (rsock, cfg.fetch_port)):
-                _set_buffers(s, cfg.sock_buf_bytes)
+                set_buffers(s, cfg.sock_buf_bytes)
                 s.bind((cfg.host, port))
                 s.setblocking(False)
         except OSError:
@@ -1772,19 +1762,18 @@ class Transport:
             if allowed is None:
                 self._drop("unverified_source")  # no DATA, no NACK: the source may be forged
                 return
-            if allowed == 0:  # its budget is spent: come back when it holds this GET again
-                hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.refill_s(addr[0], count) * 1e6)))
-                self._nack_run(hdr, first, count, wire.Status.BUSY, addr, hint_us)
-                return
-            if allowed < count and hdr.frag_count == 1:
-                # A run of single GETs, each maybe a switch's pending slot that other requesters'
-                # GETs joined: what the budget leaves out is refused, never left unanswered (the
-                # slots then waited out their timeout and every waiter its stall timer: 9-11 s
-                # on replayed agent traffic at 10 Mbit/s, where the run's other part was answered).
+            if allowed == 0 or (allowed < count and hdr.frag_count == 1):
+                # Over its budget: come back when the budget holds the refused GETs again.  A run of
+                # single GETs is refused beyond what was granted, never left unanswered: each may
+                # be a switch's pending slot that other requesters' GETs joined (left unanswered,
+                # the slots waited out their timeout and every waiter its stall timer: 9-11 s on
+                # replayed agent traffic at 10 Mbit/s).
                 rest = count - allowed
                 hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.refill_s(addr[0], rest) * 1e6)))
                 self._nack_run(replace(hdr, frag_index=first + allowed), first + allowed, rest, wire.Status.BUSY,
                                addr, hint_us)
+                if allowed == 0:
+                    return
             count = allowed
         limit = self._queue_limit()
         now = time.monotonic()

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from kvpool.sockets import set_buffers
 from switchmodel.checksum import complete_l4_checksum
 from switchmodel.impair import Impairer, ImpairFile
 
@@ -58,8 +59,6 @@ _SOCKET_BUFFER: Final = 32 << 20
 loop, one Python thread on a shared CPU, can be kept from reading for a few hundred ms: a
 holder at 100 Mbit/s overflowed 4 MiB while requesters' single GETs kept the loop busy
 (the DATA lost, every GET the switch had absorbed for it waited for its retransmit)."""
-_SO_SNDBUFFORCE: Final = 32  # Linux values; Python does not export them.
-_SO_RCVBUFFORCE: Final = 33
 _DRAIN_BATCH: Final = 64
 """Frames read from one socket per wake-up: amortises the select call under load."""
 
@@ -145,15 +144,6 @@ class PortStats:
     per_port_tx: dict[int, int] = field(default_factory=dict)
 
 
-def _set_buffers(sock: socket.socket, size: int) -> None:
-    """Socket buffers of ``size`` bytes; as root past net.core.{r,w}mem_max, else capped at them."""
-    for force, plain in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF), (_SO_SNDBUFFORCE, socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, size)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, plain, size)
-
-
 def open_raw_socket(ifname: str) -> socket.socket:
     """An AF_PACKET raw socket bound to ``ifname``: all protocols, auxdata on, own TX ignored."""
     try:
@@ -161,7 +151,7 @@ def open_raw_socket(ifname: str) -> socket.socket:
     except PermissionError as exc:
         raise PortError("raw sockets need root (or CAP_NET_RAW)") from exc
     try:
-        _set_buffers(sock, _SOCKET_BUFFER)
+        set_buffers(sock, _SOCKET_BUFFER)
         sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         # Kernels before 4.20 lack this option; recv_frame then skips outgoing frames by pkttype.
         with contextlib.suppress(OSError):
