@@ -327,6 +327,19 @@ def fragment(chunk_bytes: BufferLike, chunk_key: int, *, generation: int = 0, re
                          request_id=request_id, flags=flags, first=first, count=n, checks=checks)
 
 
+def runs(mask: npt.NDArray[np.bool_], max_runs: int | None = None) -> list[tuple[int, int]]:
+    """The runs of True in ``mask``, as ``(start, count)``, the first ``max_runs`` of them."""
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return []
+    # A run starts wherever the index is not the previous index + 1.
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    starts = idx[np.concatenate(([0], breaks))]
+    ends = idx[np.concatenate((breaks - 1, [idx.size - 1]))]
+    out = [(int(s), int(e - s + 1)) for s, e in zip(starts, ends, strict=True)]
+    return out if max_runs is None else out[:max_runs]
+
+
 class Reassembler:
     """Collects the DATA fragments of one chunk into a preallocated buffer.
 
@@ -446,15 +459,7 @@ class Reassembler:
 
     def missing_ranges(self, max_ranges: int | None = None) -> list[tuple[int, int]]:
         """Runs of fragments not yet received, as ``(start, count)``, for selective GETs."""
-        missing = np.flatnonzero(~self.received)
-        if missing.size == 0:
-            return []
-        # A run starts wherever the index is not the previous index + 1.
-        breaks = np.flatnonzero(np.diff(missing) != 1) + 1
-        starts = missing[np.concatenate(([0], breaks))]
-        ends = missing[np.concatenate((breaks - 1, [missing.size - 1]))]
-        ranges = [(int(s), int(e - s + 1)) for s, e in zip(starts, ends, strict=True)]
-        return ranges if max_ranges is None else ranges[:max_ranges]
+        return runs(~self.received, max_ranges)
 
     def bad_fragments(self) -> npt.NDArray[np.intp]:
         """Indices of stored fragments whose bytes do not give the ``check`` they arrived with.

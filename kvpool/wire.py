@@ -47,10 +47,11 @@ Field meanings by opcode:
   A ``BUSY`` NACK (the holder pushes back) may carry a retry hint in ``chunk_len``:
   microseconds after which the GET is worth sending again (0: no hint); ``chunk_len`` is 0
   on every other NACK and switches neither read nor change it.  A ``BUSY`` answering a
-  range GET echoes its range when the holder's queue is full; it names one fragment
-  (``frag_count`` 1) when the holder converts the range: another request asks for the chunk
-  at the same time, and the requester should ask again with single-fragment GETs, which a
-  switch can merge (``hostagent.hints``).  Range GETs are never coalesced, so no switch
+  range GET echoes its range when the holder's queue is full, or names the part of it past
+  the requester's budget (two fragments or more; the rest is answered); it names one
+  fragment (``frag_count`` 1) when the holder converts the range: another request asks for
+  the chunk at the same time, and the requester should ask again with single-fragment
+  GETs, which a switch can merge (``hostagent.hints``).  Range GETs are never coalesced, so no switch
   matches these NACKs against its pending GETs.
 
 A holder's DATA carries ``NO_CACHE`` when it answers a GET that had it: the requester
