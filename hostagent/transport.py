@@ -1258,6 +1258,7 @@ class Transport:
         r.reasm = None
         r.asked_at, r.answered_ask, r.settled_ask = None, 0.0, 0.0  # the old generation's asks say nothing
         r.overtaken.clear()
+        r.refused_runs.clear()
         ask = self._first_ask(r, min(self.config.window_fragments, self._room()))
         self._send_get(r, 0, ask, 0)
         r.asked_hi = ask
