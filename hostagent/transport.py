@@ -1497,8 +1497,8 @@ class Transport:
                 r.asked_hi = ask
                 self._send_get(r, 0, r.asked_hi, flags)
             else:
-                runs = self._refused_missing(r) if busy_retry else r.reasm.missing_ranges(max_ranges=64)
-                for start, count in runs:
+                again = self._refused_missing(r) if busy_retry else r.reasm.missing_ranges(max_ranges=64)
+                for start, count in again:
                     if start >= r.asked_hi:
                         break
                     self._send_get(r, start, min(count, r.asked_hi - start), flags)
