@@ -1803,15 +1803,11 @@ class Transport:
                 # slots waited out their timeout and every waiter its stall timer: 9-11 s on
                 # replayed agent traffic at 10 Mbit/s); a range's requester waited for its own stall
                 # timer (9 s on the same traffic at 100 Mbit/s, 200 requests: p99 3.6x plain's).
-                ranged = hdr.frag_count > 1
-                if ranged and count - allowed == 1 and allowed > 0:
+                if hdr.frag_count > 1 and count - allowed == 1 and allowed > 0:
                     allowed -= 1  # a range refused one fragment would read as a conversion (kvpool.wire)
                 rest = count - allowed
                 hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.refill_s(addr[0], rest) * 1e6)))
-                refused = replace(hdr, frag_index=first + allowed)
-                if ranged and rest > 1:
-                    refused = replace(refused, frag_count=rest)
-                self._nack_run(refused, first + allowed, rest, wire.Status.BUSY, addr, hint_us)
+                self._nack_run(hdr, first + allowed, rest, wire.Status.BUSY, addr, hint_us)
                 if allowed == 0:
                     return
             count = allowed
@@ -1983,7 +1979,7 @@ class Transport:
 
     def _nack_run(self, hdr: wire.Header, first: int, count: int, status: wire.Status, addr: Address,
                   retry_us: int = 0) -> None:
-        """NACK the GETs of a run: once per fragment when they were single-fragment GETs, else once.
+        """NACK the GETs of a run: once per fragment when they were single-fragment GETs, else once for the run.
 
         A switch that coalesced single GETs keeps one pending slot per fragment and releases
         each only on an answer for that fragment: one NACK for the merged run would leave the
@@ -1992,6 +1988,11 @@ class Transport:
         if hdr.frag_count == 1 and count > 1:
             for i in range(first, first + count):
                 self._send_nack(replace(hdr, frag_index=i), status, addr, retry_us)
+        elif hdr.frag_count > 1 and count > 1:
+            # The whole run: adjacent range GETs of a request are served (or refused) as one, and
+            # a NACK naming only the first left the others neither answered nor refused (the
+            # requester re-asks what a BUSY names: it waited for its stall timer, 17 s).
+            self._send_nack(replace(hdr, frag_index=first, frag_count=count), status, addr, retry_us)
         else:
             self._send_nack(hdr, status, addr, retry_us)
 

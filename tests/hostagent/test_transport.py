@@ -1204,6 +1204,28 @@ def test_a_range_past_a_sources_budget_is_answered_in_part_and_refused_for_the_r
     assert nack.frag_index + nack.frag_count == 80 and len(data) == min(burst, 78)
 
 
+def test_a_full_queue_refusing_adjacent_ranges_of_a_request_names_them_all() -> None:
+    # Two adjacent range GETs of one request read in one batch are served, or refused, as one
+    # run.  The BUSY named only the first GET's fragments: the requester re-asks what a BUSY
+    # names, and the second GET's waited for its stall timer (17 s in a replay of agent traffic).
+    with _paused_merging_holder({7: os.urandom(40 * wire.FRAG_PAYLOAD), 8: os.urandom(40 * wire.FRAG_PAYLOAD)},
+                                TransportConfig(port=0, max_queued_fragments=8)) as (h, resume), \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
+        a.settimeout(1.0)
+        a.sendto(wire.get_packet(8, 0, 20, request_id=4), h.address)  # fills the queue
+        a.sendto(wire.get_packet(7, 0, 2, request_id=5), h.address)
+        a.sendto(wire.get_packet(7, 2, 14, request_id=5), h.address)
+        time.sleep(0.05)
+        resume.set()
+        nacks: list[wire.Header] = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got = wire.parse(a.recv(4096))
+                if got.opcode == wire.Opcode.NACK:
+                    nacks.append(got)
+    assert [(n.chunk_key, n.status, n.frag_index, n.frag_count) for n in nacks] == [(7, wire.Status.BUSY, 0, 16)]
+
+
 def test_a_requester_over_its_budget_comes_back_for_the_rest_of_a_range_when_told() -> None:
     gate = RequesterGate(window_fragments=600, rate_fragments_per_s=400, burst_fragments=24,
                          trust_loopback=False, allow=["127.0.0.1"])
