@@ -1994,7 +1994,7 @@ class Transport:
             # requester re-asks what a BUSY names: it waited for its stall timer, 17 s).
             self._send_nack(replace(hdr, frag_index=first, frag_count=count), status, addr, retry_us)
         else:
-            self._send_nack(hdr, status, addr, retry_us)
+            self._send_nack(replace(hdr, frag_index=first), status, addr, retry_us)
 
     def _send_nack(self, hdr: wire.Header, status: wire.Status, addr: Address, retry_us: int = 0) -> None:
         assert self._hsock is not None
