@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import threading
 import time
@@ -919,6 +920,17 @@ def _fake_holder(on_get: Callable[[wire.Header, Address, Send], None],
         fake.close()
 
 
+def _sender_of_due(late: list[tuple[float, bytes, Address]], lock: threading.Lock) -> Callable[[Send], None]:
+    """A fake holder's ``on_idle``: send each ``(when, packet, to)`` of ``late`` once its time has come."""
+    def on_idle(send: Send) -> None:
+        with lock:
+            due = [x for x in late if x[0] <= time.monotonic()]
+            for x in due:
+                late.remove(x)
+                send(x[1], x[2])
+    return on_idle
+
+
 def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion() -> None:
     # On the wire a holder converting a range (a one-fragment BUSY: ask singly) and a full queue
     # refusing a range of one fragment look the same.  Read as a conversion, the chunk went single
@@ -979,12 +991,7 @@ def test_a_busy_retry_asks_again_only_what_was_refused_not_the_answers_still_on_
             for i in frags:
                 send(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
 
-    def on_idle(send: Send) -> None:
-        with lock:
-            due = [x for x in late if x[0] <= time.monotonic()]
-            for x in due:
-                late.remove(x)
-                send(x[1], x[2])
+    on_idle = _sender_of_due(late, lock)
 
     cfg = TransportConfig(port=0, window_fragments=20, retransmit_timeout_s=1.0, give_up_s=5.0)
     with _fake_holder(on_get, on_idle) as holder, Transport(cfg) as r:
@@ -1608,3 +1615,169 @@ def test_a_push_waits_for_the_answers_and_skips_what_they_carried_since_it_was_a
         st = h.stats()
     assert answered == list(range(20)) and pushed == list(range(20, 40))
     assert st["pushed_fragments"] == 40 and st["skipped_push_fragments"] == 20
+
+
+def test_a_burst_skips_the_fragments_that_came_before_it_was_asked_for() -> None:
+    # Where the switches merge, a requester's GET for a fragment joins the others' pending GETs
+    # and the switch's copies of their answers reach it too: fragments it never asked for can
+    # arrive before its burst goes out.  While its holder refuses, a burst starts with one GET
+    # and waits for its answer (``_burst``); aimed at a fragment that had already come, the answer
+    # was a duplicate, stored nothing, and the request waited for it until it gave up (a replay
+    # of agent traffic, pool mode: 16/140 fragments, no progress for 20 s).
+    n = 12
+    payload = os.urandom(n * wire.FRAG_PAYLOAD)
+    gets: list[tuple[int, int]] = []
+
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        if g.chunk_key == 1:  # another chunk, refused for long: the holder refuses lately
+            send(wire.nack_packet(1, wire.Status.BUSY, g.request_id, g.frag_index, 1, g.generation,
+                                  retry_us=5_000_000), addr)
+            return
+        gets.append((g.frag_index, g.frag_count))
+        # Fragment 0 comes with the switch's copies of 1-4, which other requesters asked for.
+        last = 5 if g.frag_index == 0 else g.frag_index + g.frag_count
+        for i in range(g.frag_index, min(last, n)):
+            send(wire.data_packet(2, i, payload, g.request_id, g.generation), addr)
+
+    fabric = FabricHints()
+    fabric.update(Hints({1: Hint(GetPath.SINGLE, 0), 2: Hint(GetPath.SINGLE, len(payload))}, 60.0, True))
+    cfg = TransportConfig(port=0, retransmit_timeout_s=0.3, give_up_s=2.0)
+    with _fake_holder(on_get) as holder, Transport(cfg, hints=fabric) as r:
+        refused = threading.Thread(target=r.fetch, args=([1], holder), kwargs={"timeout": 1.0})
+        refused.start()
+        time.sleep(0.1)  # chunk 1's BUSY is in: the holder refuses until its hint passes
+        (res,) = r.fetch([2], holder, timeout=3)
+        refused.join()
+    assert res.ok and bytes(res.data or b"") == payload, res.error
+    assert res.retransmit_rounds == 0  # nothing waited for a timer
+    # The probe, then the rest once: what had come is not asked for again (which of 1-4 had
+    # come when the first grant went out depends on how the requester's reads batch them).
+    later = sorted(i for i, _ in gets[1:])
+    assert gets[0] == (0, 1) and later[-(n - 5):] == list(range(5, n)) and len(later) <= n - 1, gets
+
+
+def test_where_switches_merge_a_full_queue_of_shared_answers_still_admits_a_range() -> None:
+    # A range GET is what plain forwarding asks with, and there its requesters' budgets keep the
+    # holder's queue short: it is refused only when range answers alone fill the queue.  Refused
+    # for the room shared chunks took, an unshared chunk came a crumb of its requester's budget
+    # per refusal (replayed agent traffic at 3x the holder link: 10-13 s a chunk, plain 2-6 s).
+    with _merging_holder_and_three_requesters(hold_s=0.0) as (h, socks):
+        a, b, c = socks
+        for i in range(220, 300):  # chunk 1's last 80 singly: 80 answers in a 64-fragment queue
+            a.sendto(wire.get_packet(1, i, 1, request_id=1), h.address)
+        assert wire.parse(a.recvfrom(2048)[0]).opcode == wire.Opcode.DATA
+        c.sendto(wire.get_packet(3, 1, 1, request_id=3), h.address)
+        full = wire.parse(c.recvfrom(2048)[0])
+        b.sendto(wire.get_packet(2, 0, 40, request_id=2), h.address)
+        got = [wire.parse(b.recvfrom(2048)[0])]
+        assert (full.opcode, full.status) == (wire.Opcode.NACK, wire.Status.BUSY)  # the queue is full for singles
+        assert got[0].opcode == wire.Opcode.DATA, f"the range was refused: {got[0]}"
+        got += [wire.parse(b.recvfrom(2048)[0]) for _ in range(39)]
+    assert {g.opcode for g in got} == {wire.Opcode.DATA} and sorted(g.frag_index for g in got) == list(range(40))
+
+
+def test_a_holder_sends_a_turn_per_request_not_per_queued_answer() -> None:
+    # Where the switches merge, a chunk's single GETs reach the holder spread over time, one
+    # small job each: sent a turn per job, a request with 100 of them took 100 turns for every
+    # one of another request's range (a replay of agent traffic: unshared chunks' p90 10 s
+    # against plain's 5 s).  Each request gets a turn of ``send_quantum`` in the round.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD)}
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=300e3, burst_bytes=4 << 10, send_quantum=4)
+    with Transport(hcfg, Holder(_store(chunks))) as h, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        for i in range(1, 200, 2):  # 100 single GETs, none adjacent: 100 jobs
+            a.sendto(wire.get_packet(1, i, 1, request_id=1), h.address)
+            time.sleep(0.0005)  # spread, as a switch forwards them
+        b.sendto(wire.get_packet(2, 0, 40, request_id=2), h.address)
+        a.settimeout(5)
+        b.settimeout(5)
+        order: list[str] = []
+        socks = {a: "a", b: "b"}
+        while order.count("b") < 40:
+            for s in select.select([a, b], [], [], 5)[0]:
+                wire.parse(s.recvfrom(2048)[0])
+                order.append(socks[s])
+    # b's 40 go out a turn of 4 for every turn of a's, not one for every 100 of a's jobs.
+    assert len(order) <= 100, f"b done after {len(order)} answers"
+
+
+def test_answers_to_single_gets_that_waited_the_queue_bound_go_before_the_round() -> None:
+    # A switch keeps a merged GET pending only so long (twice the queue bound and the hold in the
+    # demo); a turn per request bounds a request's share, not how long its last answer waits, as
+    # later requests join the round.  8 requesters at 3x the holder link: single GETs waited up to
+    # 4.1 s at the holder and 32 pending slots expired.  The scheduler is driven by hand here.
+    chunks = {1: os.urandom(60 * wire.FRAG_PAYLOAD), 2: os.urandom(8 * wire.FRAG_PAYLOAD)}
+    t = Transport(TransportConfig(port=0, send_quantum=4, max_queue_s=1.0), Holder(_store(chunks)))
+    with contextlib.ExitStack() as stack:
+        hsock, a, b = (stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(3))
+        for s in (hsock, a, b):
+            s.bind(("127.0.0.1", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        t._hsock = hsock
+        t._serve_get(wire.parse(wire.get_packet(1, 1, 1, request_id=1)), 1, 40, a.getsockname())  # a run of singles
+        for rid in range(10, 20):  # ten other requests' ranges, queued after it
+            t._serve_get(wire.parse(wire.get_packet(2, 0, 8, request_id=rid)), 0, 8, b.getsockname())
+        now = time.monotonic()
+        t._send_lanes(t._jobs, 40, now)  # a round: the singles' request gets one turn of 4
+        t._send_lanes(t._jobs, 40, now + 1.5)  # they have waited past the bound: all of them first
+
+        def count(s: socket.socket) -> int:
+            s.setblocking(False)
+            n = 0
+            with contextlib.suppress(BlockingIOError):
+                while s.recv(2048):
+                    n += 1
+            return n
+
+        assert (count(a), count(b)) == (40, 40)
+
+
+def test_a_request_converted_to_single_gets_leaves_the_in_flight_budget() -> None:
+    # A converted request's single GETs wait for holds, in a switch's pending slots and for
+    # bookings; counted in the requester's budget, they left its unshared chunks a crumb of it
+    # (replayed agent traffic, pool mode: 2-7 fragments a second, 14 s a chunk).  It leaves the
+    # budget as a chunk on the shared path does from its start.
+    data = {1: os.urandom(64 * wire.FRAG_PAYLOAD), 2: os.urandom(20 * wire.FRAG_PAYLOAD)}
+    gets: list[wire.Header] = []
+    singles = threading.Event()
+    late: list[tuple[float, bytes, Address]] = []
+    lock = threading.Lock()
+
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        gets.append(g)
+        n = len(data[g.chunk_key]) // wire.FRAG_PAYLOAD
+        if g.chunk_key == 1 and g.frag_count > 1:  # converted: ask singly
+            send(wire.nack_packet(1, wire.Status.BUSY, g.request_id, g.frag_index, 1, g.generation,
+                                  retry_us=10_000), addr)
+            return
+        for i in range(g.frag_index, min(g.frag_index + g.frag_count, n)):
+            pkt = wire.data_packet(g.chunk_key, i, data[g.chunk_key], g.request_id, g.generation)
+            if g.chunk_key == 1:  # its single GETs wait (a hold, a pending slot)
+                if g.frag_index > 0:
+                    singles.set()  # the rest of it, asked once fragment 0 told its length
+                with lock:
+                    late.append((time.monotonic() + (0.3 if i == 0 else 0.6), pkt, addr))
+            else:
+                send(pkt, addr)
+
+    on_idle = _sender_of_due(late, lock)
+
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))  # the switches merge
+    cfg = TransportConfig(port=0, max_inflight_fragments=32, retransmit_timeout_s=2.0, give_up_s=5.0)
+    with _fake_holder(on_get, on_idle) as holder, Transport(cfg, hints=hints) as r:
+        out: list[FetchResult] = []
+        first = threading.Thread(target=lambda: out.extend(r.fetch([1], holder, timeout=5)))
+        first.start()
+        assert singles.wait(3)
+        time.sleep(0.05)
+        (res2,) = r.fetch([2], holder, timeout=5)
+        first.join()
+    assert res2.ok and out and out[0].ok and bytes(out[0].data or b"") == data[1]
+    asked2 = [(g.frag_index, g.frag_count) for g in gets if g.chunk_key == 2]
+    # The whole budget (32, clamped to the chunk by the holder), not the 16 a starved call gets.
+    assert asked2 == [(0, 32)], asked2
