@@ -65,8 +65,8 @@ Holder side.  A GET is answered from a ``Holder`` (``hostagent.holder``): DATA r
 built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a send job;
 the requests with jobs queued are served round robin in quanta (each request's jobs in
 order; answers to single GETs that waited the queue bound first), paced by a token bucket
-(bytes/s) when a rate is set.  Adjacent single-fragment GETs of one request are merged into one range first
-(``merge_gets``).  The queue is bounded: past ``max_queued_fragments``, or past
+(bytes/s) when a rate is set.  Adjacent single-fragment GETs of one request are merged
+into one range first (``merge_gets``).  The queue is bounded: past ``max_queued_fragments``, or past
 ``max_queue_s`` of sending at the rate it drains at (the pacing rate, or less when this
 host cannot keep it: ``DrainMeter``), GETs are answered ``BUSY`` with a retry hint (the
 time the queue takes to drain to half the bound), so overload waits at the requesters
@@ -374,9 +374,9 @@ class _SendJob:
     first: int = 0
     """Fragment index of ``records[0]``."""
     not_before: float = 0.0
-    queued_at: float = 0.0
-    """Monotonic time it was queued (``Transport._send_aged``)."""
     """Monotonic time before which it is not sent (a GET of a hot chunk, held; 0: at once)."""
+    queued_at: float = 0.0
+    """Monotonic time it was queued, for answers to single GETs (``Transport._send_aged``)."""
     stamp: tuple[int, int] | None = None
     """``(request id, flags)`` written into each quantum before it is sent, when ``records``
     are the holder's kept records (shared with other answers of the chunk); None: its own."""
@@ -415,7 +415,10 @@ class _Lanes:
         lane.remove(job)
         if not lane:
             del self.by_owner[owner]
-            self.order.remove(owner)
+            if self.order[0] == owner:
+                self.order.popleft()  # the usual case: it finished in its own turn
+            else:
+                self.order.remove(owner)
 
     def __iter__(self) -> Iterator[_SendJob]:
         for lane in self.by_owner.values():
@@ -1760,8 +1763,7 @@ class Transport:
             left = job.count - job.pos
             self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=1), wire.Status.BUSY,
                             job.addr, hint)
-            self._queued -= left
-            self._range_queued -= left
+            self._dequeued(job, left)
             cancelled += left
             job.count = job.pos  # the sender finishes it at its next turn
         self._c.cancelled_fragments += cancelled
@@ -1975,13 +1977,17 @@ class Transport:
             self._probes.append(job)
         else:
             self._jobs.append(job)
-            if job.get is not None and not job.ranged:
+            if job.get is not None and not job.ranged and self.config.max_queue_s > 0:
                 job.queued_at = time.monotonic()
                 self._aged.append(job)
         self._jobs_by_key.setdefault(job.key, []).append(job)
-        self._queued += job.count
+        self._dequeued(job, -job.count)
+
+    def _dequeued(self, job: _SendJob, n: int) -> None:
+        """``n`` of ``job``'s fragments left the send queue (sent, cancelled, abandoned; negative: queued)."""
+        self._queued -= n
         if job.ranged:
-            self._range_queued += job.count
+            self._range_queued -= n
 
     def _job_done(self, job: _SendJob) -> None:
         same = self._jobs_by_key.get(job.key)
@@ -2280,12 +2286,9 @@ class Transport:
 
         Returns (datagrams sent, socket buffer full).
         """
-        aged = self._aged
+        aged = self._aged  # empty when the queue has no time bound (``_add_job``)
         sent = 0
         blocked = False
-        if self.config.max_queue_s <= 0:
-            aged.clear()  # no time bound on the queue: nothing to keep within it
-            return sent, blocked
         oldest = now - self.config.max_queue_s
         tracker = self._tracker
         while aged and sent < budget and not blocked:
@@ -2331,14 +2334,10 @@ class Transport:
             self._c.send_errors += 1
             log.debug("DATA to %s failed: %s", addr, exc)
             # An unreachable peer: abandon the rest of the job; a live requester re-asks.
-            self._queued -= job.count - pos
-            if job.ranged:
-                self._range_queued -= job.count - pos
+            self._dequeued(job, job.count - pos)
             job.count = pos
         sent = pos - job.pos
-        self._queued -= sent
-        if job.ranged:
-            self._range_queued -= sent
+        self._dequeued(job, sent)
         if job.get is not None and (watches := self._fill_watch.get(job.key)) is not None:
             for watch in watches.values():
                 watch[job.first + job.pos : job.first + pos] = True
