@@ -146,10 +146,13 @@ _SLOW_TRANSFER_RTOS: Final = 4
 """A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
 _DRAIN_WINDOW_S: Final = 0.25
 """Seconds of backlogged sending over which a holder measures the rate its queue drains at."""
-_PACE_TICK_S: Final = 0.002
-"""Seconds of sending a pacing bucket holds at least: the loop sleeps in whole milliseconds (poll), and
-wakes a little late.  A shallower bucket caps the rate below the one asked for: the demo's holders
-paced to 11.25 MB/s with a two-datagram bucket sent 2.9 MB/s (two datagrams per ~1 ms wake-up)."""
+_PACE_TICK_S: Final = 0.010
+"""Seconds of sending a pacing bucket holds at least: the loop sleeps in whole milliseconds (poll),
+wakes late on a busy machine and spends time receiving between sends, and what a full bucket would
+have gained meanwhile is lost for good.  The demo's holders, paced to 11.25 MB/s: with a
+two-datagram bucket they sent 2.9 MB/s (two datagrams per ~1 ms wake-up); with 2 ms of sending,
+0.89 of the rate while they took a replay's single GETs on a 2-core machine (a backlogged loop came
+back 2-20 ms later some 1,800 times in 25 s), the full rate with 10 ms."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
