@@ -146,13 +146,18 @@ _SLOW_TRANSFER_RTOS: Final = 4
 """A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
 _DRAIN_WINDOW_S: Final = 0.25
 """Seconds of backlogged sending over which a holder measures the rate its queue drains at."""
-_PACE_TICK_S: Final = 0.010
-"""Seconds of sending a pacing bucket holds at least: the loop sleeps in whole milliseconds (poll),
-wakes late on a busy machine and spends time receiving between sends, and what a full bucket would
-have gained meanwhile is lost for good.  The demo's holders, paced to 11.25 MB/s: with a
-two-datagram bucket they sent 2.9 MB/s (two datagrams per ~1 ms wake-up); with 2 ms of sending,
-0.89 of the rate while they took a replay's single GETs on a 2-core machine (a backlogged loop came
-back 2-20 ms later some 1,800 times in 25 s), the full rate with 10 ms."""
+_PACE_TICK_S: Final = 0.002
+"""Seconds of sending a pacing bucket holds at least: the loop sleeps in whole milliseconds (poll), and
+wakes a little late.  A shallower bucket caps the rate below the one asked for: the demo's holders
+paced to 11.25 MB/s with a two-datagram bucket sent 2.9 MB/s (two datagrams per ~1 ms wake-up).  It
+stays shallow otherwise: an idle holder's first answer goes out at most this much at once, before
+the loop has read the GETs that came with the one it answers (which may make it a duplicate)."""
+_PACE_CATCHUP_S: Final = 0.010
+"""Seconds of sending a backlogged holder makes up when its loop comes back late: on a busy machine it
+does, and receiving between sends takes time, and with only the bucket's 2 ms a holder taking a
+replay's single GETs on a 2-core machine sent 0.89 of its rate (its backlogged loop came back 2-20 ms
+later some 1,800 times in 25 s); plain's few range GETs left it the full rate.  With 10 ms, the full
+rate in both."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
@@ -271,6 +276,11 @@ class TransportConfig:
     def pace_depth_bytes(self) -> float:
         """The pacing bucket's depth: ``burst_bytes``, or ``_PACE_TICK_S`` of sending at the rate if more."""
         return max(float(self.burst_bytes), self.rate_bytes_per_s * _PACE_TICK_S)
+
+    @property
+    def pace_catchup_bytes(self) -> float:
+        """What a backlogged holder's bucket may hold: the depth, or ``_PACE_CATCHUP_S`` of sending if more."""
+        return max(self.pace_depth_bytes, self.rate_bytes_per_s * _PACE_CATCHUP_S)
 
 
 @dataclass(slots=True)
@@ -614,6 +624,7 @@ class Transport:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tokens = self.config.pace_depth_bytes
+        self._backlogged = False  # whether the last send pass left answers only the tokens held back
         self._last_refill = time.monotonic()
         n = self.config.recv_batch
         self._ring = np.zeros(n, dtype=wire.DATA_PACKET_DTYPE)
@@ -2118,13 +2129,16 @@ class Transport:
         """
         self._all_held_until = 0.0
         if not self._jobs and not self._probes and not self._background:
+            self._backlogged = False
             return False
         cfg = self.config
         now = time.monotonic()
         budget = 4 * cfg.recv_batch  # then go back to receiving, so our own fetches are not starved
         if cfg.rate_bytes_per_s > 0:
-            self._tokens = min(cfg.pace_depth_bytes,
-                               self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
+            # Time the last pass left answers waiting for tokens is made up (up to the catch-up
+            # depth); time it had nothing to send fills only the shallow bucket.
+            depth = cfg.pace_catchup_bytes if self._backlogged else cfg.pace_depth_bytes
+            self._tokens = min(depth, self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
             self._last_refill = now
             budget = min(budget, int(self._tokens // _L))
         sent, blocked, probes_held = self._send_from(self._probes, budget, now, probes=True)
@@ -2133,6 +2147,8 @@ class Transport:
             more, blocked, jobs_held = self._send_lanes(self._jobs, budget - sent, now)
             sent += more
         held = [until for until, queue in ((probes_held, self._probes), (jobs_held, self._jobs)) if queue]
+        # Answers left that could go but for the tokens: the link stays busy until the next pass.
+        self._backlogged = bool(held) and not all(held)
         if not blocked and sent < budget and self._background and all(held):
             # Nothing else can go: a push takes the idle time (a fill, never ahead of an answer).
             self._skip_redundant_pushes()
