@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
                    "so GETs of requesters that start a little late are coalesced too (default: the target's, 100; "
                    "a lone request is answered at once)")
+    p.add_argument("--push-admitted", action="store_true",
+                   help="pool mode: the holder pushes each chunk the controller admits, so its next fetch is a hit "
+                   "(default: the answers that cross the switch fill it, which costs the holder no extra copy)")
     p.add_argument("--max-queue-ms", type=float, default=d.max_queue_ms,
                    help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 1000)")
     p.add_argument("--deadline-s", type=float, default=d.deadline_s,
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, chunk_window=args.chunk_window,
-                     hold_ms=args.hold_ms, max_queue_ms=args.max_queue_ms, deadline_s=args.deadline_s,
+                     hold_ms=args.hold_ms, max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
+                     deadline_s=args.deadline_s,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))
     try:
         cfg.validate()

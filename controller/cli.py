@@ -59,7 +59,12 @@ class ControllerConfig:
     catalog: Path | None = None
     """Chunk catalog JSON (key, parent, position, nbytes)."""
     holder_api: str = ""
-    """Holder agent API asked to push admitted chunks (``http://HOST:PORT`` or ``unix:/PATH``)."""
+    """Holder agent API asked to push chunks into a switch (``http://HOST:PORT`` or ``unix:/PATH``): the
+    pool a restarted switch held, chunks moved to a new placement, and with ``push_admitted`` every
+    admitted chunk."""
+    push_admitted: bool = False
+    """Ask the holder to push each chunk as it is admitted, so its next fetch is a hit; otherwise the
+    answers that cross its switch fill it (no copy the holder's link would not carry anyway)."""
     agent_api: list[str] = field(default_factory=list)
     """Agent APIs told which chunks to ask for one fragment at a time (hot, pooled): every agent's."""
     p4info: Path | None = None
@@ -134,7 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="P4Runtime address of a switch of the topology (repeat per switch)")
     p.add_argument("--mode", choices=MODES, help="how much the switches help (default pool)")
     p.add_argument("--catalog", type=Path, help="chunk catalog JSON (key, parent, position, nbytes)")
-    p.add_argument("--holder-api", help="holder agent API URL asked to push admitted chunks (http:// or unix:)")
+    p.add_argument("--holder-api", help="holder agent API URL asked to push chunks into a switch: a restarted "
+                        "switch's pool, moved chunks, admitted ones with --push-admitted (http:// or unix:)")
+    p.add_argument("--push-admitted", action="store_true", default=None,
+                   help="have the holder push each chunk as it is admitted (default: the answers that cross its "
+                        "switch fill it, which costs the holder's link nothing extra)")
     p.add_argument("--agent-api", action="append", default=None, metavar="URL",
                    help="agent API URL told which chunks are hot or pooled, so it asks for them one fragment at a "
                         "time and everything else by range (repeat per agent; http:// or unix:)")
@@ -206,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pending_timeout_us=cfg.pending_timeout_us or FabricSettings.pending_timeout_us,
         )
         settings = ControllerSettings(mode=Mode(cfg.mode), fabric=fabric, epoch_s=cfg.epoch,
-                                      heartbeat_timeout_s=cfg.heartbeat_timeout, target=cfg.target)
+                                      heartbeat_timeout_s=cfg.heartbeat_timeout, target=cfg.target,
+                                      push_admitted=cfg.push_admitted)
         if cfg.p4info is not None:
             settings.p4info = cfg.p4info
         if cfg.bmv2_json is not None:

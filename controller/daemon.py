@@ -262,6 +262,13 @@ class ControllerSettings:
     reconnect_backoff_s: float = 1.0
     #: how long a chunk stays hot and how often agents hear about hot and pooled chunks
     hints: HintSettings = field(default_factory=HintSettings)
+    #: ask the holder to push each newly admitted chunk (False: the answers that cross its
+    #: switch fill it, as they do anyway).  A push costs the holder's link a copy whether or not
+    #: the chunk is asked for again: replayed agent traffic (200 requests, 4 requesters, 0.25x,
+    #: 100 Mbit/s) moved 571 MB with pushes, 505 MB without (plain 596), and its p50 was 0.62 s
+    #: against 0.54 s; the synthetic waves were the same either way.  Chunks a restarted switch
+    #: held and chunks moved to a new placement are always pushed.
+    push_admitted: bool = False
 
 
 @dataclass
@@ -743,6 +750,8 @@ class Controller:
                 report.admitted.append(ch.key)
         if fresh:
             self._baseline_slots([self.residents[k].base_slot for k in fresh])
+            if not self.settings.push_admitted:
+                fresh = []  # filled on pass by the answers that cross its switch
         if self._refill:
             fresh.extend(k for k in self._refill if k in self.residents and k not in fresh)
             self._refill.clear()

@@ -83,6 +83,9 @@ class DemoConfig:
     a lone request is answered at once); None: the target's."""
     max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
+    push_admitted: bool = False
+    """Pool mode: the holder pushes each chunk the controller admits (``ControllerSettings.push_admitted``);
+    False: the answers that cross the switch fill it."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
 

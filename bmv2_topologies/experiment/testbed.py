@@ -279,7 +279,7 @@ class Testbed(StarHosts):
         # adopt=False: each mode starts from an empty pool (a fresh pipeline), not the last mode's.
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,
                                       p4info=build / n.P4INFO_FILE, bmv2_json=build / n.BMV2_JSON_FILE,
-                                      adopt=False)
+                                      adopt=False, push_admitted=self.cfg.push_admitted)
         endpoints = [SwitchEndpoint(s.name, s.grpc_addr, s.device_id) for s in self.net.switches.values()]
         token = self.token.value if self.token is not None else None
         filler = HolderPushes({k: self.api(self.holder_of(wl.positions[k]).name) for k in wl.blobs},

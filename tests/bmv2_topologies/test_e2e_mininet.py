@@ -2,12 +2,14 @@
 
 On a star of three requesters: one chunk fetched by all of them at once leaves the holder
 once per fragment (coalescing + multicast); once the controller has admitted it, the next
-fetches are answered by the switch and no GET reaches the holder; every host gets the
+fetches are answered by the switch (filled by the answers that crossed it, or by the
+holder's push) and no GET reaches the holder; every host gets the
 holder's exact bytes, which deserialize to the original tensor. Needs root and Mininet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -63,18 +65,33 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         assert mc.coalesced >= frags  # the other requesters' GETs were absorbed in the switch
 
         # 2. Pool mode, two waves: the first is coalesced and makes the chunk hot; the controller
-        # admits it, answers and the holder's push fill the switch; the second wave is all hits.
+        # admits it and the answers that cross the switch after the admission fill it (nothing
+        # is pushed).  The second wave starts 4 s after the first (which starts 0.5 s into the
+        # window): the switch serves what is filled, and each fragment the first wave's answers
+        # carried before the admission reaches the holder once more, coalesced, and fills.
         bed.workload = workload
+        pool = bed.run_mode("pool")
+        assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
+        traffic = holder_traffic(pool.pcaps["h0"], holder, pool.window)
+        assert not [k for k in traffic.data_out if k[2] == "10.0.0.254"]  # no push to the fill sink
+        wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
+        later = holder_traffic(pool.pcaps["h0"], holder, wave2)
+        again: dict[int, int] = {}
+        for (_k, i, _dst), n in later.data_out.items():
+            again[i] = again.get(i, 0) + n
+        assert all(n == 1 for n in again.values()), again
+        assert len(again) < frags // 2, f"{len(again)} of {frags} fragments not filled by the first wave"
+        assert pool.switch_served >= 3 * (frags - len(again))  # all of wave 2 but those
+
+        # 2b. The same with the holder asked to push each admitted chunk: the push fills what no
+        # answer carried past the switch since the admission, and the second wave is all hits.
+        bed.cfg = dataclasses.replace(cfg, push_admitted=True)
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)
         traffic = holder_traffic(pool.pcaps["h0"], holder, pool.window)
         to_sink = sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == "10.0.0.254")
-        # The push fills what no answer carried past the switch since the admission (answers
-        # fill it on their way): at most one copy of each fragment.
-        assert to_sink <= frags
-        # The second wave starts 4 s after the first (which starts 0.5 s into the window):
-        # from then on nothing reaches the holder, and nothing leaves it for a requester.
+        assert to_sink <= frags  # at most one copy of each fragment
         wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
         later = holder_traffic(pool.pcaps["h0"], holder, wave2)
         assert later.gets_in == 0
