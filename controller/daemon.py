@@ -12,9 +12,11 @@ writes; this module connects them:
   observations, run ``PolicyEngine.step``, place each admitted chunk on one switch of the
   fabric (``controller.policy.site``: the meeting point of the paths its demand takes to
   its holders; the switches below it relay its GETs with their reply room), write the
-  ``pool_lookup`` inserts / deletes there, and ask the holder to push each newly admitted
-  chunk to that switch's fill sink so it fills on pass (values never travel through the
-  controller); a report of new demand from a switch outside a chunk's site moves it;
+  ``pool_lookup`` inserts / deletes there; the answers that cross that switch fill it on
+  pass (values never travel through the controller), and the holder is asked to push a
+  chunk to the switch's fill sink where none may come soon (a restarted switch, a moved
+  chunk, every admission with ``push_admitted``); a report of new demand from a switch
+  outside a chunk's site moves it;
 * each epoch (``multicast`` and ``pool``): tell the agents which chunks are worth asking for
   one fragment at a time, the hot ones (reported by the switches' digests) and the pooled
   ones (``controller.hints``); every other chunk takes the cheap range path;
