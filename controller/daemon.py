@@ -752,15 +752,16 @@ class Controller:
                 report.admitted.append(ch.key)
         if fresh:
             self._baseline_slots([self.residents[k].base_slot for k in fresh])
-            if not self.settings.push_admitted:
-                fresh = []  # filled on pass by the answers that cross its switch
+        # An admitted chunk fills on pass from the answers that cross its switch, unless asked
+        # to be pushed; a refill (restart, move, new generation) is always pushed.
+        push = fresh if self.settings.push_admitted else []
         if self._refill:
-            fresh.extend(k for k in self._refill if k in self.residents and k not in fresh)
+            push.extend(k for k in self._refill if k in self.residents and k not in push)
             self._refill.clear()
-        if fresh and self.filler is not None:
+        if push and self.filler is not None:
             # One push per holding switch, to its sink: routed there, filled on pass, dropped.
             by_sink: dict[str, list[int]] = {}
-            for key in fresh:
+            for key in push:
                 by_sink.setdefault(self.sinks[self.residents[key].site.switch], []).append(key)
             for sink, keys in by_sink.items():
                 self.filler.push(keys, sink)

@@ -111,7 +111,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -432,10 +432,6 @@ class _Lanes:
                 self.order.popleft()  # the usual case: it finished in its own turn
             else:
                 self.order.remove(owner)
-
-    def __iter__(self) -> Iterator[_SendJob]:
-        for lane in self.by_owner.values():
-            yield from lane
 
     def __len__(self) -> int:
         return sum(len(lane) for lane in self.by_owner.values())
