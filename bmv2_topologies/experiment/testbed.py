@@ -332,6 +332,7 @@ class Testbed(StarHosts):
             result.expired = sum(c.expired for c in result.switches.values())
         after = self.agent_counters()
         result.agents = {k: after[k] - agents_before.get(k, 0) for k in after}
+        result.holder_data_bytes = result.agents.get("holder_data_sent", 0) * load.DATA_FRAME_BYTES
         result.fragments = wl.fragments
         result.requested_bytes = self.requested_bytes
         result.ideal_bytes = load.ideal_for_mode(mode, self.requested_bytes, self.ideal_bytes)
@@ -377,10 +378,14 @@ class Testbed(StarHosts):
     def agent_counters(self) -> dict[str, int]:
         """Transport counters summed over every agent (what each mode changed is the difference)."""
         total: dict[str, int] = {}
+        holders = {h.name for h in self.topo.holders()}
         for h in self.topo.hosts:
             st = AgentClient(self.api(h), timeout=30).stats()["transport"]
             for name in AGENT_COUNTERS:
                 total[name] = total.get(name, 0) + int(st.get(name, 0))
+            if h in holders:
+                # Every DATA datagram a holder sends crosses its link (pushes included).
+                total["holder_data_sent"] = total.get("holder_data_sent", 0) + int(st.get("datagrams_sent", 0))
             for path, n_req in st.get("requests_by_path", {}).items():
                 total[f"requests_{path}"] = total.get(f"requests_{path}", 0) + int(n_req)
         return total

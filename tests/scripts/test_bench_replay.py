@@ -61,6 +61,19 @@ def test_a_cell_is_judged_against_plain_in_the_same_run() -> None:
     assert nothing["multicast"]["saved_of_ideal"] is None  # under 1% to save: not judged on bytes
 
 
+def test_bytes_are_judged_on_the_holders_data_where_the_run_counted_it() -> None:
+    judge = BENCH["judge"]
+    # The link's bytes: multicast saved 2 of plain's 40 over the ideal (its single GETs cost the
+    # rest); its DATA saved 18 of the 20 the ideal saves.
+    plain = {**_mode(100, 200, 1030, 1000), "holder_data_bytes": 1000}
+    mc = {**_mode(100, 200, 1028, 990), "holder_data_bytes": 982}
+    doc = {"offered": {"mean_bps": 1.0, "capacity_bps": 1.0}, "plain": plain, "multicast": mc, "pool": mc}
+    doc["multicast"] = {**mc, "ideal_bytes": 980}
+    assert judge(doc)["multicast"]["saved_of_ideal"] == pytest.approx(0.9)
+    del plain["holder_data_bytes"]  # a cell run before the demo counted DATA: the link's bytes
+    assert judge(doc)["multicast"]["saved_of_ideal"] == pytest.approx(0.04)
+
+
 def test_results_in_out_are_reused_and_the_last_line_sums_the_grid(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     cell = ["--traces", "conversation", "--requests", "48", "--requesters", "4", "--time-scales", "1", "--mbps",
