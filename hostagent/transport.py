@@ -1790,7 +1790,8 @@ class Transport:
         hold buys little and costs its time: in a replay of agent traffic at 3x the holder
         link (8 requesters, 100 Mbit/s) the pool's holder spent 4.5 s of 25 with every queued
         answer held and its link idle, and the pool's p99 was 1.15-1.16x plain's in two runs
-        (0.97-1.07 in three without these holds).
+        (0.97, 1.03, 1.07 and 1.21 in four without these holds: the tail is mostly elsewhere,
+        docs/hostagent.md, "Holds and conversions").
         """
         return self.hints.path(key) is GetPath.SERVABLE
 
