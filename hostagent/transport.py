@@ -1795,18 +1795,21 @@ class Transport:
         """
         return self.hints.path(key) is GetPath.SERVABLE
 
-    def _likely_shared(self, key: int, addr: Address, tracker: DuplicateTracker) -> bool:
-        """Whether other requesters will ask for ``key`` soon: the switches reported it hot, or we just saw them.
+    def _hold_pays(self, key: int, addr: Address, tracker: DuplicateTracker) -> bool:
+        """Whether holding a single GET's answer for ``key`` pays: others will ask for it soon, and it is not pooled.
 
-        Seen: ranges for ``key`` are being converted (two requesters met on it), or the
-        requester asking met another on a chunk a moment ago, so it is fetching a prefix
-        others fetch too and the chunk it starts now is that prefix's next one.  Without
-        this, a cold prefix's first requester starts each next chunk alone, answered at once,
-        and the others, a few ms behind, miss its answers and ask again (1.1-1.25 copies of
-        the prefix in the demo's first wave instead of 1).
+        Soon: the switches reported it hot, or we just saw them.  Not pooled (``_pooled``): a
+        pooled chunk's copy in the switch answers its late duplicates. Seen: ranges for ``key``
+        are being converted (two requesters met on it), or the requester asking met
+        another on a chunk a moment ago, so it is fetching a prefix others fetch too and
+        the chunk it starts now is that prefix's next one. Without this, a cold prefix's
+        first requester starts each next chunk alone, answered at once, and the others,
+        a few ms behind, miss its answers and ask again (1.1-1.25 copies of the prefix
+        in the demo's first wave instead of 1).
         """
-        if self.hints.path(key) is GetPath.SINGLE:
-            return True
+        path = self.hints.path(key)  # one lookup (a lock) per GET on the holder's receive path
+        if path is not GetPath.RANGE:
+            return path is GetPath.SINGLE
         now = time.monotonic()
         return tracker.converting(key, now) or tracker.sharing(addr, now)
 
@@ -1957,8 +1960,7 @@ class Transport:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
         if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
-                and merging and not self._pooled(hdr.chunk_key)
-                and self._likely_shared(hdr.chunk_key, addr, self._tracker)
+                and merging and self._hold_pays(hdr.chunk_key, addr, self._tracker)
                 and not (first == 0 and self._peer_held_ahead(hdr.chunk_key, now))):
             # Duplicates of this GET are likely, and on a slow switch they arrive after an
             # answer sent at once (BMv2 passes one window of 8 requesters' GETs in about

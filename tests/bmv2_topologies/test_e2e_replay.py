@@ -35,7 +35,9 @@ def _trace(path: Path) -> None:
 
 
 def test_a_short_trace_replays_in_every_mode_with_no_failure(tmp_path: Path) -> None:
+    from bmv2_topologies.experiment.capture import holder_traffic
     from bmv2_topologies.experiment.config import MODES, DemoConfig
+    from bmv2_topologies.experiment.load import DATA_FRAME_BYTES
     from bmv2_topologies.experiment.testbed import Testbed
     from bmv2_topologies.experiment.workload import build_workload
 
@@ -58,8 +60,6 @@ def test_a_short_trace_replays_in_every_mode_with_no_failure(tmp_path: Path) -> 
             # Plain carries every request's bytes (and a few GETs); no mode carries more than that twice.
             assert 0 < res.holder_bytes < 2 * bed.requested_bytes
             # The holder's own count of its DATA is what crossed its link (the capture agrees).
-            from bmv2_topologies.experiment.capture import holder_traffic
-            from bmv2_topologies.experiment.load import DATA_FRAME_BYTES
             captured = sum(holder_traffic(res.pcaps["h0"], bed.holder.address, res.window).data_out.values())
             assert 0 < res.holder_data_bytes < res.holder_bytes
             assert abs(captured * DATA_FRAME_BYTES - res.holder_data_bytes) <= 0.01 * res.holder_data_bytes, mode
