@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bmv2_topologies.experiment.report import percentile
 from kvpool import workloads
 from kvpool.trace import read_jsonl
 from tests.paths import SCRIPTS
@@ -90,3 +91,37 @@ def test_results_in_out_are_reused_and_the_last_line_sums_the_grid(tmp_path: Pat
     assert BENCH["main"](cell) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
         "worst_slowdown_vs_plain=1.000 failed=0 bytes_saved_of_ideal=0.750")
+
+
+def _timed(times: list[float | None], holder: int = 1000) -> dict[str, Any]:
+    done = [t for t in times if t is not None]
+    return {**_mode(percentile(done, 50), percentile(done, 99), holder, 600, failed=len(times) - len(done)),
+            "timeline": [[float(i), 0, t] for i, t in enumerate(times)]}
+
+
+def test_repeats_are_judged_over_every_replays_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A p50 at a gap: in the first run one multicast request lands above it (3x slower there),
+    # in the second one of plain's does; over both runs' requests the modes' p50s are alike.
+    run1 = {"offered": {"mean_bps": 1.0, "capacity_bps": 4.0}, "plain": _timed([100, 100, 300, 300]),
+            "multicast": _timed([100, 300, 300, 300], 800), "pool": _timed([100, 100, 300, None], 700)}
+    run2 = {"offered": {"mean_bps": 1.0, "capacity_bps": 4.0}, "plain": _timed([100, 300, 300, 300]),
+            "multicast": _timed([100, 100, 300, 300], 800), "pool": _timed([100, 100, 300, 300], 700)}
+    pooled = BENCH["pool_runs"]([run1, run2])
+    assert pooled["plain"]["deliver_p50_ms"] == pooled["multicast"]["deliver_p50_ms"] == 300
+    assert pooled["pool"]["deliver_p50_ms"] == 100  # 7 delivered: 100 x4, 300 x3
+    assert pooled["pool"]["failed"] == 1 and pooled["multicast"]["holder_bytes"] == 1600
+    assert [r["multicast"]["slowdown"] for r in pooled["runs"]] == [3.0, 1.0]  # p99 alike
+    j = BENCH["judge"](pooled)
+    assert j["multicast"]["slowdown"] == 1.0 and j["failed"] == 1
+    assert j["multicast"]["saved_of_ideal"] == pytest.approx(0.5)  # 1600 of 2000 against 1200 of 2000
+    # The bench reads both replays back (--resume), prints one pooled row and keeps it.
+    (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(run1))
+    (tmp_path / "conversation-r48-n4-t1-m100-k1.json").write_text(json.dumps(run2))
+    cell = ["--traces", "conversation", "--requests", "48", "--requesters", "4", "--time-scales", "1", "--mbps",
+            "100", "--out", str(tmp_path), "--resume", "--conversation", str(SCRIPT), "--repeats", "2"]
+    assert BENCH["main"](cell) == 1  # the pool failed one request
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].split()[-1] == "2" and lines[-1].startswith("worst_slowdown_vs_plain=1.000 failed=1 ")
+    assert json.loads((tmp_path / "conversation-r48-n4-t1-m100-pooled.json").read_text())["repeats"] == 2
+    assert BENCH["main"]([*cell[:-1], "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
