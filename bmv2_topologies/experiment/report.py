@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bmv2_topologies.experiment.backlog import Backlog
 from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
 from bmv2_topologies.experiment.load import saved_of_ideal
 
@@ -61,6 +62,8 @@ class ModeResult:
     peak_incast: int = 0
     seconds: float = 0.0
     switches: dict[str, SwitchCounts] = field(default_factory=dict)
+    switch_backlog: dict[str, Backlog] = field(default_factory=dict)
+    """Per switch, bytes waiting in its ports' receive buffers while the mode ran (``experiment.backlog``)."""
     pcaps: dict[str, Path] = field(default_factory=dict)
     """Capture of each holder's link (kvpool headers), by holder; this mode's packets are those in ``window``."""
     window: tuple[float, float] = (0.0, 0.0)
@@ -96,6 +99,7 @@ class ModeResult:
             "seconds": round(self.seconds, 2),
             "fabric_bytes": self.fabric_bytes,
             "switches": {name: c.summary() for name, c in self.switches.items()},
+            "switch_backlog": {name: b.summary() for name, b in self.switch_backlog.items()},
             "requested_bytes": self.requested_bytes,
             "ideal_bytes": self.ideal_bytes,
             "agents": dict(self.agents),

@@ -32,6 +32,7 @@ from typing import Any
 from rich.progress import Progress
 
 from bmv2_topologies.experiment import load
+from bmv2_topologies.experiment.backlog import BacklogSampler, backlog_warnings
 from bmv2_topologies.experiment.capture import LinkCapture, fabric_links, holder_links, link_bytes, peak_gets
 from bmv2_topologies.experiment.config import DemoConfig
 from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plot, demo_table
@@ -309,12 +310,14 @@ class Testbed(StarHosts):
             fabric_intfs = fabric_links(self.topo)
             before, fabric_before = link_bytes(*links), link_bytes(*fabric_intfs)
             t0, wall0 = time.monotonic(), time.time()
+            backlog = BacklogSampler(self.switch_pids()).start()
             try:
                 (replay or self._replay)(result, progress)
                 time.sleep(0.3)  # stragglers (pushes, late replicas) belong to this mode
             finally:
                 stop.set()
                 loop.join(timeout=10)
+                result.switch_backlog = backlog.stop()
             result.seconds = time.monotonic() - t0
             result.holder_bytes = link_bytes(*links) - before
             result.fabric_bytes = link_bytes(*fabric_intfs) - fabric_before
@@ -337,6 +340,13 @@ class Testbed(StarHosts):
         result.requested_bytes = self.requested_bytes
         result.ideal_bytes = load.ideal_for_mode(mode, self.requested_bytes, self.ideal_bytes)
         return result
+
+    def switch_pids(self) -> dict[str, int]:
+        """Switch name -> PID of its running process (the switches this testbed started)."""
+        if self.net is None:
+            return {}
+        return {name: h.process.pid for name, h in self.net.switches.items()
+                if h.process is not None and h.process.poll() is None}
 
     def shares(self, keys: list[int]) -> dict[str, list[int]]:
         """Holder name -> the keys of ``keys`` it holds, in their order (by prefix position)."""
@@ -499,6 +509,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
         return 1
     text = demo_table(results)
     print(text)
+    for line in backlog_warnings({r.mode: r.switch_backlog for r in results}):
+        print(f"kvpool demo: warning: {line}", file=sys.stderr)
     for name, lost in sorted(bed.frames_lost.items()):
         print(f"kvpool demo: warning: switch {name} lost {lost} frames at its ports (the model could not keep "
               f"up; see {bed.run_dir / (name + '.log')}): the latencies above measure the emulation", file=sys.stderr)

@@ -63,3 +63,7 @@ def test_a_short_trace_replays_in_every_mode_with_no_failure(tmp_path: Path) -> 
             captured = sum(holder_traffic(res.pcaps["h0"], bed.holder.address, res.window).data_out.values())
             assert 0 < res.holder_data_bytes < res.holder_bytes
             assert abs(captured * DATA_FRAME_BYTES - res.holder_data_bytes) <= 0.01 * res.holder_data_bytes, mode
+            # The switch's port backlog was read from its own packet sockets all through the mode
+            # (a sample every 0.1 s of a replay over 3 s).
+            backlog = res.switch_backlog["s1"]
+            assert backlog.samples >= 20 and 0 <= backlog.p50_bytes <= backlog.max_bytes, backlog
