@@ -25,6 +25,10 @@ One row per cell, then a last line::
 
     worst_slowdown_vs_plain=<x> failed=<n> bytes_saved_of_ideal=<f>
 
+``sw MB``: the largest median backlog at a switch's ports in any mode of the cell (MB);
+over about 1 MB that mode ran at the software switch's CPU, not at the links' pace, and its
+latencies include that queue (``bmv2_topologies/experiment/backlog.py``).
+
 ``worst_slowdown_vs_plain``: the largest p50 or p99 delivery time of multicast or pool over
 plain's in the same cell; ``failed``: requests failed in any mode of any cell;
 ``bytes_saved_of_ideal``: the smallest, over cells and the two modes, of the DATA bytes saved
@@ -124,6 +128,12 @@ def pool_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         times = [float(t[2]) for d in docs for t in d[m]["timeline"] if t[2] is not None]
         merged: dict[str, Any] = {k: sum(int(d[m].get(k) or 0) for d in docs) for k in _SUMMED}
+        backlog: dict[str, dict[str, int]] = {}
+        for d in docs:  # per switch, the worst run's median
+            for name, b in d[m].get("switch_backlog", {}).items():
+                backlog[name] = {"p50_bytes": max(b["p50_bytes"], backlog.get(name, {}).get("p50_bytes", 0))}
+        if backlog:
+            merged["switch_backlog"] = backlog
         merged["deliver_p50_ms"] = percentile(times, 50)
         merged["deliver_p99_ms"] = percentile(times, 99)
         out[m] = merged
@@ -149,6 +159,18 @@ def judge(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def backlog_mb(mode_doc: dict[str, Any]) -> float | None:
+    """The largest median port backlog (MB) of any switch in one mode's run; None for runs that did not sample it.
+
+    Over about a megabyte the switch's CPU, not the links, set that mode's pace
+    (``experiment.backlog``): its latencies measure the emulation.
+    """
+    backlog = mode_doc.get("switch_backlog")
+    if backlog is None:
+        return None
+    return max((b["p50_bytes"] for b in backlog.values()), default=0) / 1e6
+
+
 def row(cell: Cell, doc: dict[str, Any]) -> str:
     """One printed line per cell."""
     head = (f"{cell.trace:12s} {cell.requests:4d} {cell.requesters:2d} {cell.time_scale:5g} {cell.mbps:5g}")
@@ -165,13 +187,15 @@ def row(cell: Cell, doc: dict[str, Any]) -> str:
         saved = "-" if jm["saved_of_ideal"] is None else f"{jm['saved_of_ideal']:.2f}"
         parts.append(f"{jm['slowdown']:5.2f} {jm['bytes_vs_plain']:5.3f} {saved:>5s}")
     parts.append(f"{doc['multicast']['ideal_bytes'] / doc['multicast']['requested_bytes']:5.3f}")
+    queued = [q for q in (backlog_mb(doc[m]) for m in MODES) if q is not None]
+    parts.append(f"{max(queued):6.1f}" if queued else f"{'-':>6s}")
     parts.append(f"{j['failed']:3d}")
     parts.append(f"{doc.get('repeats', 1):3d}")
     return "  ".join(parts)
 
 
 HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p50/p99 s     pool p50/p99 s  "
-          "mc slow bytes saved  pl slow bytes saved  ideal  failed  runs")
+          "mc slow bytes saved  pl slow bytes saved  ideal  sw MB  failed  runs")
 
 
 def main(argv: list[str] | None = None) -> int:

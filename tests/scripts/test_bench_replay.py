@@ -125,3 +125,21 @@ def test_repeats_are_judged_over_every_replays_requests(tmp_path: Path, capsys: 
     assert json.loads((tmp_path / "conversation-r48-n4-t1-m100-pooled.json").read_text())["repeats"] == 2
     assert BENCH["main"]([*cell[:-1], "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_the_row_shows_the_largest_switch_backlog_of_the_cell(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc(_mode(100, 200, 700, 600), _mode(95, 190, 650, 600))
+    doc["plain"]["switch_backlog"] = {"s1": {"p50_bytes": 0, "max_bytes": 40_000, "samples": 9}}
+    doc["multicast"]["switch_backlog"] = {"s1": {"p50_bytes": 18_700_000, "max_bytes": 25_000_000, "samples": 9}}
+    doc["pool"]["switch_backlog"] = {"s1": {"p50_bytes": 2_000_000, "max_bytes": 9_000_000, "samples": 9}}
+    (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(doc))
+    cell = ["--traces", "conversation", "--requests", "48", "--requesters", "4", "--time-scales", "1", "--mbps",
+            "100", "--out", str(tmp_path), "--resume", "--conversation", str(SCRIPT)]
+    assert BENCH["main"](cell) == 0
+    fields = capsys.readouterr().out.splitlines()[1].split()
+    assert fields[-3:] == ["18.7", "0", "1"]  # sw MB, failed, runs
+    del doc["pool"]["switch_backlog"], doc["multicast"]["switch_backlog"], doc["plain"]["switch_backlog"]
+    (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(doc))
+    assert BENCH["main"](cell) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["-", "0", "1"]  # a cell run before it sampled
