@@ -128,12 +128,12 @@ def pool_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         times = [float(t[2]) for d in docs for t in d[m]["timeline"] if t[2] is not None]
         merged: dict[str, Any] = {k: sum(int(d[m].get(k) or 0) for d in docs) for k in _SUMMED}
-        backlog: dict[str, dict[str, int]] = {}
-        for d in docs:  # per switch, the worst run's median
+        worst: dict[str, int] = {}  # per switch, the worst run's median backlog
+        for d in docs:
             for name, b in d[m].get("switch_backlog", {}).items():
-                backlog[name] = {"p50_bytes": max(b["p50_bytes"], backlog.get(name, {}).get("p50_bytes", 0))}
-        if backlog:
-            merged["switch_backlog"] = backlog
+                worst[name] = max(worst.get(name, 0), b["p50_bytes"])
+        if worst:
+            merged["switch_backlog"] = {name: {"p50_bytes": v} for name, v in worst.items()}
         merged["deliver_p50_ms"] = percentile(times, 50)
         merged["deliver_p99_ms"] = percentile(times, 99)
         out[m] = merged

@@ -123,6 +123,10 @@ def test_repeats_are_judged_over_every_replays_requests(tmp_path: Path, capsys: 
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[1].split()[-1] == "2" and lines[-1].startswith("worst_slowdown_vs_plain=1.000 failed=1 ")
     assert json.loads((tmp_path / "conversation-r48-n4-t1-m100-pooled.json").read_text())["repeats"] == 2
+    assert lines[1].split()[-3] == "-"  # neither replay sampled the switch backlog
+    run1["multicast"]["switch_backlog"] = {"s1": {"p50_bytes": 3_000_000, "max_bytes": 9_000_000, "samples": 5}}
+    run2["multicast"]["switch_backlog"] = {"s1": {"p50_bytes": 7_000_000, "max_bytes": 8_000_000, "samples": 5}}
+    assert BENCH["pool_runs"]([run1, run2])["multicast"]["switch_backlog"] == {"s1": {"p50_bytes": 7_000_000}}
     assert BENCH["main"]([*cell[:-1], "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
 
