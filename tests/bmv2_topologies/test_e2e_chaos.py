@@ -35,4 +35,14 @@ def test_switch_and_controller_restarts_lose_nothing(tmp_path: Path, capsys: pyt
     restarts = [r for r in result.restarts if r.what != "first admission"]
     assert [r.what.split()[0] for r in restarts] == ["switch", "controller", "switch", "controller", "switch"]
     for r in restarts:
-        assert r.served_after_s is not None and r.served_after_s <= SERVES_AGAIN_WITHIN_S, result.summary()
+        assert r.served_after_s is not None and r.served_after_s <= SERVES_AGAIN_WITHIN_S, \
+            result.summary() + _logs(tmp_path)
+
+
+def _logs(out: Path, lines: int = 40) -> str:
+    """The last lines of every controller log and the holder's agent log: why a recovery took long."""
+    text = []
+    for log in [*sorted((out / "run").glob("controller-*.log")), out / "run" / "h0.agent.log"]:
+        if log.exists():
+            text.append(f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+    return "".join(text)
