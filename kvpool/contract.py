@@ -216,7 +216,7 @@ POOL_SLOTS: Final = 1024
 """Fragment-sized rows of switch memory; a chunk occupies consecutive slots from its base."""
 POOL_ENTRIES: Final = POOL_SLOTS + 1
 """Chunks the pool table holds (at most one per slot), plus the controller's placement mark entry."""
-PENDING_SLOTS: Final = 16384
+PENDING_SLOTS: Final = 65536
 """Pending-request slots for coalescing (direct-mapped by a hash of chunk key and fragment)."""
 MISMATCH_CELLS: Final = 256
 """Cells remembering the last fill mismatch reported, per crc16(chunk_key) (digest suppression)."""

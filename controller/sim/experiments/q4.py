@@ -8,7 +8,7 @@ Every point runs five configurations on the same requests:
 - ``holder``: the holders' DRAM pool (Mooncake Store) without any switch help;
 - ``coalesce``: plus a switch that coalesces identical in-flight fetches and multicasts the
   answer, with no pool memory: the part of the switch that needs only per-fragment pending state
-  (the P4 program's 16384 pending slots, about 0.4 MiB) and works for any model size;
+  (the P4 program's 65536 pending slots, 1.5 MiB, and their reply records) and works for any model size;
 - ``sram``: plus a 16 MiB switch pool (a Tofino's SRAM: two 6 MiB Qwen chunks, no Llama chunk);
 - ``pool``: plus a 24 GiB switch-attached pool (value policy).
 
