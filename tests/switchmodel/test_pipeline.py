@@ -107,3 +107,24 @@ def test_a_foreign_program_is_not_run() -> None:
     pipe = KvpoolPipeline(state)
     assert not pipe.ready()
     assert pipe.process(1, FRAMES["get"]) == []
+
+
+def test_reconcile_keeps_register_cells_and_masks_them_only_when_narrowed() -> None:
+    def program(bitwidth: int) -> P4Info:
+        info = p4info_pb2.P4Info()
+        r = info.registers.add()
+        r.preamble.id, r.preamble.name, r.size = 0x13000001, "MyIngress.cells", 4
+        r.type_spec.bitstring.bit.bitwidth = bitwidth
+        return P4Info(info)
+
+    state = SwitchState()
+    state.set_pipeline(program(16))
+    state.register_write("MyIngress.cells", 2, 0xABCD)
+    state.reconcile_pipeline(program(16))  # the same program: the cell as it was
+    assert state.register_read("MyIngress.cells", 2) == 0xABCD
+    state.reconcile_pipeline(program(32))  # wider: nothing to cut
+    assert state.register_read("MyIngress.cells", 2) == 0xABCD
+    state.reconcile_pipeline(program(8))  # narrower: cut to the new width, as a write would be
+    assert state.register_read("MyIngress.cells", 2) == 0xCD
+    state.set_pipeline(program(8))  # a plain commit clears it
+    assert state.register_read("MyIngress.cells", 2) == 0
