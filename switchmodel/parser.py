@@ -7,7 +7,6 @@ The parsed packet keeps the P4 program's header validity: ``None`` is an invalid
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -261,5 +260,15 @@ class Meta:
     pending_timeout: int = 0
 
     def copy(self) -> Meta:
-        """A replica's copy of user and standard metadata (BMv2 copies the whole PHV)."""
-        return dataclasses.replace(self)
+        """A replica's copy of user and standard metadata (BMv2 copies the whole PHV).
+
+        Every field by position, as ``Kv.copy``: ``dataclasses.replace`` cost an eighth of
+        the model's time on a release to eight waiters (one copy per replica).
+        """
+        return Meta(self.drop_reason, self.is_writer, self.from_fabric, self.served, self.flood, self.pool_found,
+                    self.base_slot, self.pool_frag_count, self.pool_chunk_len, self.pool_generation, self.pool_state,
+                    self.pool_placement, self.waiter_addr, self.has_waiter, self.waiter_id, self.pending_idx,
+                    self.record_reply, self.absorb, self.release, self.release_mask, self.release_dst,
+                    self.release_unicast, self.ingress_port, self.egress_spec, self.egress_port, self.egress_rid,
+                    self.mcast_grp, self.ingress_timestamp, self.packet_length, self.hot_threshold, self.cur_epoch,
+                    self.pending_timeout)

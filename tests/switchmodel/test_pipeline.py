@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -90,6 +91,14 @@ def test_replica_metadata_is_a_copy() -> None:
     copy = meta.copy()
     copy.egress_rid = 2
     assert (meta.egress_rid, copy.release_mask) == (0, 0b101)
+
+
+def test_replica_metadata_copies_every_field() -> None:
+    # Meta.copy lists the fields by position: a field added to Meta but not to copy, or two
+    # swapped, must fail here (each field gets a value no other has).
+    names = [f.name for f in dataclasses.fields(Meta)]
+    meta = Meta(**{name: 1000 + i for i, name in enumerate(names)})
+    assert dataclasses.asdict(meta.copy()) == dataclasses.asdict(meta)
 
 
 def test_no_pipeline_means_nothing_is_forwarded() -> None:
