@@ -25,6 +25,11 @@ One row per cell, then a last line::
 
     worst_slowdown_vs_plain=<x> failed=<n> bytes_saved_of_ideal=<f>
 
+``pair``: request by request, the median of a mode's delivery time over plain's for the
+same request (the same trace request in the same replay): where a p50 sits at a gap in the
+delivery times it moves by one request, while this moves only if most requests do.  It is
+shown beside the judged slowdown, not instead of it.
+
 ``sw MB``: the largest median backlog at a switch's ports in any mode of the cell (MB);
 over about 1 MB that mode ran at the software switch's CPU, not at the links' pace, and its
 latencies include that queue (``bmv2_topologies/experiment/backlog.py``).
@@ -111,6 +116,22 @@ def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> d
     return doc
 
 
+def paired_ratios(doc: dict[str, Any], mode: str) -> list[float]:
+    """Per request, ``mode``'s delivery time over plain's, from one run's timelines (both delivered only).
+
+    A timeline is ``[arrival s, requester, ms or None]`` per request, sorted; the two modes
+    replay the same requests, so they pair by position.  Empty when either timeline is
+    missing or they do not list the same requests.
+    """
+    mine, plain = doc.get(mode, {}).get("timeline"), doc.get("plain", {}).get("timeline")
+    if not mine or not plain or len(mine) != len(plain):
+        return []
+    if any(a[:2] != b[:2] for a, b in zip(mine, plain, strict=True)):
+        return []
+    return [float(a[2]) / float(b[2]) for a, b in zip(mine, plain, strict=True)
+            if a[2] is not None and b[2] is not None and float(b[2]) > 0]
+
+
 _SUMMED = ("holder_bytes", "holder_data_bytes", "requested_bytes", "ideal_bytes", "failed", "requests")
 
 
@@ -134,6 +155,10 @@ def pool_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 worst[name] = max(worst.get(name, 0), b["p50_bytes"])
         if worst:
             merged["switch_backlog"] = {name: {"p50_bytes": v} for name, v in worst.items()}
+        if m != "plain":
+            pairs = [paired_ratios(d, m) for d in docs]
+            if all(pairs):
+                merged["paired_ratios"] = [x for p in pairs for x in p]
         merged["deliver_p50_ms"] = percentile(times, 50)
         merged["deliver_p99_ms"] = percentile(times, 99)
         out[m] = merged
@@ -154,8 +179,10 @@ def judge(doc: dict[str, Any]) -> dict[str, Any]:
         # reported them have only the link's bytes, GETs included.
         key = "holder_data_bytes" if r.get("holder_data_bytes") and plain.get("holder_data_bytes") else "holder_bytes"
         saved = saved_of_ideal(r[key], plain[key], ideal)
+        pairs = r.get("paired_ratios") or paired_ratios(doc, m)
         out[m] = {"slowdown": slow, "bytes_vs_plain": r["holder_bytes"] / plain["holder_bytes"],
-                  "ideal_vs_asked": ideal / requested if requested else 1.0, "saved_of_ideal": saved}
+                  "ideal_vs_asked": ideal / requested if requested else 1.0, "saved_of_ideal": saved,
+                  "paired_median": percentile(pairs, 50) if pairs else None}
     return out
 
 
@@ -185,7 +212,8 @@ def row(cell: Cell, doc: dict[str, Any]) -> str:
     for m in ("multicast", "pool"):
         jm = j[m]
         saved = "-" if jm["saved_of_ideal"] is None else f"{jm['saved_of_ideal']:.2f}"
-        parts.append(f"{jm['slowdown']:5.2f} {jm['bytes_vs_plain']:5.3f} {saved:>5s}")
+        pair = "-" if jm["paired_median"] is None else f"{jm['paired_median']:.2f}"
+        parts.append(f"{jm['slowdown']:5.2f} {pair:>4s} {jm['bytes_vs_plain']:5.3f} {saved:>5s}")
     parts.append(f"{doc['multicast']['ideal_bytes'] / doc['multicast']['requested_bytes']:5.3f}")
     queued = [q for q in (backlog_mb(doc[m]) for m in MODES) if q is not None]
     parts.append(f"{max(queued):6.1f}" if queued else f"{'-':>6s}")
@@ -195,7 +223,7 @@ def row(cell: Cell, doc: dict[str, Any]) -> str:
 
 
 HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p50/p99 s     pool p50/p99 s  "
-          "mc slow bytes saved  pl slow bytes saved  ideal  sw MB  failed  runs")
+          "mc slow pair bytes saved  pl slow pair bytes saved  ideal  sw MB  failed  runs")
 
 
 def main(argv: list[str] | None = None) -> int:

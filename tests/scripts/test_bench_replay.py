@@ -147,3 +147,23 @@ def test_the_row_shows_the_largest_switch_backlog_of_the_cell(tmp_path: Path,
     (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(doc))
     assert BENCH["main"](cell) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["-", "0", "1"]  # a cell run before it sampled
+
+
+def test_pair_is_the_median_of_request_by_request_ratios() -> None:
+    judge, pool_runs = BENCH["judge"], BENCH["pool_runs"]
+    run = {"offered": {"mean_bps": 1.0, "capacity_bps": 4.0}, "plain": _timed([100, 200, 400, 800]),
+           "multicast": _timed([110, 220, 440, 880], 800), "pool": _timed([50, 200, 800, None], 700)}
+    j = judge(run)
+    assert j["multicast"]["paired_median"] == pytest.approx(1.1)  # every request 10% slower
+    assert j["pool"]["paired_median"] == pytest.approx(1.0)  # 0.5, 1, 2 (the failed one is not paired)
+    # Two replays whose p50s sit on either side of a gap: the pairs pool, 1.0 at the median.
+    run1 = {**run, "multicast": _timed([100, 300, 300, 300]), "plain": _timed([100, 100, 300, 300])}
+    run2 = {**run, "multicast": _timed([100, 100, 300, 300]), "plain": _timed([100, 300, 300, 300])}
+    pooled = pool_runs([run1, run2])
+    assert sorted(pooled["multicast"]["paired_ratios"]) == pytest.approx([1 / 3, 1, 1, 1, 1, 1, 1, 3])
+    assert judge(pooled)["multicast"]["paired_median"] == 1.0
+    # Timelines that do not list the same requests are not paired.
+    other = {**run, "multicast": {**run["multicast"], "timeline": [[9.0, 0, 100.0]] * 4}}
+    assert judge(other)["multicast"]["paired_median"] is None
+    del run["plain"]["timeline"]
+    assert judge(run)["multicast"]["paired_median"] is None
