@@ -137,3 +137,34 @@ def test_reconcile_keeps_register_cells_and_masks_them_only_when_narrowed() -> N
     assert state.register_read("MyIngress.cells", 2) == 0xCD
     state.set_pipeline(program(8))  # a plain commit clears it
     assert state.register_read("MyIngress.cells", 2) == 0
+
+
+def test_longest_prefix_wins_as_routes_come_and_go() -> None:
+    # The probe order is kept sorted when routes change, not sorted per packet: a prefix
+    # length added must join it in its place (one left over after a delete only costs a probe).
+    from kvpool import contract
+    from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
+
+    state = SwitchState()
+    state.set_pipeline(P4Info.load(contract.build_dir() / contract.P4INFO_FILE))
+
+    def match(plen: int) -> dict[str, FieldMatch]:
+        return {contract.KEY_IPV4_DST: FieldMatch("lpm", 0x0A000000, plen)}
+
+    def route(plen: int) -> None:
+        state.insert_entry(contract.IPV4_ROUTE, TableEntry(match(plen), ActionCall(
+            contract.IPV4_FORWARD, {"port": plen, "dst_mac": 0})))
+
+    def port_for(addr: int) -> object:
+        res = state.lookup(contract.IPV4_ROUTE, (addr,))
+        return res.params["port"] if res.hit else None
+
+    for plen in (8, 32, 24):
+        route(plen)
+    assert [port_for(a) for a in (0x0A000000, 0x0A000001, 0x0A010000)] == [32, 24, 8]
+    state.delete_entry(contract.IPV4_ROUTE, match(32))
+    assert port_for(0x0A000000) == 24
+    state.delete_entry(contract.IPV4_ROUTE, match(24))
+    assert port_for(0x0A000000) == 8
+    state.delete_entry(contract.IPV4_ROUTE, match(8))
+    assert port_for(0x0A000000) is None
