@@ -529,15 +529,20 @@ class P4RuntimeSwitch:
 
     def _check_instance(self) -> None:
         """Resync when the switch runs another pipeline instance than ours (pushed by someone else)."""
-        try:
-            cookie = self.switch_cookie()
-        except P4RuntimeError as e:
-            self._note_error(e)
-            return
-        if cookie == self.cookie:
+        # Under the lock: a push of ours in flight (clean_slate) changes the switch's cookie
+        # before ours is updated, and BMv2 answers "none" while it loads the new program; read
+        # then, either looked like someone else's push (a spurious resync and a new instance).
+        with self._lock:
+            try:
+                cookie = self.switch_cookie()
+            except P4RuntimeError as e:
+                self._note_error(e)
+                return
+            ours = self.cookie
+        if cookie == ours:
             return
         log.warning("switch %s: runs pipeline cookie %s, not ours (%#x): someone else pushed it; resyncing",
-                    self.address, "none" if cookie is None else f"{cookie:#x}", self.cookie)
+                    self.address, "none" if cookie is None else f"{cookie:#x}", ours)
         try:
             self._resync_as_owner(mark_ready=True)
         except Exception as e:
@@ -690,8 +695,22 @@ class P4RuntimeSwitch:
                     self._intended.digests:
                 self.resync()
 
+    def _has_pipeline(self) -> bool:
+        """Whether the switch runs a pipeline at all (one pushed without a cookie counts)."""
+        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
+            device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
+        stub, _ = self._require()
+        try:
+            resp = stub.GetForwardingPipelineConfig(req, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return False
+            raise self._rpc_error("GetForwardingPipelineConfig", e) from None
+        return bool(resp.config.HasField("p4info"))
+
     def _push_pipeline(self) -> None:
         """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and a fresh cookie."""
+        self._clear_multicast_groups()
         cookie = make_cookie(self.pipeline_id)
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
@@ -703,6 +722,24 @@ class P4RuntimeSwitch:
                    lambda stub: stub.SetForwardingPipelineConfig(req, timeout=max(self.timeout_s, 30.0)))
         self.cookie = cookie
         self.instance += 1  # a push clears the switch: registers and counters start from zero
+
+    def _clear_multicast_groups(self) -> None:
+        """Delete every multicast group the switch holds, before a pipeline push.
+
+        A push should clear them, and on BMv2 (1.15.5 with PI) a read after it finds none, but
+        BMv2's replication engine keeps the old groups' replicas; the groups written back after
+        the push add theirs to the same group ids, so every release reached each waiter once
+        more per push (3 copies after two modes of a testbed run; the same as
+        p4lang/behavioral-model#891 for clone sessions).  Deleted first, nothing is left behind.
+        """
+        if self.switch_cookie() is None and not self._has_pipeline():
+            return  # nothing pushed yet: no groups either (and a read would fail)
+        groups = self.read_multicast_groups()
+        if not groups:
+            return
+        errors = self._write([self._group_update(p4runtime_pb2.Update.DELETE, gid, ()) for gid in sorted(groups)])
+        if errors:
+            raise WriteError(self.address, len(groups), errors)
 
     # --- encoding --------------------------------------------------------------------------------
 
@@ -1195,7 +1232,7 @@ class P4RuntimeSwitch:
                 if gid not in groups:
                     updates.append(self._group_update(p4runtime_pb2.Update.INSERT, gid, want_reps))
                     counts["insert"] += 1
-                elif tuple(groups[gid]) != want_reps:
+                elif sorted(groups[gid]) != sorted(want_reps):  # replicas are a set (BMv2 reads them reversed)
                     updates.append(self._group_update(p4runtime_pb2.Update.MODIFY, gid, want_reps))
                     counts["modify"] += 1
             digests = self.read_digest_configs()

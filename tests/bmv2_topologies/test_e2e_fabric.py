@@ -2,22 +2,24 @@
 
 Three leaves and two spines; the holder ``h0`` on leaf s1, requesters h1..h4 dealt over
 leaves s2 and s3 (two each), so every fetch crosses spine s4 (the lowest port). One chunk,
-two waves per mode, every received byte checked against the holder's:
+two waves per mode (three in pool mode), every received byte checked against the holder's:
 
 * plain: nothing is absorbed anywhere; each requester's GETs reach the holder;
 * multicast: coalescing composes across levels. Each leaf absorbs its second requester's
   GETs and sends one upstream; at the spine the two leaves' GETs meet and one goes on, so
   the holder sends each fragment about once for all four;
-* pool: the chunk is admitted and given to the spine, where both leaves' paths meet; the
-  answers that cross it after the admission fill it; in the second wave the spine answers
-  (the leaves relay the GETs with their reply room and multicast the answers), and only
-  the fragments answered before the admission reach the holder, once each.
+* pool (three waves): the chunk is admitted and given to the spine, where both leaves'
+  paths meet; the answers that cross it after the admission fill it; the fragments
+  answered before the admission reach the holder once more, once each, and fill; the third
+  wave is answered by the spine alone (the leaves relay the GETs with their reply room and
+  multicast the answers).
 
 Needs root and Mininet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -78,8 +80,11 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         assert sum(sent.values()) <= 4 * frags, f"{sum(sent.values())} sends for {frags} fragments"
         assert mc.holder_bytes < plain.holder_bytes / 2
 
+        # Pool: three waves, 4 s apart (the first 0.5 s into the window).
+        bed.workload = build_workload(dataclasses.replace(cfg, waves=3))
+        assert (len(bed.workload.requests), bed.workload.blobs) == (12, workload.blobs)
         pool = bed.run_mode("pool")
-        assert (pool.requests, pool.failed, pool.admitted) == (8, 0, 1)
+        assert (pool.requests, pool.failed, pool.admitted) == (12, 0, 1)
         # Held by the spine and filled on pass: every answer that crosses it after the admission
         # writes its slot (no push by default).  When one leaf's hot report reaches the
         # controller an epoch before the other's, the chunk is first sited at that leaf and
@@ -92,15 +97,15 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         # A push (a refill) fills what no answer carried past the spine since the chunk was
         # sited there: at most one copy of the chunk.
         assert sum(n for (_k, _i, dst), n in traffic.data_out.items() if dst == sink) <= frags
-        # The second wave starts 4 s after the first (0.5 s into the window): the spine answers
-        # it.  A fragment answered before the admission reached the spine (in the first wave,
-        # usually fragment 0, the length probe) left its slot unfilled, and so does a fill
-        # BMv2 drops now and then (its queues overflow; 2 of 140 in one run of three there):
-        # the GETs for such a slot go on to the holder, coalesced by the leaves and the spine,
-        # and its answer fills the slot on the way.  So a few fragments may reach the holder,
-        # each once for everyone, never the chunk; the spine serves both leaves every other.
-        wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
-        late = sent_per_fragment(pool, wave2)
-        assert holder_traffic(pool.pcaps["h0"], "10.0.0.100", wave2).gets_in <= frags // 20, late
-        assert len(late) <= frags // 20 and all(n == 1 for n in late.values()), late
-        assert pool.switches[spine].served >= 2 * (frags - len(late)), (pool.switches[spine], late)
+        # How much of the first wave crosses the spine after the admission depends on the
+        # target's pace (on BMv2 1.15.5 the wave is often over before it).  What it left
+        # unfilled the second wave fetches once for all four, coalesced by the leaves and the
+        # spine, and fills on the way; the third wave is all hits at the spine, which serves
+        # both leaves (each leaf relays one GET per fragment and multicasts the answer).
+        start = pool.window[0] + 0.5 - 0.2
+        wave2 = sent_per_fragment(pool, (start + 4.0, start + 8.0))
+        # Once for everyone, as a rule; at most once per leaf (test_e2e_mininet.py says when not).
+        assert sum(wave2.values()) <= len(wave2) + frags // 5 and max(wave2.values(), default=1) <= 2, wave2
+        wave3 = (start + 8.0, pool.window[1])
+        assert holder_traffic(pool.pcaps["h0"], "10.0.0.100", wave3).gets_in == 0, sent_per_fragment(pool, wave3)
+        assert pool.switches[spine].served >= 2 * frags + 2 * (frags - len(wave2)), (pool.switches[spine], len(wave2))

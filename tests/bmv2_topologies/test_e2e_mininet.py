@@ -1,9 +1,9 @@
 """End to end in Mininet: real agents in three hosts, the switch target, the controller.
 
 On a star of three requesters: one chunk fetched by all of them at once leaves the holder
-once per fragment (coalescing + multicast); once the controller has admitted it, the next
-fetches are answered by the switch (filled by the answers that crossed it, or by the
-holder's push) and no GET reaches the holder; every host gets the
+once per fragment (coalescing + multicast); once the controller has admitted it, the
+answers that cross the switch fill it (or the holder's push does), the next fetches are
+answered by the switch, and once filled no GET reaches the holder; every host gets the
 holder's exact bytes, which deserialize to the original tensor. Needs root and Mininet.
 """
 
@@ -64,28 +64,42 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         assert sum(sent.values()) <= frags * 3 // 2, f"{sum(sent.values())} sends for {frags} fragments"
         assert mc.coalesced >= frags  # the other requesters' GETs were absorbed in the switch
 
-        # 2. Pool mode, two waves: the first is coalesced and makes the chunk hot; the controller
-        # admits it and the answers that cross the switch after the admission fill it (nothing
-        # is pushed).  The second wave starts 4 s after the first (which starts 0.5 s into the
-        # window): the switch serves what is filled, and each fragment the first wave's answers
-        # carried before the admission reaches the holder once more, coalesced, and fills.
-        bed.workload = workload
+        # 2. Pool mode, three waves 4 s apart (the first 0.5 s into the window).  The first is
+        # coalesced and makes the chunk hot; the controller admits it and every answer that
+        # crosses the switch after the admission fills its slot (nothing is pushed).  How much
+        # of the first wave that is depends on the target's pace: the model's wave outlasts
+        # the admission, BMv2 (1.15.5) answers a 140-fragment wave in ~0.15-0.35 s, before its
+        # admission ~0.3 s in.  Either way the second wave fetches each fragment left unfilled
+        # once for all three requesters (coalesced, filling on the way) and the switch serves
+        # the rest; the third is all hits.
+        bed.workload = build_workload(dataclasses.replace(cfg, waves=3))
+        assert (len(bed.workload.requests), bed.workload.blobs) == (9, workload.blobs)
         pool = bed.run_mode("pool")
-        assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
+        assert (pool.requests, pool.failed, pool.admitted) == (9, 0, 1)
         traffic = holder_traffic(pool.pcaps["h0"], holder, pool.window)
         assert not [k for k in traffic.data_out if k[2] == "10.0.0.254"]  # no push to the fill sink
-        wave2 = (pool.window[0] + 0.5 + 4.0 - 0.2, pool.window[1])
-        later = holder_traffic(pool.pcaps["h0"], holder, wave2)
-        again: dict[int, int] = {}
-        for (_k, i, _dst), n in later.data_out.items():
-            again[i] = again.get(i, 0) + n
-        assert all(n == 1 for n in again.values()), again
-        assert len(again) < frags // 2, f"{len(again)} of {frags} fragments not filled by the first wave"
-        assert pool.switch_served >= 3 * (frags - len(again))  # all of wave 2 but those
+        start = pool.window[0] + 0.5 - 0.2
+
+        def sent_in_wave(wave: int) -> tuple[int, dict[int, int]]:
+            lo = start + 4.0 * wave
+            later = holder_traffic(pool.pcaps["h0"], holder, (lo, lo + 4.0 if wave < 2 else pool.window[1]))
+            sent: dict[int, int] = {}
+            for (_k, i, _dst), n in later.data_out.items():
+                sent[i] = sent.get(i, 0) + n
+            return later.gets_in, sent
+
+        _, again = sent_in_wave(1)
+        # Once for everyone (all of 20 runs on BMv2), at most once per requester: once, before the
+        # driver's instance check took the lock (a spurious resync in the middle of the wave),
+        # 8 fragments went to all three.  Uncoalesced it would be three times each.
+        assert sum(again.values()) <= len(again) + frags // 5 and max(again.values(), default=1) <= 3, again
+        gets_in, last = sent_in_wave(2)
+        assert (gets_in, last) == (0, {})  # every fragment filled: the third wave is all hits
+        assert pool.switch_served >= 3 * frags + 3 * (frags - len(again)), (pool.switch_served, len(again))
 
         # 2b. The same with the holder asked to push each admitted chunk: the push fills what no
         # answer carried past the switch since the admission, and the second wave is all hits.
-        bed.cfg = dataclasses.replace(cfg, push_admitted=True)
+        bed.workload, bed.cfg = workload, dataclasses.replace(cfg, push_admitted=True)
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)

@@ -28,7 +28,7 @@ from controller.p4runtime import (
     make_cookie,
 )
 from kvpool import contract
-from kvpool.p4rt.codec import ActionCall, FieldMatch, TableEntry
+from kvpool.p4rt.codec import ActionCall, FieldMatch, Replica, TableEntry
 from kvpool.p4rt.p4info import P4Info, P4InfoError
 from kvpool.tcp import free_port
 from switchmodel.p4rt_server import P4RuntimeServer
@@ -194,6 +194,28 @@ def test_multicast_groups(sw: P4RuntimeSwitch, server: P4RuntimeServer) -> None:
     assert sw.read_multicast_groups() == {}
     with pytest.raises(WriteError, match="NOT_FOUND"):
         sw.delete_multicast_group(7)
+
+
+def test_a_push_deletes_the_groups_first_and_replicas_compare_as_a_set(sw: P4RuntimeSwitch, server: P4RuntimeServer,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    sw.set_multicast_group(7, [(1, 0), (2, 1)])
+    # The same replicas read back in another order are the same group (BMv2 reads them
+    # reversed): a resync leaves it alone.
+    server.state.modify_group(7, [Replica(2, 1), Replica(1, 0)])
+    assert sw.resync() == {"pipeline": 0, "insert": 0, "modify": 0, "delete": 0}
+    # A push deletes the switch's groups before it goes (BMv2 keeps a pushed-over group's
+    # replicas, and ours written back would add to them), then writes ours back.
+    deleted: list[int] = []
+    delete_group = server.state.delete_group
+
+    def recorded(gid: int) -> None:
+        deleted.append(gid)
+        delete_group(gid)
+
+    monkeypatch.setattr(server.state, "delete_group", recorded)
+    sw.push_pipeline()
+    assert deleted == [7]
+    assert sw.read_multicast_groups() == {7: [(1, 0), (2, 1)]}
 
 
 def test_counters(sw: P4RuntimeSwitch, server: P4RuntimeServer) -> None:

@@ -224,3 +224,27 @@ def test_a_release_replicates_up_to_its_highest_waiter_id(target: Target) -> Non
     _hosts_2_and_4_wait(target, (5, 7005), (20, 7020))
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 2
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1
+
+
+def test_a_release_after_a_fresh_pipeline_push_makes_one_copy_per_waiter(target: Target) -> None:
+    # An experiment's next mode (Controller.clean_slate) pushes the pipeline afresh and writes
+    # the release groups back.  Each waiter must still get exactly one copy: replicas the old
+    # pipeline's groups left behind would send each waiter one more copy per push.
+    _setup(target)
+    for _ in range(2):
+        target.sw.push_pipeline()
+    groups = {g: sorted(r) for g, r in target.sw.read_multicast_groups().items()}
+    assert groups == {n.COALESCE_MCAST_GRP + t: [(h.port, w) for w, h in enumerate(WAITING[:t + 1])]
+                      for t in range(len(WAITING))}
+    first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
+    target.send(1, first)
+    target.expect(HOLDER.port, with_ttl(first, 63))
+    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
+    target.expect_no_other_packets()
+    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=11, dport=5001))
+    target.expect(1, _replica(1, 11, 5001, coalesced=False))
+    target.expect(2, _replica(2, 22, 5002, coalesced=True))
+    target.expect(4, _replica(4, 44, 5004, coalesced=True))
+    target.expect_no_other_packets()
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
