@@ -668,10 +668,9 @@ class P4RuntimeSwitch:
 
     # --- pipeline --------------------------------------------------------------------------------
 
-    def switch_cookie(self) -> int | None:
-        """Cookie of the pipeline the switch runs; None when it runs none or one set without a cookie."""
-        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
-            device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
+    def _pipeline_config(self, response_type: int) -> Any | None:
+        """GetForwardingPipelineConfig's config (``response_type`` of it); None when the switch runs none."""
+        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=self.device_id, response_type=response_type)
         stub, session = self._require()
         try:
             resp = stub.GetForwardingPipelineConfig(req, timeout=self.timeout_s)
@@ -681,10 +680,15 @@ class P4RuntimeSwitch:
             raise self._rpc_error("GetForwardingPipelineConfig", e) from None
         if session != self._session:
             raise SwitchUnreachableError(f"P4Runtime switch at {self.address}: the connection dropped while reading "
-                                         "its pipeline cookie", "UNAVAILABLE", self.address)
-        if not resp.config.HasField("cookie"):
+                                         "its pipeline config", "UNAVAILABLE", self.address)
+        return resp.config
+
+    def switch_cookie(self) -> int | None:
+        """Cookie of the pipeline the switch runs; None when it runs none or one set without a cookie."""
+        config = self._pipeline_config(p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
+        if config is None or not config.HasField("cookie"):
             return None
-        return int(resp.config.cookie.cookie)
+        return int(config.cookie.cookie)
 
     def push_pipeline(self) -> None:
         """Push our pipeline (clearing the switch), then write the intended state back onto it."""
@@ -697,16 +701,8 @@ class P4RuntimeSwitch:
 
     def _has_pipeline(self) -> bool:
         """Whether the switch runs a pipeline at all (one pushed without a cookie counts)."""
-        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
-            device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
-        stub, _ = self._require()
-        try:
-            resp = stub.GetForwardingPipelineConfig(req, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                return False
-            raise self._rpc_error("GetForwardingPipelineConfig", e) from None
-        return bool(resp.config.HasField("p4info"))
+        config = self._pipeline_config(p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE)
+        return config is not None and bool(config.HasField("p4info"))
 
     def _push_pipeline(self) -> None:
         """SetForwardingPipelineConfig(VERIFY_AND_COMMIT) with our P4Info, device config and a fresh cookie."""

@@ -82,7 +82,7 @@ def test_window_and_hold_follow_the_target_unless_given() -> None:
         600, 64)
     told = VsConfig(target="bmv2", window=32, hold_ms=50).demo_config()
     assert (told.in_flight, told.hold_s) == (32, 0.05)
-    assert VsConfig(target="bmv2").demo_config().hold_s == 0.1
+    assert VsConfig(target="bmv2").demo_config().hold_s == 0.03
     # BMv2 deals its 64 over the prefix's chunks, 16 each, so every requester starts them all at once.
     assert (VsConfig(target="model").demo_config().chunk_fragments,
             VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
