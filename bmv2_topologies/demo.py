@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the target's, 600 on the model, 64 on BMv2)")
     p.add_argument("--chunk-window", type=int, default=d.chunk_window, help="most of them for one chunk "
                    "(default: the target's, 600 on the model, 16 on BMv2, within --window)")
+    p.add_argument("--servable-window", type=int, default=d.servable_window, help="most of them for one chunk the "
+                   "switches pool, whose answers come from a switch at once, in bursts its queues must hold "
+                   "(default 0: --chunk-window; 4 suits BMv2, whose queues hold 64 packets)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
                    help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
                    "so GETs of requesters that start a little late are coalesced too (default: the target's, 100; "
@@ -118,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
                      trace=args.trace, max_requests=args.max_requests, time_scale=args.time_scale, waves=args.waves,
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, chunk_window=args.chunk_window,
+                     servable_window=args.servable_window,
                      hold_ms=args.hold_ms, max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
                      deadline_s=args.deadline_s,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))

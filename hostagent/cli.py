@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
                         "hint (default 1; 0: bounded by fragments only)")
     parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
+    parser.add_argument("--servable-window", dest="servable_window", type=int,
+                        help="fragments in flight per request for a chunk the switches pool and answer at once, in "
+                        "bursts their queues must hold (default 0: --window)")
     parser.add_argument("--max-inflight", dest="max_inflight_fragments", type=int,
                         help="fragments in flight over all requests")
     parser.add_argument("--retransmit-timeout", dest="retransmit_timeout_s", type=float,
@@ -118,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
         "record_cache_bytes",
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes", "hold_s",
-        "max_queue_s", "window_fragments", "max_inflight_fragments",
+        "max_queue_s", "window_fragments", "servable_window", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets", "share_transfers", "token_file", "api_workers", "api_timeout_s",
         "integrity_retries", "verify_requesters", "allow", "source_budget", "serve_window")}

@@ -96,6 +96,8 @@ class AgentConfig:
     this many seconds of sending (0: bounded by fragments only)."""
     window_fragments: int = 2048
     """Per-request window of fragments in flight."""
+    servable_window: int = 0
+    """The same for chunks the switches pool, which they answer in bursts (0: ``window_fragments``)."""
     max_inflight_fragments: int = 16384
     """Fragments in flight over all requests."""
     retransmit_timeout_s: float = 0.2
@@ -150,7 +152,7 @@ class AgentConfig:
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
             rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes, hold_s=self.hold_s,
             max_queue_s=self.max_queue_s,
-            window_fragments=self.window_fragments,
+            window_fragments=self.window_fragments, servable_window_fragments=self.servable_window,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
             single_fragment_gets=self.single_gets, share_transfers=self.share_transfers,

@@ -215,6 +215,11 @@ class TransportConfig:
     """Token bucket depth when pacing; never less than ``_PACE_TICK_S`` of sending (``pace_depth_bytes``)."""
     window_fragments: int = 2048
     """Most fragments one request has asked for and not yet received."""
+    servable_window_fragments: int = 0
+    """The same for a chunk the switches pool (0: ``window_fragments``).  A switch answers such
+    GETs at once, a window's answers in one burst through each egress queue on the way; a
+    software switch's are short (BMv2's hold 64 packets), so a window that fits the holder's
+    round trip can overflow them and every lost answer waits a retransmit timeout."""
     max_inflight_fragments: int = 16384
     """Fragments asked for and not yet received, over all requests (keep under the receive buffer)."""
     max_active_requests: int = 64
@@ -257,6 +262,8 @@ class TransportConfig:
             "rate_bytes_per_s": self.rate_bytes_per_s >= 0,
             "burst_bytes": self.burst_bytes >= _L,
             "window_fragments": 2 <= self.window_fragments <= wire.MAX_FRAGMENTS,
+            "servable_window_fragments": self.servable_window_fragments == 0
+            or 2 <= self.servable_window_fragments <= wire.MAX_FRAGMENTS,
             "max_active_requests": self.max_active_requests >= 1,
             "max_inflight_fragments": self.max_inflight_fragments >= 1,
             "retransmit_timeout_s": self.retransmit_timeout_s > 0,
@@ -998,7 +1005,7 @@ class Transport:
             r = call.waiting.popleft()
             r.path = self._path(r)
             r.free = self._shared_path(r)
-            ask = self._first_ask(r, ask)
+            ask = self._first_ask(r, min(ask, self._window(r)))
             self._c.requests_by_path[str(r.path)] += 1
             call.active += 1
             idle = 0
@@ -1009,6 +1016,13 @@ class Transport:
             self._send_get(r, 0, ask, 0)
             r.asked_hi = ask
             self._account(r, ask)
+
+    def _window(self, r: _Request) -> int:
+        """Most fragments ``r`` keeps in flight on its current path (``servable_window_fragments``)."""
+        cfg = self.config
+        if r.path is GetPath.SERVABLE and cfg.servable_window_fragments:
+            return min(cfg.window_fragments, cfg.servable_window_fragments)
+        return cfg.window_fragments
 
     def _path(self, r: _Request) -> GetPath:
         """How to ask for ``r``'s chunk now: what the hints say (single once converted), or servable when forced."""
@@ -1363,8 +1377,9 @@ class Transport:
         if r.reasm is None:
             return
         total = r.reasm.frag_count
-        half = self.config.window_fragments // 2
-        floor = min(self.config.window_fragments, 16)
+        window = self._window(r)
+        half = window // 2
+        floor = min(window, 16)
         self._skip_arrived(r)
         while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
             want = min(half, total - r.asked_hi)

@@ -26,9 +26,13 @@ class TargetKnobs:
     """Most fragments in flight for one chunk (``kvpool-agent --window``)."""
     hold_ms: float
     """The holder's hold (``kvpool-agent --hold``)."""
+    servable_window: int = 0
+    """Most fragments in flight for one chunk the switches pool (``kvpool-agent --servable-window``;
+    0: ``chunk_window``)."""
 
 
-TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0), "bmv2": TargetKnobs(64, 16, 30.0)}
+TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0),
+                                        "bmv2": TargetKnobs(64, 16, 30.0)}
 """Per switch target.  The model takes the whole hot prefix at once.  BMv2 (3,000-4,700
 packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64 in flight,
 dealt 16 to a chunk: with a chunk's window as large as the budget, a requester's first chunk
@@ -38,7 +42,11 @@ hundreds of ms apart in the cold first wave and missed each other's answers (3.0
 the prefix instead of 1.04 with 16 to a chunk, docs/hostagent.md).  BMv2 holds 30 ms: a held
 GET a window was what bound multicast there with 100 (150-200 ms a round); BMv2 1.15.5 built
 -O2 without logging macros passes a window in a few ms, and the demo at 30 ms moved the same
-bytes (0.132 of plain's on the star, 0.136-0.143 on the leaf-spine) 1.7-2x faster (README, Targets)."""
+bytes (0.132 of plain's on the star, 0.136-0.143 on the leaf-spine) 1.7-2x faster (README, Targets).
+A pooled chunk's own window (``--servable-window``) stays off by default: 4 kept BMv2's
+64-packet egress queues from overflowing in the leaf-spine demo (no answer lost in three
+runs, against 157-298 GETs re-asked with 16), but the leaf-spine e2e test's refill wave
+then stalled 2.2 s in 2 of 7 runs (docs/hostagent.md)."""
 
 
 @dataclass
@@ -80,6 +88,9 @@ class DemoConfig:
     engine fetching a prefix does)."""
     chunk_window: int | None = None
     """Most fragments in flight for one chunk (within ``window``); None: the target's (``TARGET_KNOBS``)."""
+    servable_window: int | None = None
+    """The same for a chunk the switches pool (they answer its GETs at once, in bursts); None: the
+    target's, 0: ``chunk_window``."""
     hold_ms: float | None = None
     """How long the holder holds a chunk a second requester asks for while it is in flight, so
     the GETs of requesters that start a little late are coalesced too (``kvpool-agent --hold``;
@@ -102,6 +113,12 @@ class DemoConfig:
         """The most fragments one chunk keeps in flight: ``chunk_window``, else the target's, within ``in_flight``."""
         told = self.chunk_window if self.chunk_window is not None else self.knobs.chunk_window
         return max(2, min(told, self.in_flight))
+
+    @property
+    def servable_fragments(self) -> int:
+        """The most fragments one pooled chunk keeps in flight (0: as any chunk, ``chunk_fragments``)."""
+        told = self.servable_window if self.servable_window is not None else self.knobs.servable_window
+        return max(2, min(told, self.chunk_fragments)) if told else 0
 
     @property
     def knobs(self) -> TargetKnobs:
@@ -149,6 +166,8 @@ class DemoConfig:
             "time_scale": self.time_scale > 0,
             "window": self.window is None or 1 <= self.window <= 4096,
             "chunk_window": self.chunk_window is None or 2 <= self.chunk_window <= 4096,
+            "servable_window": self.servable_window is None or self.servable_window == 0
+            or 2 <= self.servable_window <= 4096,
             "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
             "max_queue_ms": 0 <= self.max_queue_ms <= 60_000,
             "deadline_s": self.deadline_s is None or 0 < self.deadline_s <= 3600,

@@ -231,6 +231,7 @@ class Testbed(StarHosts):
                         "--ready-file", str(self.run_dir / f"{h.name}.ready"),
                         "--log-file", str(self.run_dir / f"{h.name}.agent.log"),
                         "--window", str(self.cfg.chunk_fragments), "--max-inflight", str(self.cfg.in_flight),
+                        "--servable-window", str(self.cfg.servable_fragments),
                         # A holder answers a source up to its whole budget, not one chunk's window.
                         "--serve-window", str(self.cfg.in_flight),
                         "--retransmit-timeout", f"{rto:.2f}", "--give-up", f"{max(20.0, 3 * rto):.2f}",
@@ -490,7 +491,9 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     chunk_kib = len(next(iter(workload.blobs.values()))) / 1024
     print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
           f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB, "
-          f"window {cfg.in_flight} ({cfg.chunk_fragments} to a chunk), hold {cfg.hold_s * 1000:g} ms",
+          f"window {cfg.in_flight} ({cfg.chunk_fragments} to a chunk"
+          + (f", {cfg.servable_fragments} to a pooled one" if cfg.servable_fragments else "")
+          + f"), hold {cfg.hold_s * 1000:g} ms",
           file=sys.stderr)
     results: list[ModeResult] = []
     for off in bed.offered_by_holder:

@@ -87,6 +87,12 @@ def test_window_and_hold_follow_the_target_unless_given() -> None:
     assert (VsConfig(target="model").demo_config().chunk_fragments,
             VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
     assert replace(VsConfig(target="bmv2", window=8).demo_config(), chunk_window=64).chunk_fragments == 8
+    # A pooled chunk's own window: off unless told (then never past the chunk's own window).
+    assert (VsConfig(target="bmv2").demo_config().servable_fragments,
+            VsConfig(target="model").demo_config().servable_fragments) == (0, 0)
+    bmv2 = VsConfig(target="bmv2").demo_config()
+    assert (replace(bmv2, servable_window=4).servable_fragments, replace(bmv2, servable_window=64).servable_fragments,
+            replace(bmv2, chunk_window=2, servable_window=8).servable_fragments) == (4, 16, 2)
     with pytest.raises(ValueError, match="--window"):
         VsConfig(window=0).validate()
 

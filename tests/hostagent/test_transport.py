@@ -142,7 +142,8 @@ def test_store_error_nack() -> None:
 class LossyProxy:
     """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``
     (or by ``drop_pkt`` on their bytes) and rewrites the others with ``mangle(n, datagram)`` (n counts
-    from 1).  It records every GET (``gets``, ``get_lens``) and every NACK coming back (``nacks``)."""
+    from 1).  It records every GET (``gets``, ``get_lens``) and every NACK coming back (``nacks``), and
+    the most fragments asked for and not yet answered when a GET came (``peak_outstanding``)."""
 
     def __init__(self, holder: Address, drop: Callable[[int], bool],
                  mangle: Callable[[int, bytes], bytes] | None = None,
@@ -163,6 +164,8 @@ class LossyProxy:
         self.client: Address | None = None
         self.gets: list[wire.Header] = []
         self.data_seen = 0
+        self.asked = 0
+        self.peak_outstanding = 0
         self.dropped = 0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._up, self._down)]
@@ -182,6 +185,8 @@ class LossyProxy:
                 continue
             self.gets.append(wire.parse(pkt))
             self.get_lens.append(len(pkt))
+            self.asked += self.gets[-1].frag_count
+            self.peak_outstanding = max(self.peak_outstanding, self.asked - self.data_seen)
             self.back.sendto(pkt, self.holder)
 
     def _down(self) -> None:
@@ -367,6 +372,8 @@ def test_stop_fails_pending_fetches_and_closes_sockets() -> None:
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="window_fragments"):
         TransportConfig(window_fragments=1)
+    with pytest.raises(ValueError, match="servable_window_fragments"):
+        TransportConfig(servable_window_fragments=1)
     with pytest.raises(ValueError, match="rate_bytes_per_s"):
         TransportConfig(rate_bytes_per_s=-1)
 
@@ -734,6 +741,25 @@ def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
     st = r.stats()
     assert st["requests_failed"] == 0 and st["retransmit_gets"] == 0
     assert st["requests_by_path"] == {"range": 1, "single": 1, "servable": 1}
+
+
+@pytest.mark.parametrize("servable_window", [0, 8])
+def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int) -> None:
+    # A switch answers a pooled chunk's GETs at once, a window in one burst through queues
+    # that may hold only 64 packets (BMv2): its window can be smaller than the holder's.
+    chunk = os.urandom(60 * wire.FRAG_PAYLOAD)
+    hints = Hints({5: Hint(GetPath.SERVABLE, len(chunk))}, 60.0, True)
+    cfg = TransportConfig(port=0, window_fragments=64, servable_window_fragments=servable_window,
+                          retransmit_timeout_s=5.0, give_up_s=30.0)
+    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints)
+    assert res.ok and bytes(res.data or b"") == chunk
+    assert sorted(g.frag_index for g in proxy.gets) == list(range(60))  # each once, singly, with room
+    assert {n for n in proxy.get_lens} == {wire.GET_WITH_ROOM_LEN}
+    if servable_window:
+        assert proxy.peak_outstanding <= servable_window
+    else:
+        assert proxy.peak_outstanding > 8  # the whole hinted chunk at once (60 when nothing came back yet)
+    assert r.stats()["retransmit_gets"] == 0
 
 
 @pytest.mark.parametrize("coalesced", [True, False])
