@@ -77,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 0: --chunk-window; 4 suits BMv2, whose queues hold 64 packets)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
                    help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
-                   "so GETs of requesters that start a little late are coalesced too (default: the target's, 100; "
-                   "a lone request is answered at once)")
+                   "so GETs of requesters that start a little late are coalesced too (default: the target's, "
+                   "100 on the model, 30 on BMv2; a lone request is answered at once)")
     p.add_argument("--push-admitted", action="store_true",
                    help="pool mode: the holder pushes each chunk the controller admits, so its next fetch is a hit "
                    "(default: the answers that cross the switch fill it, which costs the holder no extra copy)")

@@ -728,7 +728,7 @@ class P4RuntimeSwitch:
         more per push (3 copies after two modes of a testbed run; the same as
         p4lang/behavioral-model#891 for clone sessions).  Deleted first, nothing is left behind.
         """
-        if self.switch_cookie() is None and not self._has_pipeline():
+        if not self._has_pipeline():
             return  # nothing pushed yet: no groups either (and a read would fail)
         groups = self.read_multicast_groups()
         if not groups:

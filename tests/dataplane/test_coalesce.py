@@ -48,23 +48,32 @@ def _hosts_2_and_4_wait(target: Target, first: tuple[int, int], second: tuple[in
     target.expect_no_other_packets()
 
 
-def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target) -> None:
-    _setup(target)
+def _three_wait(target: Target) -> None:
+    """Hosts 1, 2 and 4 ask for fragment 0: host 1's GET goes upstream, the other two are absorbed."""
     first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
     target.send(1, first)
     target.expect(HOLDER.port, with_ttl(first, 63))
     target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002))
     target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
     target.expect_no_other_packets()  # both duplicates absorbed: the holder saw one GET
-    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
-    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 2
 
-    # The holder answers the first requester; every waiter gets its own copy.
+
+def _answer_reaches_all_three(target: Target) -> None:
+    """The holder answers host 1; every waiter gets its own copy, once."""
     target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=11, dport=5001))
     target.expect(1, _replica(1, 11, 5001, coalesced=False))
     target.expect(2, _replica(2, 22, 5002, coalesced=True))
     target.expect(4, _replica(4, 44, 5004, coalesced=True))
     target.expect_no_other_packets()
+
+
+def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target) -> None:
+    _setup(target)
+    _three_wait(target)
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 2
+
+    _answer_reaches_all_three(target)
     assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 1
     assert target.counters(n.WAITER_REPLICAS) == {0: 1, 1: 1, 2: 1}
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
@@ -236,15 +245,6 @@ def test_a_release_after_a_fresh_pipeline_push_makes_one_copy_per_waiter(target:
     groups = {g: sorted(r) for g, r in target.sw.read_multicast_groups().items()}
     assert groups == {n.COALESCE_MCAST_GRP + t: [(h.port, w) for w, h in enumerate(WAITING[:t + 1])]
                       for t in range(len(WAITING))}
-    first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
-    target.send(1, first)
-    target.expect(HOLDER.port, with_ttl(first, 63))
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002))
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
-    target.expect_no_other_packets()
-    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=11, dport=5001))
-    target.expect(1, _replica(1, 11, 5001, coalesced=False))
-    target.expect(2, _replica(2, 22, 5002, coalesced=True))
-    target.expect(4, _replica(4, 44, 5004, coalesced=True))
-    target.expect_no_other_packets()
+    _three_wait(target)
+    _answer_reaches_all_three(target)
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
