@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the target's, 600 on the model, 16 on BMv2, within --window)")
     p.add_argument("--servable-window", type=int, default=d.servable_window, help="most of them for one chunk the "
                    "switches pool, whose answers come from a switch at once, in bursts its queues must hold "
-                   "(default 0: --chunk-window; 4 suits BMv2, whose queues hold 64 packets)")
+                   "(default: the target's, 0 = --chunk-window on the model, 4 on BMv2, whose queues hold 64 packets)")
     p.add_argument("--hold-ms", type=float, default=d.hold_ms,
                    help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
                    "so GETs of requesters that start a little late are coalesced too (default: the target's, "

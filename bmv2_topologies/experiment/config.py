@@ -32,7 +32,7 @@ class TargetKnobs:
 
 
 TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0),
-                                        "bmv2": TargetKnobs(64, 16, 30.0)}
+                                        "bmv2": TargetKnobs(64, 16, 30.0, 4)}
 """Per switch target.  The model takes the whole hot prefix at once.  BMv2 (3,000-4,700
 packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64 in flight,
 dealt 16 to a chunk: with a chunk's window as large as the budget, a requester's first chunk
@@ -43,10 +43,10 @@ the prefix instead of 1.04 with 16 to a chunk, docs/hostagent.md).  BMv2 holds 3
 GET a window was what bound multicast there with 100 (150-200 ms a round); BMv2 1.15.5 built
 -O2 without logging macros passes a window in a few ms, and the demo at 30 ms moved the same
 bytes (0.132 of plain's on the star, 0.136-0.143 on the leaf-spine) 1.7-2x faster (README, Targets).
-A pooled chunk's own window (``--servable-window``) stays off by default: 4 kept BMv2's
-64-packet egress queues from overflowing in the leaf-spine demo (no answer lost in three
-runs, against 157-298 GETs re-asked with 16), but the leaf-spine e2e test's refill wave
-then stalled 2.2 s in 2 of 7 runs (docs/hostagent.md)."""
+A chunk the switches pool keeps 4 in flight on BMv2: a switch answers a pooled chunk's GETs at
+once, and a window of 16 such answers per requester overflowed the spine's egress queues on the
+leaf-spine (157-298 GETs re-asked per demo run, the pool's p99 above plain's); with 4, none
+(README, Targets)."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,11 @@ class Testbed(StarHosts):
 
     def __init__(self, cfg: DemoConfig, workload: Workload, topo: Topology | None = None) -> None:
         """``topo``: the network, when the caller built it already (else ``build_topology(cfg)``)."""
+        if cfg.target is None:
+            # The network starts on the default target, and the knobs the agents get (window, hold)
+            # must be that target's: left unresolved they were the model's, so a test on BMv2 ran
+            # 600 fragments in flight into its 64-packet queues and stalled on the losses.
+            cfg = replace(cfg, target=default_target())
         self.cfg = cfg
         self.workload = workload
         self.run_dir = cfg.out / "run"

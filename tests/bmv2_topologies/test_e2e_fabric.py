@@ -88,11 +88,12 @@ def test_leaf_spine_in_all_three_modes(tmp_path: Path) -> None:
         # Held by the spine and filled on pass: every answer that crosses it after the admission
         # writes its slot (no push by default).  When one leaf's hot report reaches the
         # controller an epoch before the other's, the chunk is first sited at that leaf and
-        # moves to the spine with the second report (a new placement: the leaf's bytes are
-        # never served), so the spine may fill more than once and a leaf may have filled; what
-        # must hold is where it ends and who served it.
+        # moves to the spine with the second report (a new placement), so the spine may fill
+        # more than once, and the leaf may fill and, until the move, serve its own requesters
+        # from what it filled (on BMv2 2 of 8 runs: 11 and 26 hits).  What must hold is where it
+        # ends and who served it: a switch serves only bytes it filled.
         assert pool.switches[spine].fills >= frags
-        assert sum(c.served for s, c in pool.switches.items() if s != spine) == 0
+        assert all(c.fills > 0 for c in pool.switches.values() if c.served), pool.switches
         traffic = holder_traffic(pool.pcaps["h0"], "10.0.0.100", pool.window)
         # A push (a refill) fills what no answer carried past the spine since the chunk was
         # sited there: at most one copy of the chunk.

@@ -57,12 +57,19 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         for (k, i, _dst), n in traffic.data_out.items():
             sent[(k, i)] = sent.get((k, i), 0) + n
         assert sorted(sent) == [(key, i) for i in range(frags)]
-        # Alone on the machine every fragment leaves once; after the first window the three
-        # drift apart by whatever the scheduler adds, and a GET that arrives after its
-        # fragment's answer went by is fetched again. Without coalescing: 3 * frags.
+        # Without coalescing: 3 * frags.  With the model's window (the whole chunk at once) the
+        # three converted requesters ask for every fragment together and, alone on the machine,
+        # each leaves once; after that they drift apart by whatever the scheduler adds, and a GET
+        # that arrives after its fragment's answer went by is fetched again.  BMv2's window (16
+        # to a chunk, TARGET_KNOBS) paces each requester by its own answers from the moment the
+        # holder turns its range GETs into single ones, which differs per requester: 141-281
+        # sends for 140 fragments in 8 runs (coalesced 139-279).
+        bmv2 = bed.cfg.target == "bmv2"
         assert all(n >= 1 for n in sent.values())
-        assert sum(sent.values()) <= frags * 3 // 2, f"{sum(sent.values())} sends for {frags} fragments"
-        assert mc.coalesced >= frags  # the other requesters' GETs were absorbed in the switch
+        bound = frags * 5 // 2 if bmv2 else frags * 3 // 2
+        assert sum(sent.values()) <= bound, f"{sum(sent.values())} sends for {frags} fragments"
+        # The other requesters' GETs were absorbed in the switch.
+        assert mc.coalesced >= (frags // 2 if bmv2 else frags), mc.coalesced
 
         # 2. Pool mode, three waves 4 s apart (the first 0.5 s into the window).  The first is
         # coalesced and makes the chunk hot; the controller admits it and every answer that
@@ -99,7 +106,7 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
 
         # 2b. The same with the holder asked to push each admitted chunk: the push fills what no
         # answer carried past the switch since the admission, and the second wave is all hits.
-        bed.workload, bed.cfg = workload, dataclasses.replace(cfg, push_admitted=True)
+        bed.workload, bed.cfg = workload, dataclasses.replace(bed.cfg, push_admitted=True)
         pool = bed.run_mode("pool")
         assert (pool.requests, pool.failed, pool.admitted) == (6, 0, 1)
         assert pool.switch_served >= 3 * frags  # all of wave 2 (and wave 1 GETs after the fill)

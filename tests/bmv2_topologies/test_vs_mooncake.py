@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
+from bmv2_topologies.experiment.config import SYSTEMS, TARGET_KNOBS, DemoConfig, VsConfig
 from bmv2_topologies.experiment.report import SystemResult, summaries, vs_document, vs_plot, vs_table
 from bmv2_topologies.mooncake_reader import digest
 from tests.paths import REPO
@@ -87,14 +87,31 @@ def test_window_and_hold_follow_the_target_unless_given() -> None:
     assert (VsConfig(target="model").demo_config().chunk_fragments,
             VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
     assert replace(VsConfig(target="bmv2", window=8).demo_config(), chunk_window=64).chunk_fragments == 8
-    # A pooled chunk's own window: off unless told (then never past the chunk's own window).
+    # A pooled chunk's own window: 4 on BMv2 (a switch answers it in bursts), off on the model
+    # unless told (then never past the chunk's own window); 0 turns it off.
     assert (VsConfig(target="bmv2").demo_config().servable_fragments,
-            VsConfig(target="model").demo_config().servable_fragments) == (0, 0)
+            VsConfig(target="model").demo_config().servable_fragments) == (4, 0)
     bmv2 = VsConfig(target="bmv2").demo_config()
     assert (replace(bmv2, servable_window=4).servable_fragments, replace(bmv2, servable_window=64).servable_fragments,
-            replace(bmv2, chunk_window=2, servable_window=8).servable_fragments) == (4, 16, 2)
+            replace(bmv2, chunk_window=2, servable_window=8).servable_fragments,
+            replace(bmv2, servable_window=0).servable_fragments) == (4, 16, 2, 0)
     with pytest.raises(ValueError, match="--window"):
         VsConfig(window=0).validate()
+
+
+def test_a_testbed_left_without_a_target_takes_the_default_one_and_its_knobs(tmp_path: Path) -> None:
+    from bmv2_topologies.experiment.testbed import Testbed
+    from bmv2_topologies.experiment.workload import build_workload
+    from bmv2_topologies.network import default_target
+
+    cfg = DemoConfig(requesters=2, waves=1, hot_blocks=1, tail_blocks=0, out=tmp_path)
+    bed = Testbed(cfg, build_workload(cfg))  # builds the topology only: no network, no root
+    # The network starts on the default target; the agents' window and hold must be its own
+    # (they were the model's: 600 in flight into BMv2's 64-packet queues).
+    assert bed.cfg.target == default_target()
+    assert (bed.cfg.in_flight, bed.cfg.hold_s) == (TARGET_KNOBS[default_target()].in_flight,
+                                                   TARGET_KNOBS[default_target()].hold_ms / 1000)
+    assert cfg.target is None  # the caller's config is not changed
 
 
 def test_cli_rejects_bad_arguments_in_one_line() -> None:
