@@ -33,10 +33,10 @@ class TargetKnobs:
 
 TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0),
                                         "bmv2": TargetKnobs(64, 16, 30.0, 4)}
-"""Per switch target.  The model takes the whole hot prefix at once.  BMv2 (3,000-4,700
-packets/s here, p4/README.md) overflows its queues with that many GETs and gets 64 in flight,
-dealt 16 to a chunk: with a chunk's window as large as the budget, a requester's first chunk
-took all of it and the next ones started as its answers came, which differs between the
+"""Per switch target.  The model takes the whole hot prefix at once.  BMv2 (its 64-packet
+queues; 3,000-4,700 packets/s on the first build here, p4/README.md) overflows with that many
+GETs and gets 64 in flight, dealt 16 to a chunk: with a chunk's window as large as the
+budget, a requester's first chunk took all of it and the next ones started as its answers came, which differs between the
 requester that first asked for a chunk and those the holder converted, so requesters drifted
 hundreds of ms apart in the cold first wave and missed each other's answers (3.0 copies of
 the prefix instead of 1.04 with 16 to a chunk, docs/hostagent.md).  BMv2 holds 30 ms: a held
