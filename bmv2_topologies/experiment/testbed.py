@@ -482,7 +482,6 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     if reason:
         print(f"kvpool demo: {reason}", file=sys.stderr)
         return 1
-    cfg.target = cfg.target or default_target()
     try:
         topo = build_topology(cfg)
         if cfg.topology_file is not None:
@@ -492,6 +491,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     except (TopologyError, ValueError, OSError) as exc:
         print(f"kvpool demo: {exc}", file=sys.stderr)
         return 1
+    cfg = bed.cfg  # with the target resolved, and so the knobs the agents run
     cfg.out.mkdir(parents=True, exist_ok=True)
     chunk_kib = len(next(iter(workload.blobs.values()))) / 1024
     print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
@@ -527,7 +527,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
            "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
            "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "chunk_window": cfg.chunk_fragments,
-           "hold_ms": cfg.hold_s * 1000,
+           "servable_window": cfg.servable_fragments, "hold_ms": cfg.hold_s * 1000,
            "offered": {"holder": off.holder, "bytes": off.total_bytes, "span_s": round(off.span_s, 3),
                        "mean_bps": round(off.mean_bps), "peak_bps": round(off.peak_bps),
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},
