@@ -298,6 +298,32 @@ def test_reconnect_to_restarted_switch_resyncs_everything(server: P4RuntimeServe
         fresh.stop()
 
 
+def test_a_switch_away_for_long_is_found_soon_after_it_listens_again(server: P4RuntimeServer) -> None:
+    """gRPC's own backoff (1 s, then 1.6x: attempts near 1, 2.6, 5.2, 9.3, 15.8 s) is not the driver's pace.
+
+    Away 10 s, a switch was found only at gRPC's next attempt, 4-7 s after it listened (a CI
+    run's chaos test saw a 10 s reconnect); the driver's channel retries within
+    ``max_backoff_s``. The bound is a deadline with room for a loaded machine, not a timing.
+    """
+    port = server.port
+    sw = P4RuntimeSwitch(f"127.0.0.1:{port}", MINI, b"{}", timeout_s=30, max_backoff_s=0.5).connect()
+    try:
+        server.stop()
+        deadline = time.monotonic() + 5
+        while sw.connected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not sw.connected
+        time.sleep(10)
+        fresh = P4RuntimeServer(SwitchState(), f"127.0.0.1:{port}").start()
+        try:
+            assert sw.wait_connected(3), "not reconnected within 3 s of the switch listening again"
+            assert sw.instance == 2
+        finally:
+            fresh.stop()
+    finally:
+        sw.close()
+
+
 def test_resync_repairs_drift(sw: P4RuntimeSwitch, server: P4RuntimeServer) -> None:
     sw.insert_entries([pool(1, slot=1), pool(2, slot=2)])
     sw.set_multicast_group(1, [(1, 0)])
