@@ -1521,7 +1521,10 @@ class Transport:
         if status == wire.Status.BUSY:
             # Push back, not an answer: the holder is there and the request waits (until its
             # deadline), re-asking when the holder's hint says its queue has room again.  The
-            # hint is jittered so the requesters a switch told at once do not come back at once.
+            # hint is jittered so the requesters a switch told at once do not come back at once,
+            # but never early: a holder books its refusals one after another (its queue where the
+            # switches merge, a source's budget always), and a GET back before its turn is only
+            # refused again.
             # A range refused one fragment at a time is the holder converting it: another request
             # asks for the chunk at the same time, and where the switches merge, single GETs let
             # them share it.  A range refused whole is a full queue: re-asked as it was.
@@ -1547,7 +1550,7 @@ class Transport:
             end = i + hdr.frag_count if hdr.frag_count > 1 or alone else max(r.asked_hi, i + 1)
             r.refused_runs.append((i, end))
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
-            jitter = 1.0 if self.hints.merging(now) else 0.5 + random.random()
+            jitter = 1.0 if self.hints.merging(now) else 1.0 + 0.5 * random.random()
             wait = hint_us / 1e6 * jitter if hint_us else r.rto
             r.next_retx = now + wait
             self._refusing_until[r.holder] = max(self._refusing_until.get(r.holder, 0.0), now + wait)
@@ -1934,8 +1937,9 @@ class Transport:
                 # timer (9 s on the same traffic at 100 Mbit/s, 200 requests: p99 3.6x plain's).
                 if hdr.frag_count > 1 and count - allowed == 1 and allowed > 0:
                     allowed -= 1  # a range refused one fragment would read as a conversion (kvpool.wire)
+                    self.gate.give_back(addr[0], 1)
                 rest = count - allowed
-                hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.refill_s(addr[0], rest) * 1e6)))
+                hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.book_retry_s(addr[0], rest) * 1e6)))
                 self._nack_run(hdr, first + allowed, rest, wire.Status.BUSY, addr, hint_us)
                 if allowed == 0:
                     return

@@ -112,3 +112,32 @@ def test_a_get_over_its_sources_budget_is_told_when_to_come_back() -> None:
     assert nacks[0].status == wire.Status.BUSY and nacks[0].frag_index == 2 * WINDOW
     # One fragment at 0.2/s: back in 5 s, less what refilled while the window went out.
     assert 1_000_000 <= nacks[0].chunk_len <= 5_000_000
+
+
+def test_a_range_cut_short_of_one_fragment_costs_only_what_was_sent() -> None:
+    # A range GET granted all but one fragment is cut by one more (one refused fragment reads as a
+    # conversion on the wire); the fragment cut goes back to the budget. Kept, every such GET cost
+    # a fragment for nothing, and a source whose 2-fragment GETs kept coming back never refilled.
+    gate = RequesterGate(window_fragments=WINDOW, rate_fragments_per_s=0.01, burst_fragments=WINDOW,
+                         allow=["127.0.0.1"], trust_loopback=False)
+    with _holder(gate) as holder, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(5.0)
+
+        def ask(first: int, count: int) -> tuple[int, list[wire.Header]]:
+            """DATA and NACKs for one range GET, read until its ``count`` fragments are accounted for."""
+            s.sendto(wire.get_packet(KEY, first, count, request_id=1), holder.address)
+            data, nacks = 0, []
+            while data + sum(n.frag_count for n in nacks) < count:
+                hdr = wire.parse(s.recv(4096))
+                if hdr.opcode == wire.Opcode.NACK:
+                    nacks.append(hdr)
+                else:
+                    data += 1
+            return data, nacks
+
+        assert ask(0, WINDOW - 4) == (WINDOW - 4, [])  # 4 fragments of budget left
+        data, nacks = ask(1000, 5)  # 4 granted, cut to 3: 2 refused
+        assert data == 3 and [(n.status, n.frag_index, n.frag_count) for n in nacks] == [(wire.Status.BUSY, 1003, 2)]
+        assert ask(2000, 1) == (1, [])  # the fragment cut was given back

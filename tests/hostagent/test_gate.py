@@ -63,6 +63,38 @@ def test_a_spent_budget_says_when_it_holds_the_get_again() -> None:
     assert g.refill_s("not an address", 4) == 0.0
 
 
+def test_refused_gets_of_one_source_come_back_one_after_another() -> None:
+    # Told only when the budget holds one GET, every refused GET of a source came back at that
+    # instant; one got it, the rest were refused again 1-3 ms later (a replayed trace at 3x the
+    # holder link: 843,000 BUSY for 156,000 DATA). Each refusal books its refill behind the last.
+    clock = Clock()
+    g = _gate(clock, allow=["10.0.0.1", "10.0.0.2"])
+    assert g.admit("10.0.0.1", 8) == 8 and g.admit("10.0.0.1", 8) == 8  # the burst is spent
+    hints = [g.book_retry_s("10.0.0.1", 4) for _ in range(3)]
+    assert hints == pytest.approx([0.4, 0.8, 1.2])  # 4 fragments at 10/s each, in turn
+    assert g.book_retry_s("10.0.0.2", 4) == 0.0  # another source has its own budget and turns
+    for hint in hints:  # each comes back at its turn and finds its fragments
+        clock.now = 100.0 + hint
+        assert g.admit("10.0.0.1", 4) == 4
+    clock.now += 0.05  # a GET refused after the booked ones are due: behind none of them
+    assert g.admit("10.0.0.1", 4) == 0 and g.book_retry_s("10.0.0.1", 4) == pytest.approx(0.35)
+    assert g.book_retry_s("not an address", 4) == 0.0
+
+
+def test_a_grant_given_back_costs_the_budget_nothing() -> None:
+    clock = Clock()
+    g = _gate(clock, allow=["10.0.0.1"])
+    assert g.admit("10.0.0.1", 8) == 8 and g.admit("10.0.0.1", 8) == 8
+    clock.now += 0.35  # 3.5 fragments back
+    assert g.admit("10.0.0.1", 4) == 3
+    g.give_back("10.0.0.1", 1)  # the holder sent 2 (a range refused 1 fragment reads as a conversion)
+    assert g.refill_s("10.0.0.1", 2) == pytest.approx(0.05)  # 1.5 left, not 0.5
+    g.give_back("10.0.0.1", 100)
+    assert g.admit("10.0.0.1", 8) == 8 and g.admit("10.0.0.1", 8) == 8  # never above one burst
+    assert g.admit("10.0.0.1", 1) == 0
+    g.give_back("not an address", 1)
+
+
 def test_bad_settings_are_one_line_errors() -> None:
     with pytest.raises(ValueError, match=re.escape("'10.0.0.300' is not an IP address or CIDR prefix")):
         parse_allow(["10.0.0.300"])
