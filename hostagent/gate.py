@@ -139,8 +139,8 @@ class RequesterGate:
 
         A holder cuts a grant that would leave exactly one fragment of a range refused (on
         the wire that reads as a conversion); the fragment it cut must not cost the budget.
-        Kept, each such GET spent a fragment of budget for nothing and the source's budget
-        never refilled while its GETs kept coming back.
+        Kept, each such GET spent a fragment of budget for nothing: a source whose 2-fragment
+        GETs kept coming back each spent one of the fragments refilled for them.
         """
         try:
             ip = ipaddress.ip_address(source)
@@ -170,8 +170,8 @@ class RequesterGate:
         ``count / rate`` seconds behind the last one. Told only when the budget holds one GET,
         every refused GET of a source came back at that instant, one got it and the rest were
         refused again, 1-3 ms later again (a replay of the conversation trace at 3x the holder
-        link: 843,000 BUSY against 156,000 DATA in plain forwarding, a sixth of the holder's
-        link spent on NACKs). Without a hint the requester waits a retransmit timeout, and so
+        link: 843,000 BUSY against 156,000 DATA in plain forwarding, 23% of the bytes the holder
+        sent). Without a hint the requester waits a retransmit timeout, and so
         does every GET a switch merged into the refused one.
         """
         try:

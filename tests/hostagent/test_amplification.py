@@ -117,7 +117,7 @@ def test_a_get_over_its_sources_budget_is_told_when_to_come_back() -> None:
 def test_a_range_cut_short_of_one_fragment_costs_only_what_was_sent() -> None:
     # A range GET granted all but one fragment is cut by one more (one refused fragment reads as a
     # conversion on the wire); the fragment cut goes back to the budget. Kept, every such GET cost
-    # a fragment for nothing, and a source whose 2-fragment GETs kept coming back never refilled.
+    # a fragment for nothing, so a source whose 2-fragment GETs kept coming back spent its refill on them.
     gate = RequesterGate(window_fragments=WINDOW, rate_fragments_per_s=0.01, burst_fragments=WINDOW,
                          allow=["127.0.0.1"], trust_loopback=False)
     with _holder(gate) as holder, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
