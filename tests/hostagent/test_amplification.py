@@ -128,7 +128,7 @@ def test_a_range_cut_short_of_one_fragment_costs_only_what_was_sent() -> None:
         def ask(first: int, count: int) -> tuple[int, list[wire.Header]]:
             """DATA and NACKs for one range GET, read until its ``count`` fragments are accounted for."""
             s.sendto(wire.get_packet(KEY, first, count, request_id=1), holder.address)
-            data, nacks = 0, []
+            data, nacks = 0, list[wire.Header]()
             while data + sum(n.frag_count for n in nacks) < count:
                 hdr = wire.parse(s.recv(4096))
                 if hdr.opcode == wire.Opcode.NACK:
