@@ -50,9 +50,12 @@ Done when the first is at most 1.05, the second 0 and the third at least 0.5.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,6 +98,32 @@ def run_name(cell: Cell, k: int) -> str:
     return cell.name if k == 0 else f"{cell.name}-k{k}"
 
 
+def run_to_end(cmd: list[str], grace_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` to its end, its output captured; interrupted (Ctrl-C, SIGTERM), end it cleanly first.
+
+    A cell's ``kvpool demo`` stops its network, switch and agents (by PID) when it gets
+    SIGTERM or SIGINT.  ``subprocess.run`` answers an interrupt with SIGKILL, which left a
+    cell's nine agents running and its Mininet links in place. Here the cell runs in its
+    own process group (``flock`` and the demo both get the signal) and is sent SIGTERM, given
+    ``grace_s`` to clean up, and killed only after that.
+    """
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> dict[str, Any]:
     """One ``kvpool demo`` run (three modes); its JSON document, or ``{"error": ...}``."""
     out = args.out / run_name(cell, k)
@@ -105,7 +134,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> d
     if args.lock:
         cmd = ["flock", str(args.lock), *cmd]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = run_to_end(cmd)
     (args.out / f"{run_name(cell, k)}.log").write_text(proc.stderr + proc.stdout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -306,5 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if met else 1
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: the running cell is ended cleanly (``run_to_end``)."""
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminated)
     raise SystemExit(main())

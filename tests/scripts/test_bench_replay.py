@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import runpy
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +171,32 @@ def test_pair_is_the_median_of_request_by_request_ratios() -> None:
     assert judge(other)["multicast"]["paired_median"] is None
     del run["plain"]["timeline"]
     assert judge(run)["multicast"]["paired_median"] is None
+
+
+def test_an_interrupted_run_ends_its_cell_cleanly_not_with_sigkill(tmp_path: Path) -> None:
+    # The cell (here a stand-in for `kvpool demo`) cleans up on SIGTERM; `subprocess.run` killed
+    # it with SIGKILL on Ctrl-C, which left a real cell's nine agents and its Mininet links behind.
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        "import pathlib, signal, sys, time\n"
+        f"out = pathlib.Path({str(tmp_path)!r})\n"
+        "def bye(*_):\n"
+        "    time.sleep(0.3)  # stopping a network takes a while\n"
+        "    (out / 'cleaned').write_text('yes'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "(out / 'up').write_text('yes')\n"
+        "time.sleep(60)\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import runpy, sys\n"
+        f"bench = runpy.run_path({str(SCRIPT)!r})\n"
+        f"bench['run_to_end']([sys.executable, {str(cell)!r}])\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "up").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the cell did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C to the runner alone
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err  # the interrupt still ends the runner
+    assert (tmp_path / "cleaned").read_text() == "yes"  # but only after the cell cleaned up
