@@ -72,7 +72,7 @@ class RequesterGate:
         self._clock = clock
         self._registered: frozenset[IPAddress] = frozenset()
         self._buckets: OrderedDict[IPAddress, tuple[float, float]] = OrderedDict()  # source -> (tokens, at)
-        self._booked: dict[IPAddress, float] = {}  # source -> when its last refused GET was told to come back
+        self._booked: OrderedDict[IPAddress, float] = OrderedDict()  # source -> its last refused GET's turn
         self._lock = threading.Lock()
         self.refused_unverified = 0
         """GETs answered with nothing: their source is neither allowed nor registered."""
@@ -159,8 +159,7 @@ class RequesterGate:
         except ValueError:
             return 0.0
         with self._lock:
-            tokens = self._tokens(ip, self._clock())
-        return max(0.0, min(count, self.window, self.burst) - tokens) / self.rate
+            return self._refill_s(ip, count, self._clock())
 
     def book_retry_s(self, source: str, count: int) -> float:
         """The retry hint for a GET of ``count`` refused for ``source``'s budget: seconds until its turn.
@@ -178,19 +177,20 @@ class RequesterGate:
             ip = ipaddress.ip_address(source)
         except ValueError:
             return 0.0
-        need = min(count, self.window, self.burst)
         with self._lock:
             now = self._clock()
-            turn = now + max(0.0, need - self._tokens(ip, now)) / self.rate
-            last = self._booked.get(ip, 0.0)
+            turn = now + self._refill_s(ip, count, now)
+            last = self._booked.pop(ip, 0.0)  # re-inserted last, as the buckets are
             if last > now:
-                turn = max(turn, last + need / self.rate)
-            if len(self._booked) >= MAX_SOURCES and ip not in self._booked:
-                self._booked = {k: v for k, v in self._booked.items() if v > now}
-                if len(self._booked) >= MAX_SOURCES:  # all of them waiting: forget the one due first
-                    del self._booked[min(self._booked, key=self._booked.__getitem__)]
+                turn = max(turn, last + min(count, self.window, self.burst) / self.rate)
             self._booked[ip] = turn
+            if len(self._booked) > MAX_SOURCES:
+                self._booked.popitem(last=False)
         return turn - now
+
+    def _refill_s(self, ip: IPAddress, count: int, now: float) -> float:
+        """Seconds until ``ip``'s budget holds ``count`` fragments (at most one window or burst; lock held)."""
+        return max(0.0, min(count, self.window, self.burst) - self._tokens(ip, now)) / self.rate
 
     def _tokens(self, ip: IPAddress, now: float) -> float:
         """``ip``'s budget now: what its bucket held, refilled at the rate up to one burst (lock held)."""
