@@ -9,9 +9,11 @@ Runs ``kvpool demo --trace`` (all three modes on one Mininet star) for every cel
   ``--mbps`` (holder link) 10 and 100; ``--target`` model.
 
 Each flag takes a comma-separated subset, so one cell or a slice of the grid runs alone;
-``--resume`` skips cells whose result is already in ``--out``; ``--lock PATH`` runs each
-cell under ``flock PATH`` (a machine shared with other network-namespace users).  Ratios are
-measured within a cell (the three modes run back to back on the same network).
+``--resume`` skips cells whose result is already in ``--out`` (``--resume-since COMMIT``: only
+results measured on that commit or a descendant of it, so a grid spread over several sittings
+ends on one data path); ``--lock PATH`` runs each cell under ``flock PATH`` (a machine shared
+with other network-namespace users).  Ratios are measured within a cell (the three modes run
+back to back on the same network).
 
 ``--repeats K`` replays each cell K times and judges the K runs together: each mode's p50
 and p99 are taken over the delivery times of all K replays, its bytes and failures summed.
@@ -24,6 +26,9 @@ kept in the cell's JSON (``runs``).
 One row per cell, then a last line::
 
     worst_slowdown_vs_plain=<x> failed=<n> bytes_saved_of_ideal=<f>
+
+``code``: the commit the cell ran on (``git describe --always --dirty`` of this checkout;
+``-dirty``: with uncommitted changes), kept in each result as ``code``.
 
 ``pair``: request by request, the median of a mode's delivery time over plain's for the
 same request (the same trace request in the same replay): where a p50 sits at a gap in the
@@ -68,6 +73,7 @@ from bmv2_topologies.experiment.report import percentile
 from kvpool import workloads
 from kvpool.trace import shared_trace_path, write_jsonl
 
+ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("conversation", "tool")
 MODES = ("plain", "multicast", "pool")
 
@@ -91,6 +97,27 @@ class Cell:
 def make_tool_trace(path: Path, n_requests: int, seed: int) -> None:
     """Write ``kvpool workload tool``'s trace of ``n_requests`` requests (its default family knobs) to ``path``."""
     write_jsonl(workloads.build("tool", n_requests=n_requests, seed=seed), path)
+
+
+def code_version(root: Path) -> str | None:
+    """The commit ``root`` is checked out at, ``-dirty`` with uncommitted changes; None outside git."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def measured_since(code: str | None, commit: str, root: Path) -> bool:
+    """Whether a result measured on ``code`` ran on ``commit``'s data path or later (a clean descendant of it)."""
+    if not code or code.endswith("-dirty"):
+        return False
+    proc = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", commit, code],
+                          capture_output=True, text=True, timeout=30, check=False)
+    return proc.returncode == 0
 
 
 def run_name(cell: Cell, k: int) -> str:
@@ -142,6 +169,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> d
         return {"error": f"kvpool demo exited {proc.returncode} without results: {tail}"}
     doc: dict[str, Any] = json.loads(lines[-1])
     doc["wall_s"] = round(time.monotonic() - t0, 1)
+    doc["code"] = code_version(ROOT)
     return doc
 
 
@@ -172,7 +200,9 @@ def pool_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if len(docs) == 1:
         return docs[0]
-    out: dict[str, Any] = {"offered": docs[0]["offered"], "repeats": len(docs), "runs": [judge(d) for d in docs]}
+    codes = sorted({str(d.get("code")) for d in docs})
+    out: dict[str, Any] = {"offered": docs[0]["offered"], "repeats": len(docs), "runs": [judge(d) for d in docs],
+                           "code": codes[0] if len(codes) == 1 else "+".join(codes)}
     for m in MODES:
         if not all(m in d for d in docs):
             continue
@@ -248,11 +278,12 @@ def row(cell: Cell, doc: dict[str, Any]) -> str:
     parts.append(f"{max(queued):6.1f}" if queued else f"{'-':>6s}")
     parts.append(f"{j['failed']:3d}")
     parts.append(f"{doc.get('repeats', 1):3d}")
+    parts.append(str(doc.get("code") or "-"))
     return "  ".join(parts)
 
 
 HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p50/p99 s     pool p50/p99 s  "
-          "mc slow pair bytes saved  pl slow pair bytes saved  ideal  sw MB  failed  runs")
+          "mc slow pair bytes saved  pl slow pair bytes saved  ideal  sw MB  failed  runs  code")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="replays per cell, judged together (p50/p99 over all their requests)")
     ap.add_argument("--resume", action="store_true", help="reuse the results of cells already in --out")
+    ap.add_argument("--resume-since", metavar="COMMIT",
+                    help="with --resume, reuse only results measured on COMMIT or a later commit (clean checkout)")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
     args = ap.parse_args(argv)
     try:
@@ -286,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
             [float(x) for x in args.time_scales.split(",")], [float(x) for x in args.mbps.split(",")])]
         if args.repeats < 1:
             raise ValueError(f"--repeats: {args.repeats}; at least 1")
+        if args.resume_since:
+            if not args.resume:
+                raise ValueError("--resume-since needs --resume")
+            verify = ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.resume_since}^{{commit}}"]
+            if subprocess.run(verify, capture_output=True, timeout=30, check=False).returncode != 0:
+                raise ValueError(f"--resume-since: {args.resume_since!r} is not a commit of {ROOT}")
     except ValueError as exc:
         print(f"bench_replay: {exc}", file=sys.stderr)
         return 2
@@ -307,9 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for k in range(args.repeats):
             result_path = args.out / f"{run_name(cell, k)}.json"
-            if args.resume and result_path.exists():
-                doc = json.loads(result_path.read_text())
-            else:
+            doc = json.loads(result_path.read_text()) if args.resume and result_path.exists() else {}
+            if doc and args.resume_since and not measured_since(doc.get("code"), args.resume_since, ROOT):
+                print(f"bench_replay: {result_path.name} ran on {doc.get('code') or 'an unrecorded commit'}, "
+                      f"not on {args.resume_since} or later: running it again", file=sys.stderr, flush=True)
+                doc = {}
+            if not doc:
                 doc = run_cell(cell, args, args.conversation if cell.trace == "conversation" else tool_path, k)
                 if "error" not in doc:
                     result_path.write_text(json.dumps(doc, indent=1) + "\n")

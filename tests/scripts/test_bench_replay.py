@@ -125,9 +125,9 @@ def test_repeats_are_judged_over_every_replays_requests(tmp_path: Path, capsys: 
             "100", "--out", str(tmp_path), "--resume", "--conversation", str(SCRIPT), "--repeats", "2"]
     assert BENCH["main"](cell) == 1  # the pool failed one request
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[1].split()[-1] == "2" and lines[-1].startswith("worst_slowdown_vs_plain=1.000 failed=1 ")
+    assert lines[1].split()[-2] == "2" and lines[-1].startswith("worst_slowdown_vs_plain=1.000 failed=1 ")
     assert json.loads((tmp_path / "conversation-r48-n4-t1-m100-pooled.json").read_text())["repeats"] == 2
-    assert lines[1].split()[-3] == "-"  # neither replay sampled the switch backlog
+    assert lines[1].split()[-4] == "-"  # neither replay sampled the switch backlog
     run1["multicast"]["switch_backlog"] = {"s1": {"p50_bytes": 3_000_000, "max_bytes": 9_000_000, "samples": 5}}
     run2["multicast"]["switch_backlog"] = {"s1": {"p50_bytes": 7_000_000, "max_bytes": 8_000_000, "samples": 5}}
     assert BENCH["pool_runs"]([run1, run2])["multicast"]["switch_backlog"] == {"s1": {"p50_bytes": 7_000_000}}
@@ -146,11 +146,11 @@ def test_the_row_shows_the_largest_switch_backlog_of_the_cell(tmp_path: Path,
             "100", "--out", str(tmp_path), "--resume", "--conversation", str(SCRIPT)]
     assert BENCH["main"](cell) == 0
     fields = capsys.readouterr().out.splitlines()[1].split()
-    assert fields[-3:] == ["18.7", "0", "1"]  # sw MB, failed, runs
+    assert fields[-4:] == ["18.7", "0", "1", "-"]  # sw MB, failed, runs, code (not recorded)
     del doc["pool"]["switch_backlog"], doc["multicast"]["switch_backlog"], doc["plain"]["switch_backlog"]
     (tmp_path / "conversation-r48-n4-t1-m100.json").write_text(json.dumps(doc))
     assert BENCH["main"](cell) == 0
-    assert capsys.readouterr().out.splitlines()[1].split()[-3:] == ["-", "0", "1"]  # a cell run before it sampled
+    assert capsys.readouterr().out.splitlines()[1].split()[-4:-1] == ["-", "0", "1"]  # a cell run before it sampled
 
 
 def test_pair_is_the_median_of_request_by_request_ratios() -> None:
@@ -200,3 +200,56 @@ def test_an_interrupted_run_ends_its_cell_cleanly_not_with_sigkill(tmp_path: Pat
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err  # the interrupt still ends the runner
     assert (tmp_path / "cleaned").read_text() == "yes"  # but only after the cell cleaned up
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_grid_spread_over_sittings_reruns_the_cells_measured_before_a_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", str(i))
+    old, fix, head = _git(repo, "rev-list", "--reverse", "HEAD").split()
+    code_version, measured_since = BENCH["code_version"], BENCH["measured_since"]
+    assert code_version(repo) == head[:7]
+    (repo / "f").write_text("edited")
+    assert code_version(repo) == head[:7] + "-dirty"
+    assert code_version(tmp_path / "nowhere") is None
+    assert measured_since(head[:7], fix, repo) and measured_since(fix[:7], fix, repo)
+    assert not measured_since(old[:7], fix, repo)
+    assert not measured_since(head[:7] + "-dirty", fix, repo) and not measured_since(None, fix, repo)
+
+    # Three cells in --out: one ran on the fix's descendant, one before it, one unrecorded.
+    live = BENCH["main"].__globals__  # run_path hands back a copy of the script's globals
+    monkeypatch.setitem(live, "ROOT", repo)
+    out = tmp_path / "out"
+    out.mkdir()
+    good = _doc(_mode(100, 200, 700, 600), _mode(95, 190, 650, 600))
+    names = ["conversation-r48-n4-t1-m10", "conversation-r48-n4-t1-m100", "conversation-r48-n8-t1-m10"]
+    for name, code in zip(names, [head[:7], old[:7], None], strict=True):
+        (out / f"{name}.json").write_text(json.dumps({**good, "code": code}))
+    ran: list[str] = []
+
+    def fake_run(cell: Any, args: Any, trace: Path, k: int = 0) -> dict[str, Any]:
+        ran.append(cell.name)
+        return {**good, "code": head[:7]}
+
+    monkeypatch.setitem(live, "run_cell", fake_run)
+    args = ["--traces", "conversation", "--requests", "48", "--requesters", "4,8", "--time-scales", "1",
+            "--mbps", "10,100", "--out", str(out), "--conversation", str(SCRIPT), "--resume"]
+    assert BENCH["main"]([*args, "--resume-since", fix]) == 0
+    assert ran == [*names[1:], "conversation-r48-n8-t1-m100"]  # stale, unrecorded, missing
+    captured = capsys.readouterr()
+    assert "conversation-r48-n4-t1-m100.json ran on " + old[:7] in captured.err
+    assert all(line.split()[-1] == head[:7] for line in captured.out.splitlines()[1:-1])
+    assert json.loads((out / f"{names[1]}.json").read_text())["code"] == head[:7]
+    assert BENCH["main"]([*args, "--resume-since", "nosuchcommit"]) == 2
+    assert "not a commit" in capsys.readouterr().err
+    assert BENCH["main"]([*args[:-1], "--resume-since", fix]) == 2
+    assert "needs --resume" in capsys.readouterr().err
