@@ -99,25 +99,27 @@ def make_tool_trace(path: Path, n_requests: int, seed: int) -> None:
     write_jsonl(workloads.build("tool", n_requests=n_requests, seed=seed), path)
 
 
-def code_version(root: Path) -> str | None:
-    """The commit ``root`` is checked out at, ``-dirty`` with uncommitted changes; None outside git."""
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str] | None:
+    """``git -C root ARGS``, its output captured; None where git cannot run."""
     try:
-        proc = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=7"],
-                              capture_output=True, text=True, timeout=30, check=False)
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
+
+
+def code_version(root: Path) -> str | None:
+    """The commit ``root`` is checked out at, ``-dirty`` with uncommitted changes; None outside git."""
+    proc = _git(root, "describe", "--always", "--dirty", "--abbrev=7")
+    return (proc.stdout.strip() or None) if proc and proc.returncode == 0 else None
 
 
 def measured_since(code: str | None, commit: str, root: Path) -> bool:
     """Whether a result measured on ``code`` ran on ``commit``'s data path or later (a clean descendant of it)."""
     if not code or code.endswith("-dirty"):
         return False
-    proc = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", commit, code],
-                          capture_output=True, text=True, timeout=30, check=False)
-    return proc.returncode == 0
+    proc = _git(root, "merge-base", "--is-ancestor", commit, code)
+    return proc is not None and proc.returncode == 0
 
 
 def run_name(cell: Cell, k: int) -> str:
@@ -200,7 +202,7 @@ def pool_runs(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if len(docs) == 1:
         return docs[0]
-    codes = sorted({str(d.get("code")) for d in docs})
+    codes = sorted({str(d.get("code") or "-") for d in docs})
     out: dict[str, Any] = {"offered": docs[0]["offered"], "repeats": len(docs), "runs": [judge(d) for d in docs],
                            "code": codes[0] if len(codes) == 1 else "+".join(codes)}
     for m in MODES:
@@ -322,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume_since:
             if not args.resume:
                 raise ValueError("--resume-since needs --resume")
-            verify = ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.resume_since}^{{commit}}"]
-            if subprocess.run(verify, capture_output=True, timeout=30, check=False).returncode != 0:
+            proc = _git(ROOT, "rev-parse", "--verify", "--quiet", f"{args.resume_since}^{{commit}}")
+            if proc is None or proc.returncode != 0:
                 raise ValueError(f"--resume-since: {args.resume_since!r} is not a commit of {ROOT}")
     except ValueError as exc:
         print(f"bench_replay: {exc}", file=sys.stderr)
