@@ -162,6 +162,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> d
            "--out", str(out), "--json"]
     if args.lock:
         cmd = ["flock", str(args.lock), *cmd]
+    code = code_version(ROOT)  # before the run: the code its agents and switch start from
     t0 = time.monotonic()
     proc = run_to_end(cmd)
     (args.out / f"{run_name(cell, k)}.log").write_text(proc.stderr + proc.stdout)
@@ -171,7 +172,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, trace: Path, k: int = 0) -> d
         return {"error": f"kvpool demo exited {proc.returncode} without results: {tail}"}
     doc: dict[str, Any] = json.loads(lines[-1])
     doc["wall_s"] = round(time.monotonic() - t0, 1)
-    doc["code"] = code_version(ROOT)
+    doc["code"] = code
     return doc
 
 
