@@ -45,8 +45,8 @@ plain's in the same cell; ``failed``: requests failed in any mode of any cell;
 against plain as a fraction of what the ideal saves against plain (each chunk once per
 overlapping window, ``bmv2_topologies/experiment/load.py``; DATA because the ideal counts no
 GETs), among cells where the ideal saves at least 1% of plain's DATA bytes (``nan`` when no
-cell of the run has such a saving to judge, as in the conversation cells at 200 requests and 10 Mbit/s, where plain
-already sends within 1% of the ideal's DATA).
+cell of the run has such a saving to judge, as in the conversation cells at 200 requests and
+10 Mbit/s, where plain already sends within 1% of the ideal's DATA).
 Done when the first is at most 1.05, the second 0 and the third at least 0.5.
 
     sudo .venv/bin/python scripts/bench_replay.py --lock /tmp/kvpool-netns.lock            # the grid
