@@ -4,10 +4,11 @@ Candidates are (expert subset, leader race settings): the experts are the engine
 (:data:`controller.policy.engine.DEFAULT_EXPERTS`); a candidate races a subset of them from its
 first member, with a score half-life, a margin, a z threshold, a fill cost and a decision period
 (fetches between the race's decisions, ``PolicyConfig.epoch_fetches``), exactly as
-:class:`~controller.policy.engine.PolicyEngine` does (a chunk handed over by a leader switch is
-a miss until a fetch fills it). Since the experts are shadows whose state does not depend on
-who leads, every candidate rides one set of experts per cell; the candidate equal to the
-engine's defaults is checked against a real engine run.
+:class:`~controller.policy.engine.PolicyEngine` does, its switch following the leader lazily
+(leftovers serve until their slots are needed; a chunk the new leader holds is a miss that
+places it). Since the experts are shadows whose state does not depend on who leads, every
+candidate rides one set of experts per cell; the candidate equal to the engine's defaults is
+checked against a real engine run.
 
 Cells: each family (the Mooncake conversation trace when present, and the generated tool,
 docqa, chat and synthetic traces, 10,000 requests) x switch pools of 16 MiB .. 24 GiB, at 64
@@ -31,11 +32,14 @@ import json
 import math
 import sys
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from controller.policy.changes import Evict
 from controller.policy.engine import DEFAULT_EXPERTS, PolicyConfig, PolicyEngine
 from controller.policy.pool import ValuePool
 from controller.sim.caches import replay
@@ -68,6 +72,51 @@ SUBSETS["no-tilt"].sort(key=lambda i: DEFAULT_EXPERTS[i].half_life)
 
 
 @dataclass
+class Switch:
+    """What one race's switch holds (as :class:`controller.policy.image.SwitchImage`), with its hits.
+
+    Races that made the same hand-overs at the same fetches hold the same chunks, so they share
+    one: most candidates never hand over, and each fetch is replayed once per distinct switch.
+    """
+
+    lead: int  # index of the leading expert among all
+    cap: int  # chunks the switch holds (all chunks are the same size here)
+    held: dict[int, None] = field(default_factory=dict)
+    leftovers: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    hits: int = 0
+
+    def fetch(self, key: int, lead: Mapping[int, object], evicted: list[int]) -> None:
+        """One fetch: a hit if held; the leader's evictions become leftovers; its chunk is placed as it passes."""
+        held, left = self.held, self.leftovers
+        if key in held:
+            self.hits += 1
+            if key in left:
+                left.move_to_end(key)
+        for v in evicted:
+            if v in held:
+                left[v] = None
+        if key in lead:
+            if key in held:
+                left.pop(key, None)
+            else:
+                if len(held) >= self.cap:
+                    if not left:
+                        return
+                    del held[left.popitem(last=False)[0]]
+                held[key] = None
+
+    def hand_over(self, lead: int, residents: Mapping[int, object]) -> Switch:
+        """A copy of this switch that follows expert ``lead`` from now on (nothing is written)."""
+        sw = Switch(lead, self.cap, dict(self.held), OrderedDict(self.leftovers), self.hits)
+        for key in sw.held:
+            if key in residents:
+                sw.leftovers.pop(key, None)
+            elif key not in sw.leftovers:
+                sw.leftovers[key] = None
+        return sw
+
+
+@dataclass
 class Tracker:
     """One candidate's leader race over shared experts."""
 
@@ -79,47 +128,37 @@ class Tracker:
     fill_cost: float
     epoch: int = 512  # fetches between the race's decisions (PolicyConfig.epoch_fetches)
     leader: int = 0  # position in ``experts``
-    hits: int = 0
     switches: int = 0
     scores: list[float] = field(default_factory=list)
-    unfilled: set[int] = field(default_factory=set)
+    switch: Switch | None = None
 
     def __post_init__(self) -> None:
         self.scores = [0.0] * len(self.experts)
         self.decay = 0.5 ** (self.epoch / self.half_life)
-        self.lead = self.experts[0]  # index of the leading expert among all
 
-    def see(self, key: int, hit: list[bool]) -> None:
-        """One fetch while hand-over chunks are unfilled: a fetch of one is a miss (and fills it).
-
-        The leader's own hits are added per epoch (:meth:`end_epoch`), since it changes only there;
-        this takes back the hit of a fetch that found its chunk installed but not yet filled.
-        """
-        if key in self.unfilled:
-            self.unfilled.discard(key)
-            self.hits -= hit[self.lead]
-
-    def end_epoch(self, pools: list[ValuePool], epoch_hits: list[int]) -> None:
+    def end_epoch(self, pools: list[ValuePool], epoch_hits: list[int], forks: dict[tuple[int, int], Switch]) -> None:
         """Fold the epoch's hits (per expert, of all) in and maybe hand over (as PolicyEngine._epoch)."""
-        self.hits += epoch_hits[self.lead]
         d = self.decay
         self.scores = [s * d + epoch_hits[i] for s, i in zip(self.scores, self.experts, strict=True)]
         best = max(range(len(self.scores)), key=self.scores.__getitem__)
         sb, sl = self.scores[best], self.scores[self.leader]
         if best == self.leader or not (sb > sl * (1 + self.margin) and sb - sl > self.z * math.sqrt(sb + sl)):
             return
+        sw = self.switch
+        assert sw is not None
         new = pools[self.experts[best]].residents
-        old = pools[self.experts[self.leader]].residents
-        # The engine keeps a chunk both leaders hold where the switch has it (ValuePool.take_slots_of,
-        # which always succeeds with equal-size chunks): what the hand-over refills is the difference.
-        unfilled = {k for k in new if k in self.unfilled or k not in old}
-        if self.fill_cost > 0 and sb - sl <= self.fill_cost * len(unfilled):
+        if self.fill_cost > 0 and sb - sl <= self.fill_cost * sum(1 for k in new if k not in sw.held):
             return
-        self.unfilled = unfilled
+        fork = (id(sw), self.experts[best])
+        if fork not in forks:
+            forks[fork] = sw.hand_over(self.experts[best], new)
+        self.switch = forks[fork]
         self.leader = best
-        self.lead = self.experts[best]
         self.switches += 1
 
+
+#: the engine's default before its switch followed the leader lazily (image.py)
+PREVIOUS_DEFAULT = "all|hl=40000|m=0|z=1|fill=0|every=128"
 
 #: fetches between the race's decisions: the engine's default and the one before it
 PERIODS = (128, 512)
@@ -160,7 +199,20 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
     by_period = {p: [tr for tr in trackers if tr.epoch == p] for p in periods}
     n = len(keys)
     epoch_hits = {p: [0] * len(pools) for p in periods}
-    filling = [tr for tr in trackers if tr.unfilled]
+    starts: dict[int, Switch] = {}
+    for tr in trackers:  # every race starts from its first expert, with an empty switch
+        tr.switch = starts.setdefault(tr.experts[0], Switch(tr.experts[0], cfg.switch_chunks))
+
+    def live() -> list[Switch]:
+        """The distinct switches, and which pools must report their evictions (the leaders)."""
+        out = list({id(tr.switch): tr.switch for tr in trackers if tr.switch is not None}.values())
+        leaders = {sw.lead for sw in out}
+        for i, pool in enumerate(pools):
+            pool.record = i in leaders
+            pool.changes = []
+        return out
+
+    switches = live()
     for t, (k, p, q) in enumerate(zip(keys, par, pos, strict=True)):
         est = sketch.add(k)
         parent = p if p >= 0 else None
@@ -168,20 +220,25 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
         for eh in epoch_hits.values():
             for i, was_hit in enumerate(hit):
                 eh[i] += was_hit
-        for tr in filling:
-            tr.see(k, hit)
-        if filling:
-            filling = [tr for tr in filling if tr.unfilled]
+        evicted: dict[int, list[int]] = {}
+        for sw in switches:
+            lead = evicted.get(sw.lead)
+            if lead is None:
+                pool = pools[sw.lead]
+                lead = evicted[sw.lead] = [c.key for c in pool.changes if isinstance(c, Evict)]
+                pool.changes = []
+            sw.fetch(k, pools[sw.lead].residents, lead)
+        forked = False
         for period in periods:
             if t % period == period - 1:
+                forks: dict[tuple[int, int], Switch] = {}
                 for tr in by_period[period]:
-                    tr.end_epoch(pools, epoch_hits[period])
+                    tr.end_epoch(pools, epoch_hits[period], forks)
                 epoch_hits[period] = [0] * len(pools)
-                filling = [tr for tr in trackers if tr.unfilled]
-    for period in periods:  # the last, partial epoch's hits
-        for tr in by_period[period]:
-            tr.hits += epoch_hits[period][tr.lead]
-    out = {tr.name: tr.hits / max(n, 1) for tr in trackers}
+                forked = forked or bool(forks)
+        if forked:
+            switches = live()
+    out = {tr.name: (tr.switch.hits if tr.switch is not None else 0) / max(n, 1) for tr in trackers}
     if check:
         real = PolicyEngine(replace(engine.config))
         served = sum(
@@ -268,7 +325,7 @@ def report(cells: dict[str, dict[str, float]], fams: list[str]) -> str:
     d = default_name()
     lines.append(f"| engine default | {_shown(d)} | "
                  + " | ".join(f"{mean_share(d, [f]):.3f} ({below(d, f)})" for f in fams) + " |")
-    before = d.rsplit("|every=", 1)[0] + "|every=512"  # the default until the race decided every 128 fetches
+    before = PREVIOUS_DEFAULT
     if before != d and before in names:
         lines.append(f"| engine before | {_shown(before)} | "
                      + " | ".join(f"{mean_share(before, [f]):.3f} ({below(before, f)})" for f in fams) + " |")

@@ -10,11 +10,13 @@ half-life: LRU-like) from frequency (long half-life: LFU-like), and the right an
 on the pool size and the workload. So the engine runs several :class:`ValuePool` experts
 with half-lives on a geometric grid over the same fetches, as shadows (keys only, no table
 writes), and lets the one with the most recent hits drive the switch (follow the leader, with
-hysteresis). Switching leaders costs table writes, which the engine emits and counts; chunks
-the new leader holds that the switch does not yet have count as misses until their first
-fetch fills them on its way past. Chunks both leaders hold stay where the switch has them (the
-new leader's shadow slots are re-placed around them), so a hand-over writes and refills only
-the difference: at 24 GiB (4,095 chunks) that difference is what made the race cost points.
+hysteresis). The switch follows the leader lazily (:class:`~controller.policy.image.SwitchImage`):
+a hand-over writes nothing; what the new leader does not hold stays in the switch as leftovers
+that keep serving until their slots are needed, and a chunk it holds that the switch does not
+is placed by its next fetch (a miss, whose DATA fills it on the way past). Writing the new
+leader's pool at once, as the engine did before, threw away chunks that were still being hit
+and left slots empty until their chunks came by: on the held-out conversation trace that cost
+1.1 points of hit ratio at 4 GiB and 1.6 at 24 GiB (docs/research.md).
 
 Besides the half-life, experts differ in what they take from the prefix tree: how much a
 block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
@@ -24,7 +26,10 @@ resident children is protected (``leaves_first``; a copy tier above a pool that 
 chunk may do without). Which combination wins depends on the workload and the pool size, so
 it is the leader race, not a constant, that decides. One expert is a classic, S3-FIFO itself
 (:class:`~controller.policy.fifo.FifoPool`): the race can only be as good as its best expert,
-and on bursty agent traffic S3-FIFO's small FIFO with ghosts beat every decayed-count pool. The
+and on bursty agent traffic S3-FIFO's small FIFO with ghosts beat every decayed-count pool.
+Another asks what none of the others does, *when* a chunk comes back
+(:class:`~controller.policy.nextfetch.NextFetchPool`: Belady with the next fetch predicted
+from the chunk's own gaps); on session traffic in small pools it beat them all. The
 expert grid and the leader's thresholds were chosen on the four generated workload families
 (tool, docqa, chat, synthetic) with the Mooncake conversation trace held out; docs/research.md
 has the leave-one-family-out table.
@@ -37,8 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.policy.admission import AdmissionGate
-from controller.policy.changes import Admit, Change, Evict, EvictAction
+from controller.policy.changes import Change, EvictAction
 from controller.policy.fifo import FifoPool
+from controller.policy.image import SwitchImage
+from controller.policy.nextfetch import NextFetchPool
 from controller.policy.pool import ValuePool
 from controller.policy.sketch import FrequencySketch
 from controller.policy.tiers import Tier, TierLayout, TierSpec
@@ -47,6 +54,10 @@ from kvpool.wire import FRAG_PAYLOAD
 
 #: Llama-3-8B-like default when no cost model is given
 DEFAULT_COST = PrefillCost(n_params=8.0e9, n_layers=32, d_model=4096)
+
+
+#: the kinds of expert pool: decayed reuse value, S3-FIFO, predicted next fetch
+EXPERT_KINDS = ("value", "s3fifo", "nextfetch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +77,18 @@ class Expert:
     #: a chunk whose children are resident is not a victim until they are gone (always so in a tier
     #: holding the last copy, where a hit saves prefill)
     leaves_first: bool = True
-    #: "value" (a :class:`ValuePool` with the fields above) or "s3fifo" (a :class:`FifoPool`: S3-FIFO
-    #: itself, which takes only ``half_life``, for the decayed count behind its demote-or-drop choice)
+    #: "value" (a :class:`ValuePool` with the fields above), "s3fifo" (a :class:`FifoPool`: S3-FIFO
+    #: itself) or "nextfetch" (a :class:`NextFetchPool`: evict what is predicted to be fetched last);
+    #: the last two take only ``half_life`` (for the decayed count behind demote-or-drop) and
+    #: ``leaves_first``
     kind: str = "value"
 
     def label(self) -> str:
         """A short description for change reasons and reports."""
         if self.kind == "s3fifo":
             return "S3-FIFO"
+        if self.kind == "nextfetch":
+            return "next fetch"
         extra = "".join((f", tilt {self.tilt:g}" if self.tilt else "",
                          f", {self.probation_hits} sightings" if self.probation_hits > 1 else "",
                          "" if self.leaves_first else ", no leaves-first"))
@@ -91,15 +106,15 @@ class Expert:
             raise ValueError(f"expert saving must be auto, fetch or compute, got {self.saving!r}")
         if not self.tilt >= 0:
             raise ValueError(f"expert tilt must be non-negative, got {self.tilt}")
-        if self.kind not in ("value", "s3fifo"):
-            raise ValueError(f"expert kind must be value or s3fifo, got {self.kind!r}")
+        if self.kind not in EXPERT_KINDS:
+            raise ValueError(f"expert kind must be one of {', '.join(EXPERT_KINDS)}, got {self.kind!r}")
 
 
 #: the default experts: half-lives from recency (16 fetches) to frequency (65536), each plain and
 #: tilted towards deep blocks, one whose gate keeps first sightings out, one recency expert
-#: without the leaves-first rule, and S3-FIFO. The first one drives the switch until the evidence
-#: says otherwise: a middle of the grid (moderate half-life, moderate tilt) loses least while the
-#: race is open.
+#: without the leaves-first rule, S3-FIFO, and a predicted Belady (next fetch). The first one
+#: drives the switch until the evidence says otherwise: a middle of the grid (moderate
+#: half-life, moderate tilt) loses least while the race is open.
 DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(256.0, tilt=0.5),
     Expert(16.0),
@@ -114,6 +129,7 @@ DEFAULT_EXPERTS: tuple[Expert, ...] = (
     Expert(65536.0, tilt=1.0),
     Expert(256.0, leaves_first=False),
     Expert(256.0, kind="s3fifo", leaves_first=False),
+    Expert(256.0, kind="nextfetch", leaves_first=False),
 )
 
 
@@ -146,13 +162,16 @@ class PolicyConfig:
     #: (fetch for the switch, compute for the others)
     hit_saving: str = "auto"
     experts: tuple[Expert, ...] = DEFAULT_EXPERTS
-    #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by
-    leader_half_life: float = 40_000.0
+    #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by.
+    #: 10,000 rather than the 40,000 of the eager switch: with leftovers serving, a hand-over costs
+    #: less, and a quicker race was at least as good in each of three draws of the generated
+    #: families (cells below the best baseline and share of Belady; docs/research.md)
+    leader_half_life: float = 10_000.0
     leader_margin: float = 0.0
     #: ... and by this many standard deviations of the (Poisson) hit counts, so noise rarely switches
     leader_z: float = 1.0
     #: ... and by this many hits per chunk the hand-over must fill (a chunk the new leader holds and
-    #: the switch does not is a miss at its next fetch, whose pass fills it). 0: the race ignores
+    #: the switch does not is a miss at its next fetch, which places it). 0: the race ignores
     #: the refill, which the leave-one-family-out selection preferred on the generated families by
     #: a hair; the conversation trace alone would have chosen 0.25 (docs/research.md)
     leader_fill_cost: float = 0.0
@@ -211,7 +230,7 @@ class PolicyEngine:
         for ex in config.experts:
             kind = default_kind if ex.saving == "auto" else ex.saving
             saving: Callable[[int], float] = _flat if kind == "fetch" else cost.relative
-            make = FifoPool if ex.kind == "s3fifo" else ValuePool
+            make = {"s3fifo": FifoPool, "nextfetch": NextFetchPool}.get(ex.kind, ValuePool)
             pool = make(
                 tier=config.tier,
                 n_slots=self.n_slots,
@@ -240,8 +259,8 @@ class PolicyEngine:
         self._until_epoch = config.epoch_fetches
         self.clock = 0
         self.leader_switches = 0
-        #: chunks handed over to the switch by a leader switch and not filled yet (no fetch passed)
-        self._unfilled: set[int] = set()
+        #: what the switch holds: the leader's chunks and, after a hand-over, leftovers (image.py)
+        self.image = SwitchImage(config.tier, self.n_slots)
         self._changes: list[Change] = []
 
     @property
@@ -254,6 +273,7 @@ class PolicyEngine:
         """The leader's counters plus engine-level ones."""
         s = dict(self.pool.stats)
         s["leader_switches"] = self.leader_switches
+        s["leftovers"] = len(self.image.leftovers)
         return s
 
     def step(self, observations: list[Observation]) -> list[Change]:
@@ -262,32 +282,27 @@ class PolicyEngine:
             self.access(o.key, o.parent, o.position, o.nbytes, o.tenant)
         return self.drain()
 
-    def drain(self) -> list[Change]:
-        """The changes decided since the last drain."""
-        lead = self.pool
-        if lead.changes:
-            self._changes.extend(lead.changes)
-            lead.changes = []
+    def drain(self, settle: bool = False) -> list[Change]:
+        """The changes decided since the last drain; ``settle`` (operator verbs) lets every leftover go."""
+        self.image.follow(self.pool, None, self._changes, settle)
         out, self._changes = self._changes, []
         return out
 
     def access(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int = 0) -> bool:
-        """One fetch of ``key``: True when the switch (the leader) holds it; may admit and evict."""
+        """One fetch of ``key``: True when the switch holds it; the experts learn, the switch follows the leader."""
         self.clock += 1
         estimate = self.sketch.add(key)
-        hit = False
-        lead = self.leader
+        image = self.image
+        hit = image.holds(key)
+        if hit:
+            image.touch(key)
         eh = self._epoch_hits
         for i, pool in enumerate(self.experts):
             if pool.access(key, parent, position, nbytes, tenant, estimate):
                 eh[i] += 1
-                if i == lead:
-                    hit = True
-        if self._unfilled and key in self._unfilled:
-            # Installed by a hand-over but never filled: this fetch goes to the holder, and its
-            # DATA fills the slots on the way back (from now on the switch has it).
-            self._unfilled.discard(key)
-            hit = False
+        # A chunk the leader holds and the switch does not (since a hand-over) is placed by this
+        # fetch, a miss whose DATA fills it on the way back, as for any admission.
+        image.follow(self.pool, key, self._changes)
         self._until_epoch -= 1
         if self._until_epoch <= 0:
             self._epoch()
@@ -305,36 +320,20 @@ class PolicyEngine:
         clearly = sb > sl * (1.0 + cfg.leader_margin) and sb - sl > cfg.leader_z * math.sqrt(sb + sl)
         if best != self.leader and clearly:
             if cfg.leader_fill_cost > 0:
-                new, old = self.experts[best].residents, self.pool.residents
-                fills = len(new.keys() - old.keys()) + len(self._unfilled & new.keys())
+                held = self.image.held
+                fills = sum(1 for k in self.experts[best].residents if k not in held)
                 if sb - sl <= cfg.leader_fill_cost * fills:
                     return
             self._hand_over(best)
 
     def _hand_over(self, new: int) -> None:
-        """Make expert ``new`` the leader and emit the table writes that turn the switch into its copy."""
+        """Make expert ``new`` the leader; the switch follows it lazily (nothing is written now)."""
         old_pool, new_pool = self.pool, self.experts[new]
-        self._changes.extend(old_pool.changes)
-        old_pool.changes = []
+        self.image.follow(old_pool, None, self._changes)  # what the old leader decided before it goes
         old_pool.record = False
-        # Chunks both hold stay where the switch has them: only the difference is written and refilled.
-        new_pool.take_slots_of(old_pool)
-        why = f"leader switch to {self.config.experts[new].label()}"
-        for key, old in old_pool.residents.items():
-            nr = new_pool.residents.get(key)
-            if nr is None or nr.base_slot != old.base_slot:
-                self._changes.append(Evict(key, self.tier, EvictAction.DROP, None, 0.0, why))
-        unfilled = set()
-        for key, new_r in new_pool.residents.items():
-            o = old_pool.residents.get(key)
-            if o is None or o.base_slot != new_r.base_slot or key in self._unfilled:
-                if o is None or o.base_slot != new_r.base_slot:
-                    self._changes.append(
-                        Admit(key, self.tier, new_r.base_slot, new_r.n_slots, new_pool.value_of(key), why)
-                    )
-                unfilled.add(key)
-        self._unfilled = unfilled
+        new_pool.changes = []
         new_pool.record = True
+        self.image.hand_over(new_pool, f"leader switch to {self.config.experts[new].label()}", self._changes)
         self.leader = new
         self.leader_switches += 1
 
@@ -342,13 +341,13 @@ class PolicyEngine:
         """Pin ``key`` in every expert (so it stays pinned across leader switches)."""
         for pool in self.experts:
             pool.pin(key, parent, position, nbytes, tenant)
-        return self.drain()
+        return self.drain(settle=True)
 
     def unpin(self, key: int) -> list[Change]:
         """Release a pin in every expert."""
         for pool in self.experts:
             pool.unpin(key)
-        return self.drain()
+        return self.drain(settle=True)
 
     def restore(self, key: int, parent: int | None, position: int, nbytes: int, base_slot: int,
                 tenant: int = 0) -> None:
@@ -361,6 +360,7 @@ class PolicyEngine:
         """
         for pool in self.experts:
             pool.restore(key, parent, position, nbytes, tenant, base_slot)
+        self.image.restore(key, base_slot, self.pool.slots_for(nbytes), tenant)
 
     def can_restore(self, nbytes: int, base_slot: int) -> bool:
         """Whether a chunk of ``nbytes`` at ``base_slot`` fits every expert (free slots, room in main)."""
@@ -370,12 +370,13 @@ class PolicyEngine:
                 return False
             if any(b < base_slot + n and base_slot < b + m for b, m in pool.allocator.allocations().items()):
                 return False
-        return True
+        return self.image.can_restore(base_slot, self.pool.slots_for(nbytes))
 
     def holds(self, key: int) -> bool:
-        """Whether the switch (the leader) holds ``key``."""
-        return key in self.pool.residents
+        """Whether the switch holds ``key`` (the leader's chunk, or a leftover of an earlier leader)."""
+        return self.image.holds(key)
 
-    def serves(self, key: int) -> bool:
-        """Whether a fetch of ``key`` now would be served: held, and filled since any hand-over."""
-        return key in self.pool.residents and key not in self._unfilled
+    def evict_leftover(self, key: int, action: EvictAction, why: str = "evicted by operator") -> list[Change]:
+        """Evict ``key``, held by the switch but by no leader (a leftover), now, and settle; KeyError if not one."""
+        self.image.drop(key, action, why, self._changes)
+        return self.drain(settle=True)

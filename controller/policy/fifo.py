@@ -77,13 +77,7 @@ class FifoPool(ValuePool):
 
     def _admit_miss(self, key: int, parent: int | None, position: int, nbytes: int, tenant: int) -> None:
         n = self.slots_for(nbytes)
-        quota = self.quotas.quotas.get(tenant)
-        if n > self.n_slots or (quota is not None and n > quota):
-            self.stats["too_big"] += 1
-            return
-        if quota is not None and self.quotas.used[tenant] + n > quota:
-            # S3-FIFO has no per-tenant order: a tenant at its quota admits nothing until it is under
-            self.stats["rejected_value"] += 1
+        if self._refused_outright(n, tenant):  # S3-FIFO has no per-tenant order
             return
         while self.fifo_used + self.main_used + n > self.n_slots:
             if not self._make_space(n, key):

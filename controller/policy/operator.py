@@ -3,8 +3,10 @@
 Pins go through :meth:`PolicyEngine.pin` / :meth:`PolicyEngine.unpin`. Eviction by hand and
 quota changes are applied to every expert (as pins are), so an override survives a leader
 switch, and return the leader's changes exactly as :meth:`PolicyEngine.step` does, so the
-daemon ships them the same way. The pool's own bookkeeping does the work
-(:meth:`ValuePool.admit`, :meth:`ValuePool.evict`, :meth:`ValuePool.set_quota`).
+daemon ships them the same way; each settles the switch (the leftovers of earlier leaders go,
+``image.py``), so after an override the switch holds nothing the leader does not. The pool's
+own bookkeeping does the work (:meth:`ValuePool.admit`, :meth:`ValuePool.evict`,
+:meth:`ValuePool.set_quota`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ def admit(
             # A shadow expert without room simply does not hold it: shadows only score themselves.
             with contextlib.suppress(QuotaError):
                 pool.admit(key, parent, position, nbytes, tenant)
-    return engine.drain()
+    return engine.drain(settle=True)
 
 
 def evict(engine: PolicyEngine, key: int, action: EvictAction, why: str = "evicted by operator") -> list[Change]:
     """Evict ``key`` from every expert now; QuotaError (nothing changed) if the leader cannot let it go."""
     lead = engine.pool.residents.get(key)
     if lead is None:
+        if engine.holds(key):  # a leftover of an earlier leader: only the switch holds it
+            return engine.evict_leftover(key, action, why)
         raise QuotaError(f"chunk {key:#x} is not in the {engine.tier.name.lower()} pool")
     engine.pool.evict(key, action, why)  # raises before any change for a pinned chunk or a parent
     for pool in engine.experts:
@@ -40,7 +44,7 @@ def evict(engine: PolicyEngine, key: int, action: EvictAction, why: str = "evict
         # A shadow expert may hold the chunk as a parent or pinned differently; its own policy decides then.
         if pool is not engine.pool and r is not None and not r.pinned and r.children == 0:
             pool.evict(key, action, why)
-    return engine.drain()
+    return engine.drain(settle=True)
 
 
 def set_quota(engine: PolicyEngine, tenant: int, slots: int | None) -> list[Change]:
@@ -56,4 +60,4 @@ def set_quota(engine: PolicyEngine, tenant: int, slots: int | None) -> list[Chan
                 )
     for pool in engine.experts:
         pool.set_quota(tenant, slots)
-    return engine.drain()
+    return engine.drain(settle=True)

@@ -134,6 +134,19 @@ class ValuePool:
 
     # ----------------------------------------------------------------- admission
 
+    def _refused_outright(self, n: int, tenant: int) -> bool:
+        """For pools with no per-tenant victim order (S3-FIFO, next fetch): True, and counted, when a
+        chunk of ``n`` slots cannot come in whatever leaves: larger than the pool or than its tenant's
+        quota, or the tenant at its quota (it then admits nothing until it is under)."""
+        quota = self.quotas.quotas.get(tenant)
+        if n > self.n_slots or (quota is not None and n > quota):
+            self.stats["too_big"] += 1
+            return True
+        if quota is not None and self.quotas.used[tenant] + n > quota:
+            self.stats["rejected_value"] += 1
+            return True
+        return False
+
     def _gain(self, position: int, n_slots: int) -> float:
         return math.log2(self.saving(position) / n_slots) + self.position_tilt * math.log2(1.0 + position)
 
@@ -315,35 +328,6 @@ class ValuePool:
         self.stats["demoted" if action is EvictAction.DEMOTE else "dropped"] += 1
         if self.record:
             self.changes.append(Evict(r.key, self.tier, action, target, expected, f"{why} {by:#x}; {reason}"))
-
-    def take_slots_of(self, other: ValuePool) -> None:
-        """Re-place this (shadow) pool's chunks so those ``other`` also holds sit at ``other``'s slots.
-
-        At a hand-over the switch holds ``other``'s chunks: a chunk both pools hold then needs
-        no table write and no refill. The rest are placed first-fit around them. Nothing is
-        moved when they do not fit (only possible with mixed chunk sizes).
-        """
-        shared: list[tuple[Resident, int]] = []
-        for key, r in self.residents.items():
-            o = other.residents.get(key)
-            if o is not None and o.n_slots == r.n_slots:
-                shared.append((r, o.base_slot))
-        if all(r.base_slot == b for r, b in shared):
-            return
-        alloc = SlotAllocator(self.n_slots)
-        for r, b in shared:
-            alloc.reserve(b, r.n_slots)
-        kept = {id(r) for r, _ in shared}
-        rest = sorted((r for r in self.residents.values() if id(r) not in kept), key=lambda r: r.base_slot)
-        placed: list[tuple[Resident, int]] = []
-        for r in rest:
-            got = alloc.alloc(r.n_slots)
-            if got is None:
-                return
-            placed.append((r, got))
-        for r, b in shared + placed:
-            r.base_slot = b
-        self.allocator = alloc
 
     # ----------------------------------------------------------------- operator actions
 

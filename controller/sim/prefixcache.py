@@ -112,7 +112,7 @@ def _value(trace: Trace, cap: int, cost: PrefillCost, chunk_bytes: int) -> npt.N
         PolicyConfig(capacity_bytes=cap * slot, slot_bytes=slot, cost=cost, tier=Tier.POOL, hit_saving="compute")
     )
     out = np.zeros(len(trace), dtype=np.int64)
-    access, holds = engine.access, engine.serves
+    access, holds = engine.access, engine.holds
     for i in range(len(trace)):
         ids, inp = _usable(trace, i)
         out[i] = _reused_tokens(ids, inp, holds)

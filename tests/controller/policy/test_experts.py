@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policy import Admit, Evict, Expert, PolicyConfig, PolicyEngine
+from controller.policy import Admit, Evict, EvictAction, Expert, PolicyConfig, PolicyEngine
 from controller.policy.engine import DEFAULT_EXPERTS
 
 SLOT = 1000
@@ -31,18 +31,20 @@ def _race(e: PolicyEngine, rounds: int) -> None:
         fresh += 4
 
 
-def test_a_handed_over_chunk_is_a_miss_until_a_fetch_fills_it() -> None:
+def test_a_chunk_the_new_leader_holds_is_placed_by_its_next_fetch() -> None:
     e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=16, leader_half_life=5000.0, leader_fill_cost=0.0)
     for _ in range(200):
         _race(e, 2)
         if e.leader_switches:
             break
     assert e.leader == 1
-    unfilled = [k for k in HOT if e.holds(k) and not e.serves(k)]
-    assert len(unfilled) >= 2  # the hot set came with the new leader, not through the switch
-    k = unfilled[0]
-    assert e.access(k, None, 0, CHUNK) is False  # this fetch goes to the holder and fills it
-    assert e.serves(k)
+    missing = [k for k in HOT if k in e.pool.residents and not e.holds(k)]
+    assert len(missing) >= 2  # the hot set came with the new leader, not through the switch
+    k = missing[0]
+    e.drain()
+    assert e.access(k, None, 0, CHUNK) is False  # this fetch goes to the holder, and its DATA fills it
+    assert e.holds(k)
+    assert [c.key for c in e.drain() if isinstance(c, Admit)] == [k]
     assert e.access(k, None, 0, CHUNK) is True
 
 
@@ -107,23 +109,87 @@ def test_default_experts_span_recency_to_frequency_with_and_without_tree_feature
         PolicyEngine(PolicyConfig(capacity_bytes=10 * CHUNK, slot_bytes=SLOT, leader_fill_cost=-1.0))
 
 
-def test_hand_over_keeps_chunks_both_leaders_hold_where_the_switch_has_them() -> None:
+def test_a_hand_over_writes_nothing_and_leftovers_serve_until_their_slots_are_needed() -> None:
     e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=1 << 20)
-    e.experts[1].admit(99, None, 0, CHUNK, 0)  # only the shadow holds 99, in the slots the leader uses for 1
-    for k in (1, 2):
+    for k in (1, 2, 3, 4):  # the leader (and the switch) hold 1..4
         e.access(k, None, 0, CHUNK)
+    gone = 4
+    e.experts[1].evict(gone, EvictAction.DROP)  # the shadow holds 1..3 and 99
+    e.experts[1].admit(99, None, 0, CHUNK, 0)
     e.drain()
-    lead, shadow = e.experts
-    assert lead.residents[1].base_slot != shadow.residents[1].base_slot
     e._hand_over(1)
+    assert e.drain() == []  # nothing written: the switch follows the new leader as fetches pass
+    assert e.holds(gone) and e.stats["leftovers"] == 1  # still served: the eager switch had dropped it
+    assert e.access(99, None, 0, CHUNK) is False  # the new leader's chunk: a miss that places it ...
     changes = e.drain()
-    # 1 and 2 stay put: no write, no refill; 99 is the whole difference
-    assert {c.key for c in changes if isinstance(c, Admit)} == {99}
-    assert not any(isinstance(c, Evict) for c in changes)
-    assert e.serves(1) and e.serves(2) and e.holds(99) and not e.serves(99)
-    assert shadow.residents[1].base_slot == lead.residents[1].base_slot
-    slots = [(r.base_slot, r.n_slots) for r in shadow.residents.values()]
-    assert sorted(slots) == sorted(shadow.allocator.allocations().items())  # its allocator agrees
+    # ... in the leftover's slots, the switch being full
+    assert [(type(c).__name__, c.key) for c in changes] == [("Evict", gone), ("Admit", 99)]
+    assert e.holds(99) and not e.holds(gone) and e.stats["leftovers"] == 0
+    assert set(e.image.held) == set(e.pool.residents)
+    slots = sorted((p.base_slot, p.n_slots) for p in e.image.held.values())
+    assert slots == sorted(e.image.allocator.allocations().items())  # the switch's allocator agrees
+
+
+def test_leftovers_go_least_recently_fetched_first_and_a_quota_tenant_has_none() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from controller.policy import Change, Tier
+    from controller.policy.image import SwitchImage
+    from controller.policy.pool import ValuePool
+
+    image = SwitchImage(Tier.SWITCH, 12)
+    lead = SimpleNamespace(changes=[], quotas=SimpleNamespace(quotas={7: 3}), residents={}, value_of=lambda k: 0.0)
+    leader = cast(ValuePool, lead)
+    out: list[Change] = []
+    for k, tenant in ((1, 0), (2, 0), (3, 0), (4, 7)):
+        image.restore(k, 3 * (k - 1), 3, tenant)
+    image.hand_over(leader, "leader switch", out)  # the new leader holds none of them
+    assert [c.key for c in out] == [4] and set(image.leftovers) == {1, 2, 3}  # tenant 7 has a quota
+    image.touch(1)  # a hit: 1 goes to the back of the line
+    lead.residents = {5: SimpleNamespace(n_slots=3, tenant=0, base_slot=0)}
+    out.clear()
+    image.follow(leader, 5, out)  # the leader's chunk 5 passes: it takes free slots first
+    assert [(type(c).__name__, c.key) for c in out] == [("Admit", 5)] and set(image.leftovers) == {1, 2, 3}
+    lead.residents[6] = SimpleNamespace(n_slots=3, tenant=0, base_slot=0)
+    out.clear()
+    image.follow(leader, 6, out)  # full now: the least recently fetched leftover, 2, makes room
+    assert [(type(c).__name__, c.key) for c in out] == [("Evict", 2), ("Admit", 6)]
+    with pytest.raises(KeyError):
+        image.drop(5, EvictAction.DROP, "not a leftover", out)
+    out.clear()
+    image.settle(out)
+    assert [c.key for c in out] == [3, 1] and set(image.held) == {5, 6}
+
+
+def test_a_pin_places_a_chunk_the_leader_holds_and_the_switch_does_not_yet() -> None:
+    from controller.policy import Pin
+
+    e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=1 << 20, pin_fraction=0.5)
+    e.access(1, None, 0, CHUNK)
+    e.experts[1].admit(7, None, 0, CHUNK, 0)  # only the shadow holds 7
+    e.drain()
+    e._hand_over(1)
+    assert not e.holds(7)
+    changes = e.pin(7, None, 0, CHUNK)
+    assert [type(c).__name__ for c in changes if c.key == 7] == ["Admit", "Pin"] and e.holds(7)
+    assert any(isinstance(c, Pin) for c in changes)
+
+
+def test_an_operator_verb_settles_the_switch_and_may_evict_a_leftover() -> None:
+    from controller.policy.operator import evict
+
+    e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=1 << 20)
+    for k in (1, 2, 3, 4):
+        e.access(k, None, 0, CHUNK)
+    for k in (3, 4):
+        e.experts[1].evict(k, EvictAction.DROP)
+    e.drain()
+    e._hand_over(1)
+    assert set(e.image.leftovers) == {3, 4}
+    changes = evict(e, 4, EvictAction.DROP)  # only the switch holds 4: evicted, and 3 goes too (settled)
+    assert [c.key for c in changes if isinstance(c, Evict)] == [4, 3]
+    assert not e.image.leftovers and set(e.image.held) == {1, 2} == set(e.pool.residents)
 
 
 def test_s3fifo_expert_is_s3fifo() -> None:
