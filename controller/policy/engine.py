@@ -378,5 +378,6 @@ class PolicyEngine:
 
     def evict_leftover(self, key: int, action: EvictAction, why: str = "evicted by operator") -> list[Change]:
         """Evict ``key``, held by the switch but by no leader (a leftover), now, and settle; KeyError if not one."""
-        self.image.drop(key, action, why, self._changes)
+        target = self.pool.layout.demotion_target(self.tier) if action is EvictAction.DEMOTE else None
+        self.image.drop(key, action, target, why, self._changes)
         return self.drain(settle=True)

@@ -23,7 +23,6 @@ main, and main passes over it until its last child is gone.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import Any
 
@@ -55,10 +54,7 @@ class FifoPool(ValuePool):
         r = self.residents.get(key)
         if r is not None:
             self.stats["hits"] += 1
-            # the decayed count only feeds value_of and the demote-or-drop decision
-            decayed = r.log2_count - (self.clock - r.t0) / self.half_life
-            r.log2_count = decayed + math.log2(1.0 + 2.0 ** (-decayed)) if decayed > -60 else 0.0
-            r.t0 = self.clock
+            self._count_hit(r, self.clock)  # the decayed count only feeds value_of and demote-or-drop
             f = self._freq.get(key, 0)
             if f < MAX_FREQ:
                 self._freq[key] = f + 1

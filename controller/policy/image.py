@@ -72,6 +72,8 @@ class SwitchImage:
         with a quota); its admissions are placed. ``fetched``: the chunk just fetched, placed
         when the leader holds it and the switch does not (the first fetch since a hand-over).
         """
+        if not lead.changes and not settle and (fetched is None or fetched in self.held):
+            return  # most fetches: nothing decided, nothing to place (this runs once per fetch)
         changes, lead.changes = lead.changes, []
         quotas = lead.quotas.quotas
         for c in changes:
@@ -127,13 +129,13 @@ class SwitchImage:
         while self.leftovers:
             self._drop_first(out)
 
-    def drop(self, key: int, action: EvictAction, why: str, out: list[Change]) -> None:
-        """The operator evicts leftover ``key`` now; KeyError if it is not a leftover."""
+    def drop(self, key: int, action: EvictAction, target: Tier | None, why: str, out: list[Change]) -> None:
+        """The operator evicts leftover ``key`` now (to ``target`` when demoted); KeyError if it is not one."""
         if key not in self.leftovers:
             raise KeyError(key)
         del self.leftovers[key]
         self._remove(key)
-        out.append(Evict(key, self.tier, action, None, 0.0, why))
+        out.append(Evict(key, self.tier, action, target, 0.0, why))
 
     def restore(self, key: int, base_slot: int, n_slots: int, tenant: int) -> None:
         """Take ``key`` as held at ``base_slot`` (a warm switch); AllocatorError if the slots are taken."""

@@ -108,10 +108,7 @@ class NextFetchPool(ValuePool):
         r = self.residents.get(key)
         if r is not None:
             self.stats["hits"] += 1
-            # the decayed count only feeds value_of, the operator verbs' order and demote-or-drop
-            decayed = r.log2_count - (now - r.t0) / self.half_life
-            r.log2_count = decayed + math.log2(1.0 + 2.0 ** (-decayed)) if decayed > -60 else 0.0
-            r.t0 = now
+            self._count_hit(r, now)  # feeds value_of, the operator verbs' order and demote-or-drop only
             return True
         self.stats["misses"] += 1
         self._admit_miss(key, parent, position, nbytes, tenant)

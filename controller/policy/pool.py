@@ -119,12 +119,8 @@ class ValuePool:
         r = self.residents.get(key)
         if r is not None:
             self.stats["hits"] += 1
-            h = self.half_life
-            decayed = r.log2_count - (now - r.t0) / h
-            # log2(2**decayed + 1), kept finite for counts decayed to nothing
-            r.log2_count = decayed + math.log2(1.0 + 2.0 ** (-decayed)) if decayed > -60 else 0.0
-            r.t0 = now
-            r.score = r.log2_count + now / h + r.gain
+            self._count_hit(r, now)
+            r.score = r.log2_count + now / self.half_life + r.gain
             if r.children == 0 and not r.pinned and key not in self.fifo:
                 self.order.push(r)
             return True
@@ -133,6 +129,13 @@ class ValuePool:
         return False
 
     # ----------------------------------------------------------------- admission
+
+    def _count_hit(self, r: Resident, now: float) -> None:
+        """Add one hit at ``now`` to ``r``'s decayed count (kept as its log2 at time ``r.t0``)."""
+        decayed = r.log2_count - (now - r.t0) / self.half_life
+        # log2(2**decayed + 1), kept finite for counts decayed to nothing
+        r.log2_count = decayed + math.log2(1.0 + 2.0 ** (-decayed)) if decayed > -60 else 0.0
+        r.t0 = now
 
     def _refused_outright(self, n: int, tenant: int) -> bool:
         """For pools with no per-tenant victim order (S3-FIFO, next fetch): True, and counted, when a

@@ -156,7 +156,7 @@ def test_leftovers_go_least_recently_fetched_first_and_a_quota_tenant_has_none()
     image.follow(leader, 6, out)  # full now: the least recently fetched leftover, 2, makes room
     assert [(type(c).__name__, c.key) for c in out] == [("Evict", 2), ("Admit", 6)]
     with pytest.raises(KeyError):
-        image.drop(5, EvictAction.DROP, "not a leftover", out)
+        image.drop(5, EvictAction.DROP, None, "not a leftover", out)
     out.clear()
     image.settle(out)
     assert [c.key for c in out] == [3, 1] and set(image.held) == {5, 6}
