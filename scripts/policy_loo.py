@@ -2,13 +2,15 @@
 
 Candidates are (expert subset, leader race settings): the experts are the engine's default set
 (:data:`controller.policy.engine.DEFAULT_EXPERTS`); a candidate races a subset of them from its
-first member, with a score half-life, a margin, a z threshold, a fill cost and a decision period
-(fetches between the race's decisions, ``PolicyConfig.epoch_fetches``), exactly as
+first member, with a score half-life, a margin, a z threshold, a fill cost, a decision period
+(fetches between the race's decisions, ``PolicyConfig.epoch_fetches``) and a test (the engine's
+paired test, or the Poisson test it ran before: :mod:`controller.policy.race`), exactly as
 :class:`~controller.policy.engine.PolicyEngine` does, its switch following the leader lazily
 (leftovers serve until their slots are needed; a chunk the new leader holds is a miss that
 places it). Since the experts are shadows whose state does not depend on who leads, every
-candidate rides one set of experts per cell; the candidate equal to the engine's defaults is
-checked against a real engine run.
+candidate rides one set of experts per cell, and the races of one pace (half-life and period)
+share one tally; the candidate equal to the engine's defaults is checked against a real engine
+run.
 
 Cells: each family (the Mooncake conversation trace when present, and the generated tool,
 docqa, chat and synthetic traces, 10,000 requests) x switch pools of 16 MiB .. 24 GiB, at 64
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections import OrderedDict
@@ -42,6 +43,7 @@ import numpy as np
 from controller.policy.changes import Evict
 from controller.policy.engine import DEFAULT_EXPERTS, PolicyConfig, PolicyEngine
 from controller.policy.pool import ValuePool
+from controller.policy.race import RaceTally
 from controller.sim.caches import replay
 from controller.sim.config import MODELS, ClusterConfig
 from controller.sim.experiments.common import Context
@@ -118,7 +120,7 @@ class Switch:
 
 @dataclass
 class Tracker:
-    """One candidate's leader race over shared experts."""
+    """One candidate's leader race over shared experts (its tally shared with every race of its pace)."""
 
     name: str
     experts: list[int]
@@ -127,63 +129,64 @@ class Tracker:
     z: float
     fill_cost: float
     epoch: int = 512  # fetches between the race's decisions (PolicyConfig.epoch_fetches)
-    leader: int = 0  # position in ``experts``
+    paired: bool = True  # the engine's paired test (race.py); False: the Poisson test before it
+    leader: int = -1  # index among all experts; -1: the subset's first
     switches: int = 0
-    scores: list[float] = field(default_factory=list)
     switch: Switch | None = None
 
     def __post_init__(self) -> None:
-        self.scores = [0.0] * len(self.experts)
-        self.decay = 0.5 ** (self.epoch / self.half_life)
+        if self.leader < 0:
+            self.leader = self.experts[0]
 
-    def end_epoch(self, pools: list[ValuePool], epoch_hits: list[int], forks: dict[tuple[int, int], Switch]) -> None:
-        """Fold the epoch's hits (per expert, of all) in and maybe hand over (as PolicyEngine._epoch)."""
-        d = self.decay
-        self.scores = [s * d + epoch_hits[i] for s, i in zip(self.scores, self.experts, strict=True)]
-        best = max(range(len(self.scores)), key=self.scores.__getitem__)
-        sb, sl = self.scores[best], self.scores[self.leader]
-        if best == self.leader or not (sb > sl * (1 + self.margin) and sb - sl > self.z * math.sqrt(sb + sl)):
+    def end_epoch(self, pools: list[ValuePool], tally: RaceTally, forks: dict[tuple[int, int], Switch]) -> None:
+        """Maybe hand over, after ``tally`` folded the epoch in (as PolicyEngine._epoch)."""
+        best = tally.challenger(self.leader, self.experts, self.margin, self.z, self.paired)
+        if best is None:
             return
         sw = self.switch
         assert sw is not None
-        new = pools[self.experts[best]].residents
-        if self.fill_cost > 0 and sb - sl <= self.fill_cost * sum(1 for k in new if k not in sw.held):
+        new = pools[best].residents
+        lead = tally.scores[best] - tally.scores[self.leader]
+        if self.fill_cost > 0 and lead <= self.fill_cost * sum(1 for k in new if k not in sw.held):
             return
-        fork = (id(sw), self.experts[best])
+        fork = (id(sw), best)
         if fork not in forks:
-            forks[fork] = sw.hand_over(self.experts[best], new)
+            forks[fork] = sw.hand_over(best, new)
         self.switch = forks[fork]
         self.leader = best
         self.switches += 1
 
 
-#: the engine's default before its switch followed the leader lazily (image.py)
-PREVIOUS_DEFAULT = "all|hl=40000|m=0|z=1|fill=0|every=128"
+#: the engine's default before its race took the paired test (race.py)
+PREVIOUS_DEFAULT = "all|hl=10000|m=0|z=1|fill=0|every=128|poisson"
 
 #: fetches between the race's decisions: the engine's default and the one before it
 PERIODS = (128, 512)
 
 
-def _name(sub: str, hl: float, margin: float, z: float, fill: float, period: int) -> str:
-    return f"{sub}|hl={hl:g}|m={margin:g}|z={z:g}|fill={fill:g}|every={period}"
+def _name(sub: str, hl: float, margin: float, z: float, fill: float, period: int, paired: bool) -> str:
+    test = "paired" if paired else "poisson"
+    return f"{sub}|hl={hl:g}|m={margin:g}|z={z:g}|fill={fill:g}|every={period}|{test}"
 
 
 def candidates() -> list[Tracker]:
-    """Every (subset, half-life, margin/z, fill cost, decision period) combination."""
+    """Every (subset, half-life, margin/z, fill cost, decision period, test) combination."""
     out = []
     for sub, idx in SUBSETS.items():
         for hl in (2_500.0, 10_000.0, 40_000.0):
             for margin, z in ((0.0, 1.0), (0.05, 3.0)):
                 for fill in (0.0, 0.25, 0.5, 1.0):
                     for period in PERIODS:
-                        out.append(Tracker(_name(sub, hl, margin, z, fill, period), idx, hl, margin, z, fill, period))
+                        for paired in (True, False):
+                            out.append(Tracker(_name(sub, hl, margin, z, fill, period, paired), idx, hl, margin, z,
+                                               fill, period, paired))
     return out
 
 
 def default_name() -> str:
     """The candidate equal to the engine's defaults."""
     c = PolicyConfig(capacity_bytes=1)
-    return _name("all", c.leader_half_life, c.leader_margin, c.leader_z, c.leader_fill_cost, c.epoch_fetches)
+    return _name("all", c.leader_half_life, c.leader_margin, c.leader_z, c.leader_fill_cost, c.epoch_fetches, True)
 
 
 def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig, check: bool) -> dict[str, float]:
@@ -195,13 +198,14 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
     pools = engine.experts
     sketch = engine.sketch
     trackers = candidates()
-    periods = sorted({tr.epoch for tr in trackers})
-    by_period = {p: [tr for tr in trackers if tr.epoch == p] for p in periods}
+    paces = sorted({(tr.epoch, tr.half_life) for tr in trackers})
+    periods = sorted({p for p, _ in paces})
+    tallies = {pace: RaceTally(len(pools), pace[1], pace[0]) for pace in paces}
     n = len(keys)
-    epoch_hits = {p: [0] * len(pools) for p in periods}
+    patterns: dict[int, dict[int, int]] = {p: {} for p in periods}
     starts: dict[int, Switch] = {}
     for tr in trackers:  # every race starts from its first expert, with an empty switch
-        tr.switch = starts.setdefault(tr.experts[0], Switch(tr.experts[0], cfg.switch_chunks))
+        tr.switch = starts.setdefault(tr.leader, Switch(tr.leader, cfg.switch_chunks))
 
     def live() -> list[Switch]:
         """The distinct switches, and which pools must report their evictions (the leaders)."""
@@ -216,10 +220,13 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
     for t, (k, p, q) in enumerate(zip(keys, par, pos, strict=True)):
         est = sketch.add(k)
         parent = p if p >= 0 else None
-        hit = [pool.access(k, parent, q, cfg.chunk_bytes, 0, est) for pool in pools]
-        for eh in epoch_hits.values():
-            for i, was_hit in enumerate(hit):
-                eh[i] += was_hit
+        mask, bit = 0, 1
+        for pool in pools:
+            if pool.access(k, parent, q, cfg.chunk_bytes, 0, est):
+                mask |= bit
+            bit <<= 1
+        for pat in patterns.values():
+            pat[mask] = pat.get(mask, 0) + 1
         evicted: dict[int, list[int]] = {}
         for sw in switches:
             lead = evicted.get(sw.lead)
@@ -231,10 +238,14 @@ def run_cell(keys: list[int], par: list[int], pos: list[int], cfg: ClusterConfig
         forked = False
         for period in periods:
             if t % period == period - 1:
+                for pace, tally in tallies.items():
+                    if pace[0] == period:
+                        tally.fold(patterns[period])
+                patterns[period] = {}
                 forks: dict[tuple[int, int], Switch] = {}
-                for tr in by_period[period]:
-                    tr.end_epoch(pools, epoch_hits[period], forks)
-                epoch_hits[period] = [0] * len(pools)
+                for tr in trackers:
+                    if tr.epoch == period:
+                        tr.end_epoch(pools, tallies[(period, tr.half_life)], forks)
                 forked = forked or bool(forks)
         if forked:
             switches = live()

@@ -10,13 +10,15 @@ half-life: LRU-like) from frequency (long half-life: LFU-like), and the right an
 on the pool size and the workload. So the engine runs several :class:`ValuePool` experts
 with half-lives on a geometric grid over the same fetches, as shadows (keys only, no table
 writes), and lets the one with the most recent hits drive the switch (follow the leader, with
-hysteresis). The switch follows the leader lazily (:class:`~controller.policy.image.SwitchImage`):
-a hand-over writes nothing; what the new leader does not hold stays in the switch as leftovers
-that keep serving until their slots are needed, and a chunk it holds that the switch does not
-is placed by its next fetch (a miss, whose DATA fills it on the way past). Writing the new
-leader's pool at once, as the engine did before, threw away chunks that were still being hit
-and left slots empty until their chunks came by: on the held-out conversation trace that cost
-1.1 points of hit ratio at 4 GiB and 1.6 at 24 GiB (docs/research.md).
+hysteresis: a challenger takes over when its lead passes a paired test over the fetches where
+the two disagree, :mod:`controller.policy.race`). The switch follows the leader lazily
+(:class:`~controller.policy.image.SwitchImage`): a hand-over writes nothing; what the new
+leader does not hold stays in the switch as leftovers that keep serving until their slots are
+needed, and a chunk it holds that the switch does not is placed by its next fetch (a miss,
+whose DATA fills it on the way past). Writing the new leader's pool at once, as the engine did
+before, threw away chunks that were still being hit and left slots empty until their chunks
+came by: on the held-out conversation trace that cost 1.1 points of hit ratio at 4 GiB and 1.6
+at 24 GiB (docs/research.md).
 
 Besides the half-life, experts differ in what they take from the prefix tree: how much a
 block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
@@ -37,7 +39,6 @@ has the leave-one-family-out table.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ from controller.policy.fifo import FifoPool
 from controller.policy.image import SwitchImage
 from controller.policy.nextfetch import NextFetchPool
 from controller.policy.pool import ValuePool
+from controller.policy.race import RaceTally
 from controller.policy.sketch import FrequencySketch
 from controller.policy.tiers import Tier, TierLayout, TierSpec
 from controller.policy.value import PrefillCost
@@ -168,7 +170,8 @@ class PolicyConfig:
     #: families (cells below the best baseline and share of Belady; docs/research.md)
     leader_half_life: float = 10_000.0
     leader_margin: float = 0.0
-    #: ... and by this many standard deviations of the (Poisson) hit counts, so noise rarely switches
+    #: ... and by this many standard deviations of its lead, counted over the fetches where the two
+    #: disagreed (a paired test, race.py), so noise rarely switches
     leader_z: float = 1.0
     #: ... and by this many hits per chunk the hand-over must fill (a chunk the new leader holds and
     #: the switch does not is a miss at its next fetch, which places it). 0: the race ignores
@@ -253,9 +256,11 @@ class PolicyEngine:
         self.sketch = sketch
         self.leader = 0  # the first expert drives the switch until another is clearly better
         self.experts[0].record = True
-        self.scores = [0.0] * len(self.experts)
-        self._decay = 0.5 ** (config.epoch_fetches / config.leader_half_life)
-        self._epoch_hits = [0] * len(self.experts)
+        #: decayed hits and pairwise disagreements of the experts (race.py)
+        self.race = RaceTally(len(self.experts), config.leader_half_life, config.epoch_fetches)
+        #: this epoch's fetches by which experts hit (bit i: expert i)
+        self._patterns: dict[int, int] = {}
+        self._bits = [(1 << i, pool) for i, pool in enumerate(self.experts)]
         self._until_epoch = config.epoch_fetches
         self.clock = 0
         self.leader_switches = 0
@@ -296,10 +301,12 @@ class PolicyEngine:
         hit = image.holds(key)
         if hit:
             image.touch(key)
-        eh = self._epoch_hits
-        for i, pool in enumerate(self.experts):
+        mask = 0
+        for bit, pool in self._bits:
             if pool.access(key, parent, position, nbytes, tenant, estimate):
-                eh[i] += 1
+                mask |= bit
+        patterns = self._patterns
+        patterns[mask] = patterns.get(mask, 0) + 1
         # A chunk the leader holds and the switch does not (since a hand-over) is placed by this
         # fetch, a miss whose DATA fills it on the way back, as for any admission.
         image.follow(self.pool, key, self._changes)
@@ -309,22 +316,20 @@ class PolicyEngine:
         return hit
 
     def _epoch(self) -> None:
-        """Fold this epoch's hits into the experts' scores; hand over to a clearly better expert."""
+        """Fold this epoch's hits into the race; hand over to a clearly better expert."""
         self._until_epoch = self.config.epoch_fetches
-        d = self._decay
-        self.scores = [s * d + h for s, h in zip(self.scores, self._epoch_hits, strict=True)]
-        self._epoch_hits = [0] * len(self.experts)
-        best = max(range(len(self.scores)), key=self.scores.__getitem__)
-        sb, sl = self.scores[best], self.scores[self.leader]
+        self.race.fold(self._patterns)
+        self._patterns = {}
         cfg = self.config
-        clearly = sb > sl * (1.0 + cfg.leader_margin) and sb - sl > cfg.leader_z * math.sqrt(sb + sl)
-        if best != self.leader and clearly:
-            if cfg.leader_fill_cost > 0:
-                held = self.image.held
-                fills = sum(1 for k in self.experts[best].residents if k not in held)
-                if sb - sl <= cfg.leader_fill_cost * fills:
-                    return
-            self._hand_over(best)
+        best = self.race.challenger(self.leader, margin=cfg.leader_margin, z=cfg.leader_z)
+        if best is None:
+            return
+        if cfg.leader_fill_cost > 0:
+            held = self.image.held
+            fills = sum(1 for k in self.experts[best].residents if k not in held)
+            if self.race.scores[best] - self.race.scores[self.leader] <= cfg.leader_fill_cost * fills:
+                return
+        self._hand_over(best)
 
     def _hand_over(self, new: int) -> None:
         """Make expert ``new`` the leader; the switch follows it lazily (nothing is written now)."""

@@ -32,5 +32,8 @@ def test_the_default_candidate_is_the_engine_hit_for_hit() -> None:
     default = mod["default_name"]()
     assert 0.0 < out[default] < 1.0
     assert len(out) == len(mod["candidates"]())
-    # the race's decision period is a candidate dimension: the engine's 128 and the earlier 512
-    assert default.endswith("every=128") and default.replace("every=128", "every=512") in out
+    # the race's decision period and its test are candidate dimensions: the engine's 128 and the
+    # earlier 512, the engine's paired test and the Poisson test before it
+    assert default.endswith("every=128|paired")
+    assert default.replace("every=128", "every=512") in out
+    assert default.replace("|paired", "|poisson") == mod["PREVIOUS_DEFAULT"] and mod["PREVIOUS_DEFAULT"] in out

@@ -303,12 +303,18 @@ def test_the_race_acts_on_a_clear_lead_at_its_next_decision_every_epoch_fetches(
 def test_deciding_more_often_does_not_turn_noise_into_hand_overs() -> None:
     import random
 
+    switches: dict[int, list[int]] = {}
     for period in (16, 128, 512):
-        for seed in range(3):
+        for seed in range(6):
             rng = random.Random(seed)
             e = _engine(4, Expert(2.0), Expert(1e6), epoch_fetches=period, leader_half_life=5000.0)
             for _ in range(20_000):  # 40 keys drawn uniformly: every expert hits 4/40 in expectation
                 e.access(rng.randrange(40), None, 0, CHUNK)
             hits = [x.stats["hits"] for x in e.experts]
             assert abs(hits[0] - hits[1]) < 0.03 * sum(hits)
-            assert e.leader_switches <= 2  # the one-standard-deviation threshold, whatever the period
+            # a one-standard-deviation test is crossed by chance now and then: at most about once
+            # per half-life of the race's tally (20,000 fetches are four)
+            assert e.leader_switches <= 4
+            switches.setdefault(period, []).append(e.leader_switches)
+    # deciding 32 times as often does not multiply them: the tally, not the period, sets the pace
+    assert sum(switches[16]) <= 2 * sum(switches[512])
