@@ -187,8 +187,11 @@ def test_an_interrupted_run_ends_its_cell_cleanly_not_with_sigkill(tmp_path: Pat
         "(out / 'up').write_text('yes')\n"
         "time.sleep(60)\n")
     driver = tmp_path / "driver.py"
+    # Ctrl-C raises KeyboardInterrupt in a runner started from a terminal; a suite started in the
+    # background by a shell without job control inherits SIGINT ignored, so say it outright.
     driver.write_text(
-        "import runpy, sys\n"
+        "import runpy, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"bench = runpy.run_path({str(SCRIPT)!r})\n"
         f"bench['run_to_end']([sys.executable, {str(cell)!r}])\n")
     proc = subprocess.Popen([sys.executable, str(driver)], stderr=subprocess.PIPE, text=True)
