@@ -10,11 +10,12 @@ fetches where only the challenger hit and ``c`` where only the leader did, the l
 
 The race before it compared hit totals as if they were independent Poisson counts (standard
 deviation ``sqrt(hits_a + hits_b)``). Where two experts agree on most fetches that is far too
-wide: at 4 GiB on the tool family, where the recency experts hit about 0.77 of 53,000 fetches
-and differ on a few hundred, a lead of a few dozen fetches is decisive, yet the old test asked
-for some 150. Over three draws of the generated families (72 cells of scripts/policy_loo.py)
-the paired test left 8 cells below the best baseline instead of 11 and raised the mean share of
-Belady from 0.4625 to 0.4638, and from 0.406 to 0.424 on the held-out conversation trace
+wide: at 4 GiB on the tool family the first expert and the best one each score some 10,000
+decayed hits and disagree on 160 to 250 of those fetches, so the paired standard deviation is
+about 15 hits and a lead of a few dozen is decisive, where the old test asked for some 145.
+Over three draws of the generated families (72 cells of scripts/policy_loo.py) the paired test
+left 8 cells below the best baseline instead of 11 and raised the mean share of Belady from
+0.4625 to 0.4638, and from 0.406 to 0.424 on the held-out conversation trace
 (docs/research.md). It hands over about twice as often; with the switch following the leader
 lazily (image.py) a hand-over writes nothing, which is what made that affordable.
 
