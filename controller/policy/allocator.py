@@ -66,14 +66,25 @@ class SlotAllocator:
                 return start
         return None
 
+    def _free_run_of(self, base: int, n: int) -> int:
+        """Index in ``_starts`` of the free run holding all of ``[base, base + n)``; -1 if none does."""
+        idx = bisect.bisect_right(self._starts, base) - 1
+        if idx < 0 or self._starts[idx] + self._length[self._starts[idx]] < base + n:
+            return -1
+        return idx
+
+    def is_free(self, base: int, n: int) -> bool:
+        """Whether ``[base, base + n)`` is free (inside the slots, overlapping no allocation)."""
+        return n > 0 and self._free_run_of(base, n) >= 0
+
     def reserve(self, base: int, n: int) -> None:
         """Allocate exactly ``[base, base + n)`` (a run another controller placed); AllocatorError unless free."""
         if n <= 0:
             raise ValueError(f"allocation size must be positive, got {n}")
-        idx = bisect.bisect_right(self._starts, base) - 1
-        start = self._starts[idx] if idx >= 0 else None
-        if start is None or start + self._length[start] < base + n:
+        idx = self._free_run_of(base, n)
+        if idx < 0:
             raise AllocatorError(f"slots [{base}, {base + n}) are not free")
+        start = self._starts[idx]
         length = self._length.pop(start)
         del self._starts[idx]
         left, right = base - start, start + length - (base + n)

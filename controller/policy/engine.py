@@ -371,9 +371,7 @@ class PolicyEngine:
         """Whether a chunk of ``nbytes`` at ``base_slot`` fits every expert (free slots, room in main)."""
         for pool in self.experts:
             n = pool.slots_for(nbytes)
-            if pool.main_used + n > pool.main_slots or base_slot < 0 or base_slot + n > pool.n_slots:
-                return False
-            if any(b < base_slot + n and base_slot < b + m for b, m in pool.allocator.allocations().items()):
+            if pool.main_used + n > pool.main_slots or not pool.allocator.is_free(base_slot, n):
                 return False
         return self.image.can_restore(base_slot, self.pool.slots_for(nbytes))
 

@@ -144,7 +144,7 @@ class SwitchImage:
 
     def can_restore(self, base_slot: int, n_slots: int) -> bool:
         """Whether ``[base_slot, base_slot + n_slots)`` is free in the switch."""
-        return not any(b < base_slot + n_slots and base_slot < b + m for b, m in self.allocator.allocations().items())
+        return self.allocator.is_free(base_slot, n_slots)
 
     # ------------------------------------------------------------------ internals
 

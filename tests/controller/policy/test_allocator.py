@@ -78,3 +78,24 @@ def test_reserve_takes_exactly_a_free_run() -> None:
     a.free(10, 5)
     a.reserve(10, 5)  # freed runs merge and can be reserved again
     assert a.free_slots == 0
+
+
+def test_is_free_is_exactly_inside_the_slots_and_overlapping_no_allocation() -> None:
+    rng = random.Random(11)
+    a = SlotAllocator(200)
+    live: dict[int, int] = {}
+    for _ in range(2000):
+        if live and rng.random() < 0.4:
+            base = rng.choice(list(live))
+            a.free(base, live.pop(base))
+        else:
+            got = a.alloc(rng.randint(1, 12))
+            if got is not None:
+                live[got] = a.allocations()[got]
+        base, n = rng.randint(-5, 205), rng.randint(1, 15)
+        brute = base >= 0 and base + n <= 200 and not any(b < base + n and base < b + m for b, m in live.items())
+        assert a.is_free(base, n) == brute
+        if brute:  # and what is_free calls free, reserve takes
+            a.reserve(base, n)
+            live[base] = n
+    assert not a.is_free(0, 0)
