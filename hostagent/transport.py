@@ -618,7 +618,7 @@ class Transport:
         # Where the switches merge, refused GETs are told to come back at booked times: the
         # next free time of the holder's calendar, and each chunk's refused GETs all at one.
         self._booked_until = 0.0
-        self._rendezvous: dict[int, tuple[float, int]] = {}  # chunk -> (when, fragments booked)
+        self._rendezvous: dict[int, tuple[float, int, int]] = {}  # chunk -> (when, fragments booked: span)
         # Where the switches merge, a chunk whose length probe was answered keeps room in the
         # queue for the rest of it (``_reserve``): chunk -> (until, fragments), oldest first.
         self._reserved: collections.OrderedDict[int, tuple[float, int]] = collections.OrderedDict()
@@ -1849,7 +1849,7 @@ class Transport:
 
     def _booked(self, key: int) -> bool:
         """Whether GETs for ``key`` come back at the time a BUSY booked for them (``_retry_hint_us``)."""
-        at = self._rendezvous.get(key, (0.0, 0))[0]
+        at = self._rendezvous.get(key, (0.0, 0, 0))[0]
         now = time.monotonic()
         return at - _BOOKING_EARLY_S <= now <= at + max(_BOOKING_EARLY_S, 2 * self.config.hold_s)
 
@@ -1965,7 +1965,8 @@ class Transport:
             # stays twice the bound and the hold.
             probe = first == 0 and count == 1 and hdr.frag_count == 1
             booked = (self.holder.known_fragments(hdr.chunk_key) or count) if probe else count
-            self._nack_run(hdr, first, count, wire.Status.BUSY, addr, self._retry_hint_us(limit, hdr.chunk_key, booked))
+            hint_us = self._retry_hint_us(limit, hdr.chunk_key, first, booked)
+            self._nack_run(hdr, first, count, wire.Status.BUSY, addr, hint_us)
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         flags = hdr.flags & wire.Flag.NO_CACHE
@@ -2097,13 +2098,14 @@ class Transport:
             return rate
         return min(rate, max(self._drain.rate, rate / 20))
 
-    def _retry_hint_us(self, limit: int, key: int | None = None, count: int = 0) -> int:
+    def _retry_hint_us(self, limit: int, key: int | None = None, first: int = 0, count: int = 0) -> int:
         """A BUSY NACK's retry hint: microseconds until the paced queue has room (0: unpaced).
 
         Plain: until the queue has drained to half ``limit``.  Where the switches merge, a
-        booking for ``count`` fragments of chunk ``key``: every requester refused for the chunk
-        comes back at one instant, so the switch merges their GETs again, and chunks refused
-        one after another come back one after another at the rate the queue drains.  Told
+        booking for fragments ``first`` to ``first + count`` of chunk ``key``: every requester
+        refused for the chunk comes back at one instant, so the switch merges their GETs again,
+        and chunks refused one after another come back one after another at the rate the queue
+        drains.  Told
         only to drain to half, every refused requester came back at once, found the queue full
         again and was refused again (replayed agent traffic, 69 times the holder link: each
         refused fragment up to ten times, a NACK for every DATA sent).
@@ -2114,14 +2116,19 @@ class Transport:
         now = time.monotonic()
         start = now + max(0, self._answers_queued() - limit // 2) * _L / rate
         if key is not None and self.hints.merging(now):
-            at, booked = self._rendezvous.get(key, (0.0, 0))
+            at, lo, hi = self._rendezvous.get(key, (0.0, 0, 0))
             if at <= now:
-                at, booked = max(start, self._booked_until), 0
+                at, lo, hi = max(start, self._booked_until), first, first
                 if len(self._rendezvous) >= 4 * TRACKED_KEYS:
                     self._rendezvous = {k: v for k, v in self._rendezvous.items() if v[0] > now}
-            # Other requesters refused for the chunk come back with it: book only what is new.
-            more = max(0, count - booked)
-            self._rendezvous[key] = (at, booked + more)
+            # Other requesters refused for the chunk come back with it: book only fragments not
+            # yet booked.  A span, not a count: a requester's GETs refused in two receive batches
+            # (0-1, then 2-3) were booked as the larger run alone, and the chunk refused next came
+            # back while the first chunk's other half was still going out (requesters ask a
+            # chunk's fragments in order, so what they ask for is a span).
+            new_lo, new_hi = min(lo, first), max(hi, first + count)
+            more = (new_hi - new_lo) - (hi - lo)
+            self._rendezvous[key] = (at, new_lo, new_hi)
             self._booked_until = max(self._booked_until, at) + more * _L / rate
             start = at
         return int(min(_MAX_RETRY_HINT_US, max(1000.0, (start - now) * 1e6)))
