@@ -63,10 +63,12 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         # that arrives after its fragment's answer went by is fetched again.  BMv2's window (16
         # to a chunk, TARGET_KNOBS) paces each requester by its own answers from the moment the
         # holder turns its range GETs into single ones, which differs per requester: 141-281
-        # sends for 140 fragments in 8 runs (coalesced 139-279).
+        # sends for 140 fragments in 8 runs (coalesced 139-279).  On the model the drift is the
+        # machine's load (224 sends with two busy loops beside the suite on a 2-core machine);
+        # without coalescing it is 3 * frags (420).
         bmv2 = bed.cfg.target == "bmv2"
         assert all(n >= 1 for n in sent.values())
-        bound = frags * 5 // 2 if bmv2 else frags * 3 // 2
+        bound = frags * 5 // 2 if bmv2 else frags * 2
         assert sum(sent.values()) <= bound, f"{sum(sent.values())} sends for {frags} fragments"
         # The other requesters' GETs were absorbed in the switch.
         assert mc.coalesced >= (frags // 2 if bmv2 else frags), mc.coalesced

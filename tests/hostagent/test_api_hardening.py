@@ -224,8 +224,9 @@ def test_a_small_fetch_is_not_held_behind_a_huge_stuck_one(tmp_path: Path) -> No
         keys, blobs, stopped = client.fetch_chunks([7], f"127.0.0.1:{holder.transport.port}", timeout=10)
         elapsed = time.monotonic() - t0
         assert (keys, blobs, stopped) == ([7], [chunk], None)
-        # The deadline is functional (FIFO admission took about 19 s here): generous margin, not a benchmark.
-        assert elapsed < 1.0, f"the small fetch took {elapsed:.2f} s behind the stuck one"
+        # The deadline is functional (FIFO admission took about 19 s here; alone it takes
+        # milliseconds): generous margin for a loaded CI runner, not a benchmark.
+        assert elapsed < 5.0, f"the small fetch took {elapsed:.2f} s behind the stuck one"
         assert not stuck  # the huge one is still stuck
     finally:
         requester.stop()
