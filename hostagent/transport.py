@@ -2105,10 +2105,9 @@ class Transport:
         booking for fragments ``first`` to ``first + count`` of chunk ``key``: every requester
         refused for the chunk comes back at one instant, so the switch merges their GETs again,
         and chunks refused one after another come back one after another at the rate the queue
-        drains.  Told
-        only to drain to half, every refused requester came back at once, found the queue full
-        again and was refused again (replayed agent traffic, 69 times the holder link: each
-        refused fragment up to ten times, a NACK for every DATA sent).
+        drains.  Told only to drain to half, every refused requester came back at once, found the
+        queue full again and was refused again (replayed agent traffic, 69 times the holder link:
+        each refused fragment up to ten times, a NACK for every DATA sent).
         """
         rate = self._drain_rate()
         if rate <= 0:
