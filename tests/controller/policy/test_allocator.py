@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -42,19 +43,25 @@ def test_double_free_and_wrong_length_are_errors() -> None:
         SlotAllocator(0)
 
 
-def test_random_churn_never_leaks_or_overlaps() -> None:
-    rng = random.Random(7)
-    a = SlotAllocator(1000)
-    live: dict[int, int] = {}
-    for _ in range(5000):
-        if live and rng.random() < 0.5:
+def _churn(a: SlotAllocator, rng: random.Random, steps: int, p_free: float, max_run: int,
+           live: dict[int, int]) -> Iterator[None]:
+    """Random frees (of ``live``'s runs) and allocations of up to ``max_run`` slots, ``live`` kept in step."""
+    for _ in range(steps):
+        if live and rng.random() < p_free:
             base = rng.choice(list(live))
             a.free(base, live.pop(base))
         else:
-            n = rng.randint(1, 40)
+            n = rng.randint(1, max_run)
             got = a.alloc(n)
             if got is not None:
                 live[got] = n
+        yield
+
+
+def test_random_churn_never_leaks_or_overlaps() -> None:
+    a = SlotAllocator(1000)
+    live: dict[int, int] = {}
+    for _ in _churn(a, random.Random(7), 5000, 0.5, 40, live):
         taken = sorted(live.items())
         for (b0, n0), (b1, _) in itertools.pairwise(taken):
             assert b0 + n0 <= b1  # no overlap
@@ -84,14 +91,7 @@ def test_is_free_is_exactly_inside_the_slots_and_overlapping_no_allocation() -> 
     rng = random.Random(11)
     a = SlotAllocator(200)
     live: dict[int, int] = {}
-    for _ in range(2000):
-        if live and rng.random() < 0.4:
-            base = rng.choice(list(live))
-            a.free(base, live.pop(base))
-        else:
-            got = a.alloc(rng.randint(1, 12))
-            if got is not None:
-                live[got] = a.allocations()[got]
+    for _ in _churn(a, rng, 2000, 0.4, 12, live):
         base, n = rng.randint(-5, 205), rng.randint(1, 15)
         brute = base >= 0 and base + n <= 200 and not any(b < base + n and base < b + m for b, m in live.items())
         assert a.is_free(base, n) == brute
