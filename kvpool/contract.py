@@ -325,6 +325,7 @@ class CoalesceStat(enum.IntEnum):
     RELEASE = 5
     EXPIRED_REUSED = 6
     OTHER_GENERATION = 7
+    OWNER = 8
 
 
 class PopularityStat(enum.IntEnum):
@@ -367,7 +368,7 @@ COUNTER_SIZES: Final[dict[str, int]] = {
     SLOT_HITS: POOL_SLOTS,
     SLOT_FILLS: POOL_SLOTS,
     POOL_STATS: 16,
-    COALESCE_STATS: 8,
+    COALESCE_STATS: len(CoalesceStat),
     POPULARITY_STATS: 4,
     WAITER_REPLICAS: MAX_WAITERS,
     EGRESS_STATS: 8,

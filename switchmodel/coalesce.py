@@ -17,6 +17,7 @@ from kvpool.contract import (
     FLAG_RETRANSMIT,
     MAX_WAITERS,
     OP_GET,
+    OP_NACK,
     PENDING_KEY,
     PENDING_REPLY,
     PENDING_SLOTS,
@@ -39,12 +40,12 @@ from switchmodel.v1model import M32, M48, Control, mark_to_drop
 
 
 def pending_index(kv: Kv) -> int:
-    """The fragment's pending slot: ``hash(crc32, 0, {chunk_key, frag_index}, PENDING_SLOTS)``."""
-    return hashes.crc32(kv.chunk_key.to_bytes(8, "big") + kv.frag_index.to_bytes(2, "big")) % PENDING_SLOTS
+    """The chunk's pending slot: ``hash(crc32, 0, {chunk_key}, PENDING_SLOTS)``."""
+    return hashes.crc32(kv.chunk_key.to_bytes(8, "big")) % PENDING_SLOTS
 
 
 class Coalesce(Control):
-    """``control Coalesce``: absorb duplicate GETs for a fragment in flight; release by multicast."""
+    """``control Coalesce``: GETs join an answer in progress for their chunk; it is multicast."""
 
     def apply(self, pkt: Packet, meta: Meta) -> None:
         """``Coalesce.apply``: open, join or release the pending slot of a fragment."""
@@ -62,9 +63,9 @@ class Coalesce(Control):
             meta.has_waiter = 0
 
         meta.pending_idx = pending_index(kv)
-        # {frag_index, the generation the GET asked for}: GETs are coalesced only when
+        # {owner waiter id, the generation its GETs asked for}: GETs are coalesced only when
         # any answer to one answers all of them.
-        sub = (kv.frag_index << 32) | kv.generation
+        sub = ((meta.waiter_id & 0xFFFF) << 32) | kv.generation
         slot_key = self._read(PENDING_KEY, meta.pending_idx)
         slot_sub = self._read(PENDING_SUB, meta.pending_idx)
         slot_ts = self._read(PENDING_TS, meta.pending_idx)
@@ -74,21 +75,26 @@ class Coalesce(Control):
         shift = meta.waiter_id & 0xFF
         me = (1 << shift) & M32 if shift < 32 else 0
         now = meta.ingress_timestamp
-        same_fragment = slot_key == kv.chunk_key and slot_sub >> 32 == kv.frag_index
+        same_chunk = slot_key == kv.chunk_key
+        mine = slot_sub >> 32 == meta.waiter_id & 0xFFFF
 
         if kv.opcode == OP_GET:
             live = slot_mask != 0 and ((now - slot_ts) & M48) < meta.pending_timeout
             if meta.has_waiter == 0:
                 self._count(COALESCE_STATS, CoStat.NO_WAITER_ID, meta)
-            elif live and same_fragment and slot_sub == sub:
-                self._write(PENDING_WAITERS, meta.pending_idx, slot_mask | me)
+            elif live and same_chunk and slot_sub & M32 == kv.generation:
                 meta.record_reply = 1
-                if kv.flags & FLAG_RETRANSMIT:
-                    self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
+                if mine:
+                    self._write(PENDING_TS, meta.pending_idx, now)
+                    self._count(COALESCE_STATS, CoStat.OWNER, meta)
                 else:
-                    meta.absorb = 1
-                    self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
-            elif live and same_fragment:
+                    self._write(PENDING_WAITERS, meta.pending_idx, slot_mask | me)
+                    if kv.flags & FLAG_RETRANSMIT:
+                        self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
+                    else:
+                        meta.absorb = 1
+                        self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
+            elif live and same_chunk:
                 self._count(COALESCE_STATS, CoStat.OTHER_GENERATION, meta)
             elif live:
                 self._count(COALESCE_STATS, CoStat.COLLISION, meta)
@@ -101,14 +107,18 @@ class Coalesce(Control):
                 self._write(PENDING_WAITERS, meta.pending_idx, me)
                 meta.record_reply = 1
                 self._count(COALESCE_STATS, CoStat.FIRST, meta)
-        elif (meta.has_waiter == 1 and same_fragment and slot_mask & me
+        elif (meta.has_waiter == 1 and same_chunk and mine and slot_mask
                 and (slot_sub & M32 == 0 or slot_sub & M32 == kv.generation)):
-            self._write(PENDING_WAITERS, meta.pending_idx, 0)
+            # DATA or NACK from a writer answering the slot's owner.
+            if kv.opcode == OP_NACK or (kv.frag_index + 1) & 0xFFFF == kv.frag_count:
+                self._write(PENDING_WAITERS, meta.pending_idx, 0)  # the answer is over
+            else:
+                self._write(PENDING_TS, meta.pending_idx, now)
             meta.release = 1
             meta.release_mask = slot_mask
             meta.release_dst = meta.waiter_id
             if slot_mask == me:
-                # Only the addressee waits: forwarded, no replica per waiter id to prune.
+                # Only the owner waits: forwarded, no replica per waiter id to prune.
                 meta.release_unicast = 1
             else:
                 meta.mcast_grp = coalesce_group(slot_mask)  # the highest waiter id's group
@@ -140,12 +150,13 @@ class CoalesceEgress(Control):
                 if res.action == REWRITE_WAITER:
                     pkt.ipv4.dst = res.params["addr"]
                     pkt.eth_dst = res.params["mac"]
-            reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)
-            kv.request_id = reply >> 16
-            pkt.udp[1] = reply & 0xFFFF
             if rid != meta.release_dst:
+                # Another waiter's copy: its own request id and port (the owner's leaves as sent).
+                reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)
+                kv.request_id = reply >> 16
+                pkt.udp[1] = reply & 0xFFFF
                 kv.flags |= FLAG_COALESCED
-            pkt.udp[3] = 0
+                pkt.udp[3] = 0
             self._count(WAITER_REPLICAS, rid, meta)
             self._count(EGRESS_STATS, EgStat.REPLICA_SENT, meta)
         elif meta.record_reply == 1:

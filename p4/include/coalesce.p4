@@ -1,16 +1,24 @@
 /* -*- P4_16 -*- */
 /*
- * Coalescing: absorb duplicate GETs for a fragment in flight, multicast the response.
+ * Coalescing: GETs for a chunk whose answer is already crossing the switch join it; the
+ * answer is multicast to every waiter.
  *
- * Pending state, indexed by crc32(chunk_key, frag_index) mod PENDING_SLOTS:
- *   pending_key     chunk_key the slot is waiting for
- *   pending_sub     {frag_index, generation}: the fragment, and the generation its GETs
- *                   asked for (0: whatever is current)
- *   pending_ts      ingress_global_timestamp of the GET that opened it (us)
+ * Pending state per chunk, indexed by crc32(chunk_key) mod PENDING_SLOTS:
+ *   pending_key     chunk_key the slot is answering
+ *   pending_sub     {owner waiter id, generation}: the waiter whose GETs the holder answers
+ *                   (the one that opened the slot), and the generation its GETs asked for
+ *                   (0: whatever is current)
+ *   pending_ts      ingress_global_timestamp of the slot's last sign of life (us): opened,
+ *                   a GET of its owner, an answer to its owner crossing
  *   pending_waiters bitmap over waiter ids; 0 = slot free
  * and, in egress, pending_reply[slot * MAX_WAITERS + waiter] = {request_id, UDP port}
  * of that waiter's latest GET.  It lives in egress because a register belongs to one
  * control and the replicas read it there; ingress marks the GET and egress records it.
+ *
+ * Why per chunk: requesters ask for a chunk with range GETs (one per window), and that is
+ * what the switch coalesces, so its help costs no request packet plain forwarding would not
+ * send.  A GET that joins an answer in progress gets the rest of that answer; what passed
+ * before it joined it asks for again (RETRANSMIT, which goes to the holder).
  *
  * Waiters.  The controller gives each host a waiter id 0..MAX_WAITERS-1 on each switch
  * (waiter_lookup on its IPv4 address, waiter_egress on the id), the lowest ids to the
@@ -18,40 +26,38 @@
  * nested multicast groups: COALESCE_MCAST_GRP + t has a replica (port towards waiter w,
  * egress_rid = w) for every waiter w <= t.  A release multicasts to the group of the
  * highest id in its waiter bitmap, with the bitmap in user metadata (BMv2 copies it into
- * every replica); egress drops replicas whose bit is clear and rewrites the rest.  No
- * group per subset, and a leaf whose own hosts wait makes replicas for those only, not
- * for every host of the fabric (on BMv2 each pruned replica is a full egress pass).
+ * every replica); egress drops replicas whose bit is clear and rewrites the rest.
  *
- * GET (single fragment, not answered by the pool), from a host with a waiter id:
- *   slot free or timed out  -> take it: key, {fragment, asked generation}, now, bitmap =
- *                              {me}; forward to the holder.
- *   slot live, same key, fragment and asked generation
+ * GET not answered by the pool (a range or a single fragment), from a host with a waiter id:
+ *   slot free or timed out  -> open it: key, {me, asked generation}, now, bitmap = {me};
+ *                              forward to the holder.
+ *   slot live, same key and asked generation, I own it
+ *                           -> my next window: forward, the slot stays live.
+ *   slot live, same key and asked generation, another owns it
  *                           -> set my bit, record my reply; absorb (drop in egress),
- *                              except a RETRANSMIT GET, which also goes upstream in case
- *                              the first GET or its answer was lost.
- *   slot live, same fragment, another asked generation
+ *                              except a RETRANSMIT GET (what I missed, or what a lost
+ *                              answer left out), which goes to the holder too.
+ *   slot live, same key, another asked generation
  *                           -> forward normally (CO_OTHER_GENERATION): GETs are only
- *                              coalesced when any answer to one is an answer to all, so
- *                              a waiter that pinned a generation cannot make the NACK
- *                              it gets (STALE_GENERATION) fail the others.
- *   slot live, other fragment -> collision: forward normally, no coalescing.
+ *                              coalesced when any answer to one is an answer to all.
+ *   slot live, other chunk  -> collision: forward normally, no coalescing.
  * A GET from a host without a waiter id is forwarded normally.
  *
- * DATA or NACK from a writer, addressed to a waiter whose bit is set in a slot for the
- * same key and fragment, whose asked generation is 0 or the response's (a NACK echoes the
- * generation its GET asked for; age does not matter: the answer satisfies everyone who
- * waits): clear the bitmap and multicast.  Each replica gets the waiter's IPv4/MAC and
- * its own recorded request_id and UDP port; all but the one for the original destination
- * get FLAG_COALESCED.  When the addressee is the only waiter the response is forwarded
- * instead (release_unicast) and only gets its request_id and port: the same packet out,
- * without a replica per waiter id that egress would prune.  Other DATA is forwarded
- * normally.  A writer here is an (ingress
- * port, source) pair (Safety): a switch-served reply coming from the holder's side counts,
- * since switches are trusted; only the pool refuses to store such bytes.
+ * DATA or NACK from a writer, addressed to the owner of a slot for the same key, whose
+ * asked generation is 0 or the response's (a NACK echoes the generation its GET asked
+ * for): multicast to the waiters.  The owner's copy leaves as the holder sent it; every
+ * other replica gets its waiter's IPv4/MAC, its recorded request_id and UDP port, and
+ * FLAG_COALESCED.  When the owner is the only waiter the response is forwarded instead
+ * (release_unicast).  The chunk's last fragment and any NACK free the slot (the answer is
+ * over: a BUSY's waiters come back at the holder's booked time and meet again); any other
+ * DATA keeps it live.  Answers to a GET of a non-owner (its RETRANSMIT) are forwarded
+ * normally.  A writer here is an (ingress port, source) pair (Safety): a switch-served
+ * reply coming from the holder's side counts, since switches are trusted; only the pool
+ * refuses to store such bytes.
  *
- * Limits: one outstanding request per (host, fragment) (the latest GET's request_id
- * wins); a GET recorded in egress while a release for the same slot is being replicated
- * may see its reply record overwritten (BMv2 runs ingress and egress concurrently).
+ * Limits: one outstanding request per (host, chunk) (the latest GET's request_id wins); a
+ * GET recorded in egress while a release for the same slot is being replicated may see its
+ * reply record overwritten (BMv2 runs ingress and egress concurrently).
  */
 #ifndef KVPOOL_COALESCE_P4
 #define KVPOOL_COALESCE_P4
@@ -109,8 +115,8 @@ control Coalesce(inout headers_t hdr,
         }
 
         hash(meta.pending_idx, HashAlgorithm.crc32, (bit<32>)0,
-             { hdr.kv.chunk_key, hdr.kv.frag_index }, (bit<32>)PENDING_SLOTS);
-        bit<48> sub = hdr.kv.frag_index ++ hdr.kv.generation;
+             { hdr.kv.chunk_key }, (bit<32>)PENDING_SLOTS);
+        bit<48> sub = meta.waiter_id ++ hdr.kv.generation;
         chunkKey_t slot_key;
         bit<48> slot_sub;
         timestamp_t slot_ts;
@@ -123,22 +129,28 @@ control Coalesce(inout headers_t hdr,
         waiterMask_t me = (waiterMask_t)1 << (bit<8>)meta.waiter_id;
         timestamp_t now = standard_metadata.ingress_global_timestamp;
 
-        bool same_fragment = slot_key == hdr.kv.chunk_key && slot_sub[47:32] == hdr.kv.frag_index;
+        bool same_chunk = slot_key == hdr.kv.chunk_key;
+        bool mine = slot_sub[47:32] == meta.waiter_id;
 
         if (hdr.kv.opcode == OP_GET) {
             bool live = slot_mask != 0 && now - slot_ts < pending_timeout;
             if (meta.has_waiter == 0) {
                 coalesce_stats.count(CO_NO_WAITER_ID);
-            } else if (live && same_fragment && slot_sub == sub) {
-                pending_waiters.write(meta.pending_idx, slot_mask | me);
+            } else if (live && same_chunk && slot_sub[31:0] == hdr.kv.generation) {
                 meta.record_reply = 1;
-                if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
-                    coalesce_stats.count(CO_RETRANSMIT);
+                if (mine) {
+                    pending_ts.write(meta.pending_idx, now);
+                    coalesce_stats.count(CO_OWNER);
                 } else {
-                    meta.absorb = 1;
-                    coalesce_stats.count(CO_ABSORBED);
+                    pending_waiters.write(meta.pending_idx, slot_mask | me);
+                    if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
+                        coalesce_stats.count(CO_RETRANSMIT);
+                    } else {
+                        meta.absorb = 1;
+                        coalesce_stats.count(CO_ABSORBED);
+                    }
                 }
-            } else if (live && same_fragment) {
+            } else if (live && same_chunk) {
                 coalesce_stats.count(CO_OTHER_GENERATION);
             } else if (live) {
                 coalesce_stats.count(CO_COLLISION);
@@ -153,18 +165,20 @@ control Coalesce(inout headers_t hdr,
                 meta.record_reply = 1;
                 coalesce_stats.count(CO_FIRST);
             }
-        } else if (meta.has_waiter == 1 && same_fragment && (slot_mask & me) != 0
+        } else if (meta.has_waiter == 1 && same_chunk && mine && slot_mask != 0
                    && (slot_sub[31:0] == 0 || slot_sub[31:0] == hdr.kv.generation)) {
-            // DATA or NACK from a writer answering a waited-for fragment.
-            pending_waiters.write(meta.pending_idx, 0);
+            // DATA or NACK from a writer answering the slot's owner.
+            if (hdr.kv.opcode == OP_NACK || hdr.kv.frag_index + 1 == hdr.kv.frag_count) {
+                pending_waiters.write(meta.pending_idx, 0);  // the answer is over
+            } else {
+                pending_ts.write(meta.pending_idx, now);
+            }
             meta.release = 1;
             meta.release_mask = slot_mask;
             meta.release_dst = meta.waiter_id;
             if (slot_mask == me) {
-                // Nobody else waits here: forward it (Forwarding), egress gives it the
-                // addressee's latest reply record.  Multicast would make a replica for every
-                // waiter id only to prune all but this one, and a slot without absorbed GETs
-                // is the common release (the holder's leaf sees one GET per fragment).
+                // Nobody else waits here: forward it (Forwarding).  Multicast would make a
+                // replica for every waiter id only to prune all but this one.
                 meta.release_unicast = 1;
             } else {
                 // The group of the highest waiter id in the bitmap (a binary search).
@@ -224,15 +238,17 @@ control CoalesceEgress(inout headers_t hdr,
                 egress_stats.count(EG_NO_WAITER_ENTRY);
                 send = false;
             }
-            if (send) {
+            if (send && rid != meta.release_dst) {
+                // Another waiter's copy: its own request id and port.  The owner's copy leaves
+                // as the holder sent it (the answer to its own GET).
                 bit<48> reply;
                 pending_reply.read(reply, meta.pending_idx * MAX_WAITERS + (bit<32>)rid);
                 hdr.kv.request_id = reply[47:16];
                 hdr.udp.dstPort = reply[15:0];
-                if (rid != meta.release_dst) {
-                    hdr.kv.flags = hdr.kv.flags | FLAG_COALESCED;
-                }
+                hdr.kv.flags = hdr.kv.flags | FLAG_COALESCED;
                 hdr.udp.checksum = 0;
+            }
+            if (send) {
                 waiter_replicas.count((bit<32>)rid);
                 egress_stats.count(EG_REPLICA_SENT);
             }

@@ -65,15 +65,13 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 // Chunks the pool table can hold (at most one per slot), plus the controller's placement
 // mark entry (controller/placement.py).
 #define POOL_ENTRIES    1025
-// Pending-request slots for coalescing, indexed by a hash of (chunk_key, frag_index).  A
-// GET whose slot another fragment holds is not coalesced, so the table is sized well above
-// the single GETs in flight through one switch (8 requesters x 600 fragments in the demo):
-// at 16384, replayed agent traffic at 3x the holder link had 17% of multicast's GETs
-// collide; at 65536, 4%.
+// Pending-request slots for coalescing, indexed by a hash of chunk_key.  A GET whose slot
+// another chunk holds is not coalesced, so the table is sized well above the chunks being
+// fetched through one switch at once.
 #define PENDING_SLOTS   65536
 // Cells remembering the last fill mismatch reported per crc16(chunk_key) (digest suppression).
 #define MISMATCH_CELLS  256
-// Hosts that can wait on a coalesced fragment; the waiter bitmap is bit<MAX_WAITERS>.
+// Hosts that can wait on a coalesced chunk; the waiter bitmap is bit<MAX_WAITERS>.
 #define MAX_WAITERS     32
 // Per (pending slot, waiter) reply records: PENDING_SLOTS * MAX_WAITERS.
 #define PENDING_REPLIES 2097152
@@ -159,12 +157,13 @@ const bit<32> POOL_UPSTREAM         = 14;  // GET for a chunk held upstream: pas
 const bit<32> CO_FIRST              = 0;   // GET opened a pending slot and went to the holder
 const bit<32> CO_ABSORBED           = 1;   // duplicate GET absorbed
 const bit<32> CO_RETRANSMIT         = 2;   // RETRANSMIT GET joined the waiters and went upstream
-const bit<32> CO_COLLISION          = 3;   // slot busy with another fragment: GET forwarded
+const bit<32> CO_COLLISION          = 3;   // slot busy with another chunk: GET forwarded
 const bit<32> CO_NO_WAITER_ID       = 4;   // requester has no waiter id: GET forwarded
-const bit<32> CO_RELEASE            = 5;   // DATA/NACK released a pending slot (multicast)
+const bit<32> CO_RELEASE            = 5;   // DATA/NACK to a slot's owner multicast to its waiters
 const bit<32> CO_EXPIRED_REUSED     = 6;   // a timed-out slot was taken over by a new GET
-const bit<32> CO_OTHER_GENERATION   = 7;   // slot waits for this fragment at another generation
-#define COALESCE_STATS 8
+const bit<32> CO_OTHER_GENERATION   = 7;   // slot answers this chunk at another generation
+const bit<32> CO_OWNER              = 8;   // the slot owner's next GET: forwarded, slot kept live
+#define COALESCE_STATS 9
 
 // Index into MyIngress.popularity.popularity_stats.
 const bit<32> POP_COUNTED           = 0;   // missed GET counted in the sketch

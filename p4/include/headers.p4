@@ -127,7 +127,7 @@ struct metadata_t {
     ip4Addr_t    waiter_addr;      // source of a GET, destination of a DATA/NACK
     bit<1>       has_waiter;
     waiterId_t   waiter_id;
-    bit<32>      pending_idx;      // pending slot of (chunk_key, frag_index), see coalesce.p4
+    bit<32>      pending_idx;      // pending slot of chunk_key, see coalesce.p4
     bit<1>       record_reply;     // egress stores (request_id, UDP port) for this waiter
     bit<1>       absorb;           // duplicate GET: egress records it, then drops it
     bit<1>       release;          // DATA/NACK multicast to the waiters in release_mask

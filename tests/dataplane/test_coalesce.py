@@ -1,4 +1,4 @@
-"""Coalescing: duplicate GETs absorbed while one is outstanding, the answer multicast to all."""
+"""Coalescing per chunk: GETs join the answer in progress for their chunk, which is multicast to all."""
 
 from __future__ import annotations
 
@@ -18,16 +18,25 @@ from .packets import Mask, data_frame, get_frame, host, kv_frame, with_ttl
 from .program import HOLDER
 
 KEY = 0xC0A1E5CE
-CHUNK = program.chunk_bytes(3000)
+CHUNK = program.chunk_bytes(3000)  # three fragments
+LAST = 2
 WAITING = [host(1), host(2), host(4)]
 
 
-def _replica(to: int, request_id: int, dport: int, coalesced: bool, frag: int = 0) -> bytes:
-    """What waiter ``to`` receives: the holder's DATA rewritten for it by egress."""
-    flags = int(wire.Flag.COALESCED) if coalesced else 0
-    datagram = wire.data_packet(KEY, frag, CHUNK, request_id=request_id, flags=flags)
+def _replica(to: int, request_id: int, dport: int, frag: int = 0) -> bytes:
+    """What a waiter other than the owner receives: the holder's DATA rewritten for it by egress."""
+    datagram = wire.data_packet(KEY, frag, CHUNK, request_id=request_id, flags=int(wire.Flag.COALESCED))
     return kv_frame(HOLDER, host(to), datagram, sport=wire.KVPOOL_UDP_PORT, dport=dport, ttl=63,
                     udp_checksum=0)
+
+
+def _answer(to: int, request_id: int, dport: int, frag: int = 0) -> bytes:
+    """The holder's DATA for fragment ``frag`` to host ``to``, as it enters the switch."""
+    return data_frame(HOLDER, host(to), KEY, frag, CHUNK, request_id=request_id, dport=dport)
+
+
+def _range_get(to: int, request_id: int, sport: int, first: int = 0, count: int = 3, flags: int = 0) -> bytes:
+    return get_frame(host(to), HOLDER, KEY, first, count=count, request_id=request_id, sport=sport, flags=flags)
 
 
 def _setup(target: Target) -> None:
@@ -38,93 +47,169 @@ def _setup(target: Target) -> None:
 def _hosts_2_and_4_wait(target: Target, first: tuple[int, int], second: tuple[int, int]) -> None:
     """Host 2's GET (request id, UDP port ``first``) goes upstream, host 4's joins it; the answer reaches both."""
     (rid2, port2), (rid4, port4) = first, second
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=rid2, sport=port2))
-    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=rid2, sport=port2), 63)))
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=rid4, sport=port4))
+    target.send(2, _range_get(2, rid2, port2))
+    target.expect(HOLDER.port, Mask(with_ttl(_range_get(2, rid2, port2), 63)))
+    target.send(4, _range_get(4, rid4, port4))
     target.expect_no_other_packets()
-    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=rid2, dport=port2))
-    target.expect(2, _replica(2, rid2, port2, coalesced=False))
-    target.expect(4, _replica(4, rid4, port4, coalesced=True))
+    target.send(HOLDER.port, _answer(2, rid2, port2))
+    target.expect(2, with_ttl(_answer(2, rid2, port2), 63))
+    target.expect(4, _replica(4, rid4, port4))
     target.expect_no_other_packets()
 
 
 def _three_wait(target: Target) -> None:
-    """Hosts 1, 2 and 4 ask for fragment 0: host 1's GET goes upstream, the other two are absorbed."""
-    first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
+    """Hosts 1, 2 and 4 ask for the chunk: host 1's range GET goes upstream, the other two are absorbed."""
+    first = _range_get(1, 11, 5001)
     target.send(1, first)
     target.expect(HOLDER.port, with_ttl(first, 63))
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002))
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
-    target.expect_no_other_packets()  # both duplicates absorbed: the holder saw one GET
+    target.send(2, _range_get(2, 22, 5002))
+    target.send(4, _range_get(4, 44, 5004, count=2))  # a GET for part of the chunk joins too
+    target.expect_no_other_packets()  # both absorbed: the holder saw one GET
 
 
-def _answer_reaches_all_three(target: Target) -> None:
+def _answer_reaches_all_three(target: Target, frag: int = 0) -> None:
     """The holder answers host 1; every waiter gets its own copy, once."""
-    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=11, dport=5001))
-    target.expect(1, _replica(1, 11, 5001, coalesced=False))
-    target.expect(2, _replica(2, 22, 5002, coalesced=True))
-    target.expect(4, _replica(4, 44, 5004, coalesced=True))
+    target.send(HOLDER.port, _answer(1, 11, 5001, frag))
+    target.expect(1, with_ttl(_answer(1, 11, 5001, frag), 63))
+    target.expect(2, _replica(2, 22, 5002, frag))
+    target.expect(4, _replica(4, 44, 5004, frag))
     target.expect_no_other_packets()
 
 
-def test_three_gets_one_upstream_and_the_answer_reaches_all_three(target: Target) -> None:
+def test_three_range_gets_one_upstream_and_every_answer_reaches_all_three(target: Target) -> None:
     _setup(target)
     _three_wait(target)
     assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
     assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 2
 
-    _answer_reaches_all_three(target)
-    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 1
-    assert target.counters(n.WAITER_REPLICAS) == {0: 1, 1: 1, 2: 1}
-    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
+    for frag in range(LAST + 1):
+        _answer_reaches_all_three(target, frag)
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 3
+    assert target.counters(n.WAITER_REPLICAS) == {0: 3, 1: 3, 2: 3}
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 9
 
-    # Released: the next GET for the fragment opens a new round and goes upstream.
-    again = get_frame(host(2), HOLDER, KEY, 0, request_id=23, sport=5002)
+    # The chunk's last fragment ended the answer: the next GET for it opens a new one.
+    again = _range_get(2, 23, 5002)
     target.send(2, again)
     target.expect(HOLDER.port, with_ttl(again, 63))
     target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 2
+
+
+def test_the_owners_next_windows_go_upstream_and_a_late_joiner_gets_the_rest(target: Target) -> None:
+    _setup(target)
+    window = _range_get(1, 11, 5001, count=1)
+    target.send(1, window)
+    target.expect(HOLDER.port, with_ttl(window, 63))
+    target.send(HOLDER.port, _answer(1, 11, 5001, 0))
+    target.expect(1, with_ttl(_answer(1, 11, 5001, 0), 63))  # alone: forwarded as it came
+    # Host 2 joins after fragment 0 passed: absorbed, it gets what follows.
+    target.send(2, _range_get(2, 22, 5002))
+    target.expect_no_other_packets()
+    # The owner's next window is a GET plain forwarding would send too: it goes upstream.
+    nxt = _range_get(1, 11, 5001, first=1, count=2)
+    target.send(1, nxt)
+    target.expect(HOLDER.port, with_ttl(nxt, 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.OWNER) == 1
+    # What host 2 missed it asks for again with RETRANSMIT: to the holder, and its answer,
+    # addressed to a waiter that does not own the slot, is forwarded to it alone.
+    miss = _range_get(2, 22, 5002, first=0, count=1, flags=int(wire.Flag.RETRANSMIT))
+    target.send(2, miss)
+    target.expect(HOLDER.port, with_ttl(miss, 63))
+    target.send(HOLDER.port, _answer(2, 22, 5002, 0))
+    target.expect(2, with_ttl(_answer(2, 22, 5002, 0), 63))
+    target.expect_no_other_packets()
+    for frag in (1, 2):
+        target.send(HOLDER.port, _answer(1, 11, 5001, frag))
+        target.expect(1, with_ttl(_answer(1, 11, 5001, frag), 63))
+        target.expect(2, _replica(2, 22, 5002, frag))
+        target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RETRANSMIT) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 3
+
+
+def test_a_nack_to_the_owner_reaches_every_waiter_and_ends_the_answer(target: Target) -> None:
+    _setup(target)
+    _three_wait(target)
+    def nack(request_id: int) -> bytes:
+        return wire.nack_packet(KEY, wire.Status.BUSY, request_id=request_id, frag_count=3, retry_us=5000)
+
+    sent = kv_frame(HOLDER, host(1), nack(11), sport=wire.KVPOOL_UDP_PORT, dport=5001)
+    target.send(HOLDER.port, sent)
+    target.expect(1, with_ttl(sent, 63))
+    for to, rid, port in ((2, 22, 5002), (4, 44, 5004)):
+        copy = bytearray(nack(rid))
+        copy[2:4] = int(wire.Flag.COALESCED).to_bytes(2, "big")
+        target.expect(to, kv_frame(HOLDER, host(to), bytes(copy), sport=wire.KVPOOL_UDP_PORT, dport=port, ttl=63,
+                                   udp_checksum=0))
+    target.expect_no_other_packets()
+    # Free again: the next GET (the holder's booked return) opens a new answer.
+    again = _range_get(2, 23, 5002)
+    target.send(2, again)
+    target.expect(HOLDER.port, with_ttl(again, 63))
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 2
 
 
 def test_only_waiters_in_the_bitmap_get_a_copy(target: Target) -> None:
     _setup(target)
     # A lone waiter: its answer is forwarded, not multicast, so no replica is made to prune.
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000))
-    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=1, sport=6000), 63)))
-    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=1, dport=6000))
-    target.expect(2, _replica(2, 1, 6000, coalesced=False))
+    target.send(2, _range_get(2, 1, 6000))
+    target.expect(HOLDER.port, Mask(with_ttl(_range_get(2, 1, 6000), 63)))
+    for frag in range(LAST + 1):
+        target.send(HOLDER.port, _answer(2, 1, 6000, frag))
+        target.expect(2, with_ttl(_answer(2, 1, 6000, frag), 63))
     target.expect_no_other_packets()
-    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 1
-    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 3
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 0
 
     # Two waiters: multicast, and the replica for host 1, which did not ask, is pruned.
     _hosts_2_and_4_wait(target, (2, 6000), (4, 6004))
-    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
+    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 5
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 1
 
 
-def test_a_lone_waiters_answer_carries_its_latest_get(target: Target) -> None:
-    # Forwarded rather than multicast, the answer still gets the request id and port of
-    # the waiter's latest GET here (one outstanding request per host and fragment).
+def test_a_waiters_copy_carries_its_latest_get(target: Target) -> None:
+    # One outstanding request per host and chunk: a waiter's newer GET replaces its reply record.
     _setup(target)
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=7, sport=6000))
-    target.expect(HOLDER.port, Mask(with_ttl(get_frame(host(2), HOLDER, KEY, 0, request_id=7, sport=6000), 63)))
-    target.send(2, get_frame(host(2), HOLDER, KEY, 0, request_id=8, sport=6001))
-    target.expect_no_other_packets()  # absorbed: the same waiter's newer request
-    target.send(HOLDER.port, data_frame(HOLDER, host(2), KEY, 0, CHUNK, request_id=7, dport=6000))
-    target.expect(2, _replica(2, 8, 6001, coalesced=False))
+    target.send(1, _range_get(1, 11, 5001))
+    target.expect(HOLDER.port, Mask(with_ttl(_range_get(1, 11, 5001), 63)))
+    target.send(2, _range_get(2, 7, 6000))
+    target.send(2, _range_get(2, 8, 6001))
     target.expect_no_other_packets()
-    assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_PRUNED) == 0
+    target.send(HOLDER.port, _answer(1, 11, 5001))
+    target.expect(1, with_ttl(_answer(1, 11, 5001), 63))
+    target.expect(2, _replica(2, 8, 6001))
+    target.expect_no_other_packets()
+
+
+def test_answers_to_a_host_that_does_not_own_the_slot_are_not_multicast(target: Target) -> None:
+    _setup(target)
+    target.send(1, _range_get(1, 11, 5001))
+    target.expect(HOLDER.port, Mask(with_ttl(_range_get(1, 11, 5001), 63)))
+    target.send(2, _range_get(2, 22, 5002))
+    target.expect_no_other_packets()
+    # Host 2 waits in the slot, but an answer addressed to it (say to an earlier GET of its
+    # own) is not the slot's answer: forwarded to host 2 alone, and the slot stays.
+    target.send(HOLDER.port, _answer(2, 22, 5002, LAST))
+    target.expect(2, with_ttl(_answer(2, 22, 5002, LAST), 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 0
+    target.send(HOLDER.port, _answer(1, 11, 5001, 0))
+    target.expect(1, with_ttl(_answer(1, 11, 5001, 0), 63))
+    target.expect(2, _replica(2, 22, 5002, 0))
+    target.expect_no_other_packets()
 
 
 def test_after_the_timeout_a_new_get_goes_through(target: Target) -> None:
     _setup(target)
     program.pending_timeout(target.sw, 50_000)  # 50 ms
-    first = get_frame(host(1), HOLDER, KEY, 0, request_id=1)
+    first = _range_get(1, 1, 40000)
     target.send(1, first)
     target.expect(HOLDER.port, with_ttl(first, 63))
     time.sleep(0.15)
-    late = get_frame(host(2), HOLDER, KEY, 0, request_id=2)
+    late = _range_get(2, 2, 40000)
     target.send(2, late)
     target.expect(HOLDER.port, with_ttl(late, 63))
     target.expect_no_other_packets()
@@ -135,35 +220,47 @@ def test_after_the_timeout_a_new_get_goes_through(target: Target) -> None:
 
 def test_flood_of_gets_keeps_state_bounded(target: Target) -> None:
     _setup(target)
-    program.pending_timeout(target.sw, 30_000_000)  # the whole flood falls inside one round
+    program.pending_timeout(target.sw, 30_000_000)  # the whole flood falls inside one answer
     rounds = 100
-    first = get_frame(host(1), HOLDER, KEY, 0, request_id=0, sport=7000)
+    first = _range_get(1, 0, 7001)
     target.send(1, first)
     target.expect(HOLDER.port, with_ttl(first, 63))
+    joined = 0
     for i in range(1, rounds):
         h = WAITING[i % 3]
-        target.send(h.port, get_frame(h, HOLDER, KEY, 0, request_id=i, sport=7000 + h.port))
+        target.send(h.port, _range_get(h.port, i, 7000 + h.port))
+        joined += h.port != 1
+    # The owner's own GETs go upstream (its windows); the others' are absorbed.
+    owner_gets = rounds - 1 - joined
+    for _ in range(owner_gets):
+        target.expect(HOLDER.port, Mask(with_ttl(_range_get(1, 0, 7001), 63)).dont_care("kv", "request_id").dont_care("udp", "chksum"))
     target.expect_no_other_packets()
-    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == rounds - 1
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == joined
+    assert target.counter(n.COALESCE_STATS, CoStat.OWNER) == owner_gets
     # One answer, one copy per waiting host (not per GET), each with its latest request id.
-    target.send(HOLDER.port, data_frame(HOLDER, host(1), KEY, 0, CHUNK, request_id=0, dport=7001))
-    last = {h.port: max(i for i in range(rounds) if WAITING[i % 3] is h) for h in WAITING}
-    target.expect(1, _replica(1, last[1], 7001, coalesced=False))
-    target.expect(2, _replica(2, last[2], 7002, coalesced=True))
-    target.expect(4, _replica(4, last[4], 7004, coalesced=True))
+    target.send(HOLDER.port, _answer(1, 0, 7001))
+    last = {h.port: max(i for i in range(rounds) if WAITING[i % 3] is h) for h in WAITING[1:]}
+    target.expect(1, with_ttl(_answer(1, 0, 7001), 63))
+    target.expect(2, _replica(2, last[2], 7002))
+    target.expect(4, _replica(4, last[4], 7004))
     target.expect_no_other_packets()
     assert target.counter(n.EGRESS_STATS, EgStat.REPLICA_SENT) == 3
 
 
 def test_retransmit_joins_and_also_goes_upstream(target: Target) -> None:
     _setup(target)
-    target.send(1, get_frame(host(1), HOLDER, KEY, 0, request_id=1))
-    target.expect(HOLDER.port, with_ttl(get_frame(host(1), HOLDER, KEY, 0, request_id=1), 63))
-    re = get_frame(host(2), HOLDER, KEY, 0, request_id=2, flags=int(wire.Flag.RETRANSMIT))
+    target.send(1, _range_get(1, 1, 40000))
+    target.expect(HOLDER.port, with_ttl(_range_get(1, 1, 40000), 63))
+    re = _range_get(2, 2, 40000, flags=int(wire.Flag.RETRANSMIT))
     target.send(2, re)
     target.expect(HOLDER.port, with_ttl(re, 63))
     target.expect_no_other_packets()
     assert target.counter(n.COALESCE_STATS, CoStat.RETRANSMIT) == 1
+    # Joined all the same: the owner's answer reaches it.
+    target.send(HOLDER.port, _answer(1, 1, 40000))
+    target.expect(1, with_ttl(_answer(1, 1, 40000), 63))
+    target.expect(2, _replica(2, 2, 40000))
+    target.expect_no_other_packets()
 
 
 def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(target: Target) -> None:
@@ -185,20 +282,20 @@ def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(ta
     assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 0
 
 
-def _pending_index(key: int, frag: int) -> int:
-    """The pending slot of a fragment, by the model's twin of coalesce.p4's hash.
+def _pending_index(key: int) -> int:
+    """The pending slot of a chunk, by the model's twin of coalesce.p4's hash.
 
     tests/switchmodel/test_model_vs_build.py ties that function to the compiled program; here the
     target itself (BMv2 included) must treat the pair it finds as a collision.
     """
-    return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, frag, 1, 0, 0, 0, 0, 0, 0))
+    return pending_index(Kv(wire.KVPOOL_VERSION, int(wire.Opcode.GET), 0, key, 0, 1, 0, 0, 0, 0, 0, 0))
 
 
-def test_colliding_fragments_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:
-    # Two fragments whose pending index collides under the program's hash: the second GET is a
+def test_colliding_chunks_are_not_coalesced_and_the_hash_matches_bmv2(target: Target) -> None:
+    # Two chunks whose pending index collides under the program's hash: the second GET is a
     # COLLISION (forwarded, slot untouched).  A target hashing differently would coalesce
     # nothing here either, but would count FIRST twice instead.
-    other = next(k for k in range(1, 1 << 20) if k != KEY and _pending_index(k, 0) == _pending_index(KEY, 0))
+    other = next(k for k in range(1, 1 << 22) if k != KEY and _pending_index(k) == _pending_index(KEY))
     _setup(target)
     a = get_frame(host(1), HOLDER, KEY, 0)
     b = get_frame(host(2), HOLDER, other, 0)
