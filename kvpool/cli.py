@@ -20,7 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("hostagent.cli", "run a host agent (holder + requester, local HTTP API)"),
     "sim": ("controller.sim.cli", "replay a prefix-reuse trace over a modelled cluster"),
     "experiment": ("bmv2_topologies.research", "answer a research question (q1-q4, fig9, ttft): table, plot, JSON"),
-    "workload": ("kvpool.workloads", "generate a seeded trace of one traffic family (tool, docqa, chat, synthetic)"),
+    "workload": (
+        "kvpool.workloads",
+        "generate a seeded trace of one traffic family (tool, docqa, chat, synthetic, sysprompt)",
+    ),
     "switch": ("switchmodel.cli", "run the reference switch model (P4Runtime server, packet I/O)"),
     "ctl": ("controller.ctl", "operate the pool through the controller daemon's API"),
     "mooncake": ("hostagent.mooncake_master", "run a Mooncake Store pool (master + store node) until stopped"),

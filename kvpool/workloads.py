@@ -21,6 +21,10 @@ Families (parameters in the spec dataclasses, all with defaults):
   message); think times of about a minute; the context is capped.
 - ``synthetic``: the simulator's older generator (:func:`kvpool.trace.generate`), uniform-ish
   shared prefixes with multi-turn sessions; here with a flat popularity (Zipf exponent 0.3).
+- ``sysprompt``: shared system prompts, unsynchronized arrivals. A few long system prompts
+  (Zipf popularity); most requests are one of them plus a short unique question, so they share
+  exactly the prompt's blocks and nothing else; a fraction bring a prompt no one else uses.
+  Requests arrive one by one (Poisson), not in bursts or sessions.
 
 Session-based families generate whole sessions in start order and keep the first
 ``n_requests`` requests by arrival time, so a trace is a window of a steady state.
@@ -41,7 +45,7 @@ import numpy.typing as npt
 
 from kvpool.trace import BLOCK_TOKENS, SyntheticSpec, Trace, TraceError, generate
 
-FAMILIES = ("tool", "docqa", "chat", "synthetic")
+FAMILIES = ("tool", "docqa", "chat", "synthetic", "sysprompt")
 
 
 def _blocks(tokens: int) -> int:
@@ -181,6 +185,50 @@ class ChatSpec:
                 ("median_answer_tokens", self.median_answer_tokens >= 1),
                 ("median_think_s", self.median_think_s > 0),
                 ("max_blocks", self.max_blocks > self.system_blocks + 1),
+            ),
+            self,
+        )
+
+
+@dataclass(frozen=True)
+class SysPromptSpec:
+    """Shared system prompts: each request is a hot prompt plus a unique question, Poisson arrivals."""
+
+    n_requests: int = 20_000
+    #: requests per second (Poisson: exponential gaps, no bursts)
+    rate_per_s: float = 8.0
+    #: distinct system prompts
+    n_prompts: int = 6
+    #: system prompt length in whole blocks, uniform in [min, max] (8k-24k tokens: with 10% unique
+    #: requests the first 48 requests touch about 390 distinct blocks, a median over seeds)
+    min_prompt_blocks: int = 16
+    max_prompt_blocks: int = 48
+    #: Zipf exponent of prompt popularity
+    zipf_s: float = 1.0
+    #: share of requests without a shared prompt: a prompt of the same length distribution
+    #: that no other request uses
+    unique_share: float = 0.1
+    #: question tokens, uniform in [min, max]; they start fresh blocks after the prompt
+    min_question_tokens: int = 50
+    max_question_tokens: int = 400
+    output_tokens: int = 200
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise :class:`TraceError` naming the first nonsensical option."""
+        _check(
+            "sysprompt",
+            (
+                ("n_requests", self.n_requests >= 1),
+                ("rate_per_s", math.isfinite(self.rate_per_s) and self.rate_per_s > 0),
+                ("n_prompts", self.n_prompts >= 1),
+                ("min_prompt_blocks", self.min_prompt_blocks >= 1),
+                ("max_prompt_blocks", self.max_prompt_blocks >= self.min_prompt_blocks),
+                ("zipf_s", self.zipf_s >= 0),
+                ("unique_share", 0 <= self.unique_share <= 1),
+                ("min_question_tokens", self.min_question_tokens >= 1),
+                ("max_question_tokens", self.max_question_tokens >= self.min_question_tokens),
+                ("output_tokens", self.output_tokens >= 0),
             ),
             self,
         )
@@ -348,6 +396,31 @@ def chat(spec: ChatSpec) -> Trace:
     return _trace(_window(sessions(), spec.n_requests))
 
 
+def sysprompt(spec: SysPromptSpec) -> Trace:
+    """Shared-system-prompt traffic following ``spec`` (deterministic for a given seed)."""
+    spec.validate()
+    rng = np.random.default_rng(spec.seed)
+    ids = _Ids(0)
+    lengths = rng.integers(spec.min_prompt_blocks, spec.max_prompt_blocks + 1, size=spec.n_prompts)
+    prompts = [ids.take(int(b)) for b in lengths]
+    n = spec.n_requests
+    gaps = rng.exponential(1000.0 / spec.rate_per_s, size=n)
+    unique = rng.random(n) < spec.unique_share
+    pick = rng.choice(spec.n_prompts, size=n, p=_zipf(spec.n_prompts, spec.zipf_s))
+    own_blocks = rng.integers(spec.min_prompt_blocks, spec.max_prompt_blocks + 1, size=n)
+    q_tok = rng.integers(spec.min_question_tokens, spec.max_question_tokens + 1, size=n)
+    reqs: list[Request] = []
+    t = 0.0
+    for i in range(n):
+        t += float(gaps[i])
+        # A unique request's prompt is fresh blocks; a shared one's is the prompt's own ids.
+        prompt = ids.take(int(own_blocks[i])) if unique[i] else prompts[int(pick[i])]
+        # The prompt ends on a block boundary: the question starts fresh blocks, the last one partial.
+        q = int(q_tok[i])
+        reqs.append((t, len(prompt) * BLOCK_TOKENS + q, spec.output_tokens, prompt + ids.take(_blocks(q))))
+    return _trace(reqs)
+
+
 def synthetic(spec: SyntheticSpec) -> Trace:
     """The simulator's synthetic generator (see :class:`kvpool.trace.SyntheticSpec`)."""
     return generate(spec)
@@ -356,12 +429,13 @@ def synthetic(spec: SyntheticSpec) -> Trace:
 #: the uniform-ish default of the ``synthetic`` family (flat prefix popularity)
 SYNTHETIC_DEFAULT = SyntheticSpec(n_requests=20_000, rate_per_s=10.0, zipf_s=0.3, n_prefixes=500)
 
-Spec = ToolSpec | DocQASpec | ChatSpec | SyntheticSpec
+Spec = ToolSpec | DocQASpec | ChatSpec | SysPromptSpec | SyntheticSpec
 
 _GENERATORS: dict[str, tuple[Spec, Callable[..., Trace]]] = {
     "tool": (ToolSpec(), tool),
     "docqa": (DocQASpec(), docqa),
     "chat": (ChatSpec(), chat),
+    "sysprompt": (SysPromptSpec(), sysprompt),
     "synthetic": (SYNTHETIC_DEFAULT, synthetic),
 }
 

@@ -2,9 +2,11 @@
 
 Runs ``kvpool demo --trace`` (all three modes on one Mininet star) for every cell of a grid:
 
-* traces: ``conversation`` (the shared Mooncake conversation trace) and ``tool`` (agent and
+* traces: ``conversation`` (the shared Mooncake conversation trace), ``tool`` (agent and
   tool traffic from ``kvpool workload tool``: bursts of sessions re-sending long system
-  prompts, each agent step extending the previous prompt);
+  prompts, each agent step extending the previous prompt) and ``sysprompt`` (``kvpool workload
+  sysprompt``: a few long system prompts, each request one of them plus a short question,
+  arriving one by one);
 * ``--requests`` 48 and 200; ``--requesters`` 4 and 8; ``--time-scales`` 0.25 and 1;
   ``--mbps`` (holder link) 10 and 100; ``--target`` model.
 
@@ -76,7 +78,9 @@ from kvpool import workloads
 from kvpool.trace import shared_trace_path, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ("conversation", "tool")
+TRACES = ("conversation", "tool", "sysprompt")
+#: traces the bench generates (``kvpool workload FAMILY``), written to ``--out``/FAMILY_trace.jsonl
+GENERATED = ("tool", "sysprompt")
 MODES = ("plain", "multicast", "pool")
 
 
@@ -96,9 +100,14 @@ class Cell:
         return f"{self.trace}-r{self.requests}-n{self.requesters}-t{self.time_scale:g}-m{self.mbps:g}"
 
 
+def make_trace(family: str, path: Path, n_requests: int, seed: int) -> None:
+    """Write ``kvpool workload FAMILY``'s trace of ``n_requests`` requests (its default family knobs) to ``path``."""
+    write_jsonl(workloads.build(family, n_requests=n_requests, seed=seed), path)
+
+
 def make_tool_trace(path: Path, n_requests: int, seed: int) -> None:
     """Write ``kvpool workload tool``'s trace of ``n_requests`` requests (its default family knobs) to ``path``."""
-    write_jsonl(workloads.build("tool", n_requests=n_requests, seed=seed), path)
+    make_trace("tool", path, n_requests, seed)
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str] | None:
@@ -295,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the chosen cells; 0 when every cell met the criteria, 1 otherwise (2: bad arguments)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--traces", default=",".join(TRACES), help="comma-separated subset of conversation,tool")
+    ap.add_argument("--traces", default=",".join(TRACES), help="comma-separated subset of conversation,tool,sysprompt")
     ap.add_argument("--requests", default="48,200", help="requests replayed from each trace")
     ap.add_argument("--requesters", default="4,8", help="inference hosts")
     ap.add_argument("--time-scales", default="0.25,1", help="trace speed-ups (0.25: a quarter of the load)")
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-tokens", type=int, default=16, help="tokens of KV per trace block (demo --block-tokens)")
     ap.add_argument("--conversation", type=Path, default=shared_trace_path(),
                     help="the conversation trace (JSONL; default: the shared Mooncake trace)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the tool trace")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the generated traces (tool, sysprompt)")
     ap.add_argument("--out", type=Path, default=Path("results/bench_replay"))
     ap.add_argument("--lock", type=Path, help="run each cell under flock on this file")
     ap.add_argument("--repeats", type=int, default=1,
@@ -341,9 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_replay: {args.conversation} not found (--conversation PATH)", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    tool_path = args.out / "tool_trace.jsonl"
-    if "tool" in traces:
-        make_tool_trace(tool_path, max(c.requests for c in cells), args.seed)
+    for fam in GENERATED:
+        if fam in traces:
+            make_trace(fam, args.out / f"{fam}_trace.jsonl", max(c.requests for c in cells), args.seed)
     print(HEADER, flush=True)
     worst, failed, saved_min = 0.0, 0, math.inf
     ok = True
@@ -357,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"not on {args.resume_since} or later: running it again", file=sys.stderr, flush=True)
                 doc = {}
             if not doc:
-                doc = run_cell(cell, args, args.conversation if cell.trace == "conversation" else tool_path, k)
+                generated = args.out / f"{cell.trace}_trace.jsonl"
+                doc = run_cell(cell, args, args.conversation if cell.trace == "conversation" else generated, k)
                 if "error" not in doc:
                     result_path.write_text(json.dumps(doc, indent=1) + "\n")
             runs.append(doc)

@@ -13,13 +13,13 @@ share one tally; the candidate equal to the engine's defaults is checked against
 run.
 
 Cells: each family (the Mooncake conversation trace when present, and the generated tool,
-docqa, chat and synthetic traces, 10,000 requests) x switch pools of 16 MiB .. 24 GiB, at 64
-nodes with Qwen2.5-0.5B, on the fetch sequence the simulator plans. For each family F, the
+docqa, chat, synthetic and sysprompt traces, 10,000 requests) x switch pools of 16 MiB .. 24 GiB,
+at 64 nodes with Qwen2.5-0.5B, on the fetch sequence the simulator plans. For each family F, the
 candidate with the best mean share of Belady on F is "tuned on F" and reported on every
-family; the row "generated" tunes on the four generated families together (the engine's
-defaults were chosen that way, holding the conversation trace out). "Best" follows the issue's
-target: first the fewest cells below the best of LRU/LFU/GDSF/S3-FIFO, then the best mean share
-of Belady's hit ratio.
+family; the row "generated" tunes on the generated families together (the engine's defaults
+were chosen that way on the four before sysprompt, holding the conversation trace out). "Best"
+follows the issue's target: first the fewest cells below the best of LRU/LFU/GDSF/S3-FIFO, then
+the best mean share of Belady's hit ratio.
 
     python scripts/policy_loo.py                 # about 4 minutes on 2 cores
     python scripts/policy_loo.py --quick         # 1,500 requests, three sizes

@@ -11,7 +11,9 @@ differs from what the switch holds, and there are two ways to get there:
 - **lazily** (:class:`SwitchImage`): write nothing. The chunks the new leader does not hold stay
   as *leftovers* and keep serving; a chunk the new leader holds is placed as it passes (the
   fetch that misses on it fills it, exactly as for any admission), and it takes the slots of the
-  leftover least recently fetched when the switch is full. The switch converges to the leader
+  oldest leftover when the switch is full (leftovers line up in the order the switch placed
+  them, and one that is fetched goes to the back of the line; ranking them by the experts'
+  votes instead moved no cell, docs/research.md). The switch converges to the leader
   at the pace of the fetches, and a hit on a leftover is a hit the eager switch would have
   thrown away.
 

@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the routing (default 0)")
     g.add_argument(
         "--workload",
-        choices=("tool", "docqa", "chat", "synthetic"),
+        choices=("tool", "docqa", "chat", "synthetic", "sysprompt"),
         help="no --trace: generate this family (kvpool workload) with --requests and --seed instead",
     )
     g.add_argument("--speedup", type=float, default=1.0, help="play the trace this many times faster (load x X)")

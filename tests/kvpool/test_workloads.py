@@ -97,6 +97,96 @@ def test_synthetic_family_is_flat() -> None:
     assert counts.max() / len(t) < 0.05  # no prefix dominates (Zipf 0.3 over 500 prefixes)
 
 
+def _sysprompt_parts(t: Trace) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Each request's shared part (blocks another request also uses) and its own part (the rest)."""
+    users: dict[int, int] = {}
+    for i in range(len(t)):
+        for h in set(_ids(t, i)):
+            users[h] = users.get(h, 0) + 1
+    shared, own = [], []
+    for i in range(len(t)):
+        ids = _ids(t, i)
+        k = sum(users[h] >= 2 for h in ids)
+        assert all(users[h] >= 2 for h in ids[:k])  # the shared blocks are a prefix
+        shared.append(tuple(ids[:k]))
+        own.append(tuple(ids[k:]))
+    return shared, own
+
+
+def test_sysprompt_requests_share_exactly_one_of_a_few_prompts_and_nothing_else() -> None:
+    t = build("sysprompt", n_requests=N, seed=0)
+    shared, own = _sysprompt_parts(t)
+    prompts: dict[tuple[int, ...], int] = {}
+    for s in shared:
+        if s:
+            prompts[s] = prompts.get(s, 0) + 1
+    assert len(prompts) == 6  # the default's six system prompts, and nothing else is shared
+    assert all(16 <= len(p) <= 48 for p in prompts)  # 8k-24k tokens each
+    assert all(set(a).isdisjoint(b) for a in prompts for b in prompts if a != b)  # no common head
+    no_prompt = sum(not s for s in shared) / N
+    assert 0.08 <= no_prompt <= 0.12  # 10% bring a prompt of their own
+    # Zipf 1.0 over 6: the hottest prompt heads 1/H(6) = 41% of the requests that use one
+    counts = sorted(prompts.values(), reverse=True)
+    assert 0.36 <= counts[0] / sum(counts) <= 0.46 and counts[0] > counts[1] > counts[-1]
+    for i in range(N):
+        tail = int(t.input_lengths[i]) - len(shared[i]) * BLOCK_TOKENS
+        if shared[i]:
+            # one fresh, partial block: the question (50-400 tokens) right after the prompt's whole blocks
+            assert len(own[i]) == 1 and 50 <= tail <= 400
+        else:
+            assert 16 <= len(own[i]) - 1 <= 48 and 50 <= int(t.input_lengths[i]) % BLOCK_TOKENS <= 400
+    assert len({h for o in own for h in o}) == sum(len(o) for o in own)  # no request's own block recurs
+
+
+def test_sysprompt_arrivals_are_poisson_at_the_rate() -> None:
+    t = build("sysprompt", n_requests=N, seed=0)
+    gaps = np.diff(t.timestamps)
+    assert len(t) / (t.duration_ms / 1e3) == pytest.approx(8.0, rel=0.06)
+    assert np.unique(gaps).size > 200  # not a fixed clock
+    assert float(gaps.std() / gaps.mean()) == pytest.approx(1.0, abs=0.1)  # exponential gaps
+    assert float(np.mean(gaps == 0)) < 0.03  # no bursts: at 8/s two arrivals share a millisecond ~1% of the time
+    # the prompt of a request does not depend on the previous one's (unlike tool's bursts)
+    roots = t.blocks[t.offsets[:-1]]
+    same_as_previous = float(np.mean(roots[1:] == roots[:-1]))
+    _, counts = np.unique(roots, return_counts=True)
+    by_chance = float(np.sum((counts / counts.sum()) ** 2))
+    assert same_as_previous == pytest.approx(by_chance, abs=0.04)
+    slow = build("sysprompt", n_requests=N, seed=0, rate_per_s=2.0)
+    assert len(slow) / (slow.duration_ms / 1e3) == pytest.approx(2.0, rel=0.06)
+    assert np.array_equal(slow.blocks, t.blocks)  # the rate moves the clock only
+
+
+def test_sysprompt_first_48_requests_touch_a_few_hundred_blocks() -> None:
+    first = describe(build("sysprompt", n_requests=48, seed=0))
+    assert first["unique_blocks"] == 373  # the held-out trace: 436 over its first 48 requests
+    touched = [describe(build("sysprompt", n_requests=48, seed=s))["unique_blocks"] for s in range(20)]
+    assert 300 <= float(np.median(touched)) <= 500
+    assert describe(build("sysprompt", n_requests=200, seed=0))["unique_blocks"] == 1078
+
+
+def test_sysprompt_knobs_reach_their_extremes() -> None:
+    t = build("sysprompt", n_requests=500, seed=1, unique_share=1.0)
+    assert describe(t)["reused_share"] == 0.0
+    t = build("sysprompt", n_requests=500, seed=1, unique_share=0.0, n_prompts=1, min_prompt_blocks=4,
+              max_prompt_blocks=4)
+    assert len(set(t.blocks[t.offsets[:-1]].tolist())) == 1 and describe(t)["top_roots_share"] == pytest.approx(0.8)
+
+
+def test_sysprompt_bad_parameters_are_named() -> None:
+    for bad, name in (
+        (dict(unique_share=1.5), "unique_share=1.5"),
+        (dict(rate_per_s=0.0), "rate_per_s=0.0"),
+        (dict(rate_per_s=float("inf")), "rate_per_s=inf"),
+        (dict(n_prompts=0), "n_prompts=0"),
+        (dict(min_prompt_blocks=10, max_prompt_blocks=5), "max_prompt_blocks=5"),
+        (dict(min_question_tokens=0), "min_question_tokens=0"),
+        (dict(min_question_tokens=300, max_question_tokens=200), "max_question_tokens=200"),
+        (dict(zipf_s=-1.0), "zipf_s=-1.0"),
+    ):
+        with pytest.raises(TraceError, match=f"^sysprompt workload: invalid {name}$"):
+            make_spec("sysprompt", **bad)
+
+
 def test_bad_parameters_are_named() -> None:
     with pytest.raises(TraceError, match="no parameter 'bogus'"):
         build("tool", bogus=1)
@@ -156,6 +246,19 @@ def test_workload_cli_writes_a_readable_trace(tmp_path: Path, capsys: pytest.Cap
     assert err.startswith("kvpool workload: error:") and err.count("\n") == 1
     assert main(["workload", "chat", "--list"]) == 0
     assert "mean_turns=" in capsys.readouterr().out
+    out = tmp_path / "s.jsonl"
+    assert main(["workload", "sysprompt", "--requests", "1000", "--out", str(out)]) == 0
+    back = read_jsonl(out)
+    assert len(back) == 1000 and np.array_equal(back.blocks, build("sysprompt", n_requests=1000, seed=0).blocks)
+    assert "sysprompt (seed 0)" in capsys.readouterr().out
+    assert main(["workload", "sysprompt", "--set", "unique_share=2"]) == 2
+    err = capsys.readouterr().err
+    assert err == "kvpool workload: error: sysprompt workload: invalid unique_share=2.0\n"
+    assert main(["workload", "sysprompt", "--list"]) == 0
+    assert "unique_share=0.1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["workload", "sysprompt", "--help"])
+    assert done.value.code == 0 and "sysprompt" in capsys.readouterr().out
 
 
 def test_sim_plays_a_family_faster(capsys: pytest.CaptureFixture[str]) -> None:

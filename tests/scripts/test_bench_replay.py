@@ -39,7 +39,8 @@ def _doc(mc: dict[str, Any], pool: dict[str, Any], plain_failed: int = 0) -> dic
 def test_the_grid_is_every_combination_and_a_subset_is_one_flag_away(capsys: pytest.CaptureFixture[str]) -> None:
     assert BENCH["main"](["--list"]) == 0
     cells = capsys.readouterr().out.split()
-    assert len(cells) == 32 and "conversation-r48-n4-t0.25-m10" in cells and "tool-r200-n8-t1-m100" in cells
+    assert len(cells) == 48 and "conversation-r48-n4-t0.25-m10" in cells and "tool-r200-n8-t1-m100" in cells
+    assert "sysprompt-r48-n4-t0.25-m10" in cells and "sysprompt-r200-n8-t1-m100" in cells
     assert BENCH["main"](["--list", "--traces", "tool", "--requests", "48", "--requesters", "8", "--time-scales", "1",
                           "--mbps", "100"]) == 0
     assert capsys.readouterr().out.split() == ["tool-r48-n8-t1-m100"]
@@ -52,6 +53,13 @@ def test_the_tool_trace_is_the_workload_generators(tmp_path: Path) -> None:
     BENCH["make_tool_trace"](path, 60, 3)
     got, want = read_jsonl(path), workloads.build("tool", n_requests=60, seed=3)
     assert [r.hash_ids for r in got] == [r.hash_ids for r in want] and len(got) == 60
+
+
+def test_the_sysprompt_trace_is_the_workload_generators(tmp_path: Path) -> None:
+    path = tmp_path / "sysprompt.jsonl"
+    BENCH["make_trace"]("sysprompt", path, 48, 0)
+    got, want = read_jsonl(path), workloads.build("sysprompt", n_requests=48, seed=0)
+    assert [r.hash_ids for r in got] == [r.hash_ids for r in want] and len(got) == 48
 
 
 def test_a_cell_is_judged_against_plain_in_the_same_run() -> None:
