@@ -368,6 +368,8 @@ class _Request:
     refused_runs: list[tuple[int, int]] = field(default_factory=list)
     """``[start, end)`` runs of fragments the holder refused since the last re-ask of refused ones:
     what a ``BUSY`` retry asks for again (not the fragments of GETs it admitted, still on their way)."""
+    joined: bool = False
+    """A switch joined its GET to another requester's answer for the chunk (``Transport._join``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -484,6 +486,12 @@ class _Counters:
     """Fragments of kept room whose GETs did not come in time."""
     rebound_fragments: int = 0
     """Coalesced DATA with another request's id, taken by this host's request for the chunk (``_rebind``)."""
+    joined_requests: int = 0
+    """Requests a switch joined to another requester's answer in progress (``_join``)."""
+    joined_fragments: int = 0
+    """Fragments stored from switches' copies of other requesters' answers (``COALESCED``)."""
+    join_reasks: int = 0
+    """Fragments a joined request asked for again because they passed before it joined."""
     shared_transfers: int = 0
     """Chunks a ``fetch`` took from another call's transfer in flight (bumped under ``_flight_lock``)."""
     requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
@@ -850,6 +858,9 @@ class Transport:
             "reserved_fragments": c.reserved_fragments,
             "reserved_expired": c.reserved_expired,
             "rebound_fragments": c.rebound_fragments,
+            "joined_requests": c.joined_requests,
+            "joined_fragments": c.joined_fragments,
+            "join_reasks": c.join_reasks,
             "shared_transfers": c.shared_transfers,
             "requests_by_path": dict(c.requests_by_path),
             "hints": self.hints.stats(),
@@ -1025,11 +1036,16 @@ class Transport:
         return cfg.window_fragments
 
     def _path(self, r: _Request) -> GetPath:
-        """How to ask for ``r``'s chunk now: what the hints say (single once converted), or servable when forced."""
+        """How to ask for ``r``'s chunk now: servable when pooled (or forced), else by range GETs.
+
+        A hot chunk (``single`` in the hints) is asked for by range GETs like any other: switches
+        coalesce range GETs per chunk (p4/include/coalesce.p4), so sharing it costs no request
+        packet that plain forwarding would not send.
+        """
         if self.config.single_fragment_gets:
             return GetPath.SERVABLE
         path = self.hints.path(r.key)
-        return GetPath.SINGLE if path is GetPath.RANGE and r.converted else path
+        return GetPath.RANGE if path is GetPath.SINGLE else path
 
     def _first_ask(self, r: _Request, ask: int) -> int:
         """Fragments to ask for before the chunk's length is known (``ask``: what budget and window allow).
@@ -1200,6 +1216,11 @@ class Transport:
         if stored == 0:
             return
         self._c.fragments_stored += stored
+        copies = (recs["hdr"]["flags"] & wire.Flag.COALESCED) != 0
+        if copies.any():
+            self._c.joined_fragments += int(copies.sum())
+            if not r.joined and r.path is GetPath.RANGE:
+                self._join(r, int(recs["hdr"]["frag_index"][copies].min()))
         self._account(r, -(stored))
         if r.probe == 1:
             r.probe = 2
@@ -1221,6 +1242,31 @@ class Transport:
             self._finish(r, data=reasm.data)
             return
         self._grant(r)
+
+    def _join(self, r: _Request, first: int) -> None:
+        """``r``'s GET joined another requester's answer for its chunk at a switch, from fragment ``first`` on.
+
+        The switch copies the rest of that answer to ``r`` (p4/include/coalesce.p4), which
+        its owner asks for to the chunk's end: ``r`` counts every fragment as asked (its own
+        window GETs would only be absorbed) and, outside the shared budget like any transfer
+        whose pace another sets, asks now for what passed before it joined, with RETRANSMIT
+        so a switch sends it to the holder.  Whatever else goes missing (the owner gives up,
+        a copy is lost) its retransmit timer asks for, as for any request.
+        """
+        assert r.reasm is not None
+        r.joined = True
+        self._c.joined_requests += 1
+        self._free(r)
+        total = r.reasm.frag_count
+        if r.asked_hi < total:
+            self._account(r, total - r.asked_hi)
+            r.asked_hi = total
+        want = np.zeros(total, np.bool_)
+        want[:first] = True
+        missed = runs(want & ~r.reasm.received, 64)
+        for start, count in missed:
+            self._send_get(r, start, count, wire.Flag.RETRANSMIT)
+            self._c.join_reasks += count
 
     def _rebind(self, recs: npt.NDArray[np.void]) -> _Request | None:
         """The active request a switch's coalesced replica with a stale request id answers, if any.

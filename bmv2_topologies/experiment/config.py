@@ -31,22 +31,18 @@ class TargetKnobs:
     0: ``chunk_window``)."""
 
 
-TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 100.0),
-                                        "bmv2": TargetKnobs(64, 16, 30.0, 4)}
+TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 0.0),
+                                        "bmv2": TargetKnobs(64, 16, 0.0, 4)}
 """Per switch target. The model takes the whole hot prefix at once. BMv2 (its 64-packet queues;
 3,000-4,700 packets/s on the first build here, p4/README.md) overflows with that many GETs and
 gets 64 in flight, dealt 16 to a chunk: with a chunk's window as large as the budget, a
-requester's first chunk took all of it and the next ones started as its answers came, which
-differs between the requester that first asked for a chunk and those the holder converted, so
-requesters drifted hundreds of ms apart in the cold first wave and missed each other's answers
-(3.0 copies of the prefix instead of 1.04 with 16 to a chunk, docs/hostagent.md). BMv2 holds 30
-ms: a held GET a window was what bound multicast there with 100 (150-200 ms a round); BMv2
-1.15.5 built -O2 without logging macros passes a window in a few ms, and the demo at 30 ms
-moved the same bytes (0.132 of plain's on the star, 0.136-0.143 on the leaf-spine) 1.7-2x
-faster (README, Targets). A chunk the switches pool keeps 4 in flight on BMv2: a switch answers
-a pooled chunk's GETs at once, and a window of 16 such answers per requester overflowed the
-spine's egress queues on the leaf-spine (157-298 GETs re-asked per demo run, the pool's p99
-above plain's); with 4, none (README, Targets)."""
+requester's first chunk took all of it and the next ones started as its answers came, so
+requesters drifted apart. A chunk the switches pool keeps 4 in flight on BMv2: a switch
+answers a pooled chunk's GETs at once, and a window of 16 such answers per requester
+overflowed the spine's egress queues on the leaf-spine. No hold on either: switches coalesce
+range GETs per chunk (p4/include/coalesce.p4), so a requester that asks a little late joins
+the answer in progress and asks the holder only for what passed before it joined; holding
+the first answer to gather the others would delay every fetch, shared or not."""
 
 
 @dataclass
