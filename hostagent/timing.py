@@ -198,7 +198,7 @@ class AnswerWaits:
 
 
 def bucket_quantile(counts: list[int], q: float, cap: float = math.inf) -> float:
-    """The ``q``-th percentile (nearest rank) of a ``WAIT_EDGES_S`` histogram: its bucket's upper edge, at most ``cap``."""
+    """The ``q``-th percentile (nearest rank) of a ``WAIT_EDGES_S`` histogram: its bucket's upper edge, capped."""
     n = sum(counts)
     if n == 0:
         return 0.0
