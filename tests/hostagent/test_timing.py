@@ -103,19 +103,20 @@ def test_duplicates_are_counted_per_request() -> None:
     payload = os.urandom(10 * wire.FRAG_PAYLOAD)
     holder = Holder(_store({9: payload}))
 
-    def twice(get: wire.Header, addr: Address, send: Send) -> None:  # every DATA sent twice
+    def twice(get: wire.Header, addr: Address, send: Send) -> None:  # every DATA sent twice in a row
         out = holder.serve(get.chunk_key, get.frag_index, get.frag_count, request_id=get.request_id,
                            generation=get.generation)
         assert not isinstance(out, wire.Status)
-        for _ in range(2):
-            for rec in out:
-                send(rec.tobytes(), addr)
+        for rec in out:
+            send(rec.tobytes(), addr)
+            send(rec.tobytes(), addr)
 
     cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
     with _fake_holder(twice) as addr, Transport(cfg) as r:
         (res,) = r.fetch([9], addr, timeout=30)
-    # The request ends with its last new fragment: the second copies that came before count.
-    assert res.ok and res.timing.fragments == 10 and 0 < res.timing.duplicates <= 10
+    # The request ends with its last new fragment: the copies of the nine before it came first and count
+    # (loopback keeps a socket's order), the last one's copy may come after the request ended.
+    assert res.ok and res.timing.fragments == 10 and 9 <= res.timing.duplicates <= 10
     assert res.timing.duplicates <= r.stats()["duplicates"]
 
 
