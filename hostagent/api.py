@@ -25,7 +25,8 @@ Endpoints:
     (the peer agent's kvpool UDP address), ``"timeout"`` (s) and ``"generation"``.
     Answers a chunk bundle with the longest prefix found locally or at the holder;
     ``X-Kvpool-Found`` / ``X-Kvpool-Requested`` count chunks and ``X-Kvpool-Stopped``
-    says why it stopped early.
+    says why it stopped early; ``X-Kvpool-Timing`` (compact JSON) is where the fetched
+    chunks' transfer time went, summed over them (``hostagent.timing.summarize``).
     ``"local": false`` bypasses the local tiers: nothing is answered from them and
     nothing fetched is kept (for experiments that measure every transfer).
     ``502`` when a chunk of the prefix failed its integrity checks on every try (the JSON
@@ -36,7 +37,8 @@ Endpoints:
     its fill sink as ``to``).  Answers ``{"pushed": n, "missing": [hex, ...]}``.
 ``POST /v1/prefetch``
     Same arguments; fetches into the local tiers and answers JSON ``{"found",
-    "requested", "bytes", "seconds", "stopped"}`` (no chunk bytes cross the API).
+    "requested", "bytes", "seconds", "stopped", "timing"}`` (no chunk bytes cross the API;
+    ``timing`` as ``X-Kvpool-Timing`` above).
 ``POST /v1/hints``
     The controller's hints (``kvpool.hints``): ``{"ttl_s", "merge", "chunks": [{"key",
     "path": "single" | "servable", "nbytes"}, ...]}``: whether the switches merge duplicate
@@ -62,6 +64,7 @@ The API depends only on ``AgentService`` (below), the few operations it serves;
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import time
@@ -72,6 +75,7 @@ from typing import Any, Final, Protocol
 
 from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
+from hostagent.timing import FetchTiming, summarize
 from hostagent.transport import Address, ChunkIntegrityError, parse_address
 from kvpool import wire
 from kvpool.auth import Token
@@ -109,8 +113,10 @@ class AgentService(Protocol):
         """Drop a chunk from the local tiers; True if it was held."""
 
     def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
-                     timeout: float | None = None, local: bool = True) -> tuple[list[Blob], str | None]:
-        """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped."""
+                     timeout: float | None = None, local: bool = True,
+                     timings: list[FetchTiming] | None = None) -> tuple[list[Blob], str | None]:
+        """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped;
+        each fetched chunk's ``FetchTiming`` appended to ``timings``."""
 
     def push(self, keys: Sequence[int], to: Address) -> list[int]:
         """Send the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
@@ -267,17 +273,19 @@ class AgentApi:
         if not isinstance(local, bool):
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_field", f"local must be true or false, got {local!r}")
         t0 = time.perf_counter()
+        timings: list[FetchTiming] = []
         try:
             blobs, stopped = self.agent.fetch_prefix(keys, holder, generation=generation, timeout=float(timeout),
-                                                     local=local)
+                                                     local=local, timings=timings)
         except ChunkIntegrityError as exc:
             raise ApiError(HTTPStatus.BAD_GATEWAY, "integrity", str(exc)) from None
         seconds = time.perf_counter() - t0
+        timing = summarize(timings)
         if not bundle:
             return Response.json({"found": len(blobs), "requested": len(keys), "bytes": sum(len(b) for b in blobs),
-                                  "seconds": seconds, "stopped": stopped})
+                                  "seconds": seconds, "stopped": stopped, "timing": timing})
         headers = {"X-Kvpool-Found": str(len(blobs)), "X-Kvpool-Requested": str(len(keys)),
-                   "X-Kvpool-Seconds": f"{seconds:.6f}"}
+                   "X-Kvpool-Seconds": f"{seconds:.6f}", "X-Kvpool-Timing": json.dumps(timing, separators=(",", ":"))}
         if stopped:
             headers["X-Kvpool-Stopped"] = " ".join(stopped.split())[:400]
         return Response.octets(pack_bundle(keys[: len(blobs)], blobs), headers)

@@ -128,6 +128,15 @@ class AgentClient:
 
         ``local=False`` makes every chunk cross the network and keeps nothing locally.
         """
+        got, blobs, stopped, _timing = self.fetch_chunks_timed(keys, holder, timeout=timeout, generation=generation,
+                                                              local=local)
+        return got, blobs, stopped
+
+    def fetch_chunks_timed(self, keys: Sequence[int], holder: str | None = None, *, timeout: float | None = None,
+                           generation: int = 0, local: bool = True,
+                           ) -> tuple[list[int], list[bytes], str | None, dict[str, Any] | None]:
+        """``fetch_chunks``, and where the fetched chunks' transfer time went, summed over them
+        (``hostagent.timing.summarize``; None from an agent that does not say)."""
         doc: dict[str, Any] = {"keys": [format_key(k) for k in keys], "generation": generation, "local": local}
         if holder is not None:
             doc["holder"] = holder
@@ -140,7 +149,15 @@ class AgentClient:
             raise ApiError(reply.status, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
             raise ApiError(reply.status, "bad_answer", "agent answered chunks for other keys than asked")
-        return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped")
+        timing: dict[str, Any] | None = None
+        raw = reply.header("X-Kvpool-Timing")
+        if raw:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            timing = parsed if isinstance(parsed, dict) else None
+        return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped"), timing
 
     def push(self, keys: Sequence[int], to: str) -> dict[str, Any]:
         """Have a holder send the chunks to ``to`` unasked (fills switch pools on the way)."""

@@ -36,6 +36,7 @@ from hostagent.hints import FabricHints
 from hostagent.holder import RECORD_CACHE_BYTES, Holder
 from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
+from hostagent.timing import FetchTiming
 from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
 from kvpool import auth, config, wire
 from kvpool.config import ConfigError
@@ -424,7 +425,8 @@ class Agent:
         return self.store.tier_of(key) or "?"
 
     def fetch_prefix(self, keys: list[int], holder: Address | None, *, generation: int = 0,
-                     timeout: float | None = None, local: bool = True) -> tuple[list[Blob], str | None]:
+                     timeout: float | None = None, local: bool = True,
+                     timings: list[FetchTiming] | None = None) -> tuple[list[Blob], str | None]:
         """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped.
 
         Chunks held locally are served from the tiers; the rest are fetched over UDP
@@ -442,6 +444,8 @@ class Agent:
         returned.  A chunk of the prefix that failed them on every try raises
         ``ChunkIntegrityError`` (the API answers 502): an answer never ends quietly short
         where bytes were wrong.
+
+        ``timings`` (when given) gets each fetched chunk's ``FetchTiming``, in key order.
         """
         found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
         current = self._current_generations(keys, found)
@@ -455,6 +459,8 @@ class Agent:
             pins = [generation or current.get(keys[i], 0) for i in missing]
             fetched = self.transport.fetch([keys[i] for i in missing], holder, generations=pins,
                                            timeout=timeout or self.config.fetch_timeout_s)
+            if timings is not None:
+                timings.extend(res.timing for res in fetched)
             for i, res in zip(missing, fetched, strict=True):
                 results[i] = res
                 if res.data is not None:

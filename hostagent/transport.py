@@ -124,6 +124,7 @@ from hostagent.fragment import Reassembler, runs
 from hostagent.gate import RequesterGate
 from hostagent.hints import TRACKED_KEYS, DuplicateTracker, FabricHints
 from hostagent.holder import Holder, stamp
+from hostagent.timing import AnswerWaits, FetchTiming
 from kvpool import wire
 from kvpool.hints import GetPath
 from kvpool.sockets import set_buffers
@@ -303,6 +304,8 @@ class FetchResult:
     retransmit_rounds: int = 0
     integrity: bool = False
     """The chunk failed its integrity checks on every try (``error`` says how)."""
+    timing: FetchTiming = field(default_factory=FetchTiming)
+    """Where the transfer's time went (``hostagent.timing``): set as its state changes, complete once it ended."""
 
     @property
     def ok(self) -> bool:
@@ -403,6 +406,8 @@ class _SendJob:
     stamp: tuple[int, int] | None = None
     """``(request id, flags)`` written into each quantum before it is sent, when ``records``
     are the holder's kept records (shared with other answers of the chunk); None: its own."""
+    enqueued: float = 0.0
+    """Monotonic time it was queued (``AnswerWaits``: how long an answer waited for its first DATA)."""
 
     @property
     def owner(self) -> tuple[Address, int] | None:
@@ -589,6 +594,7 @@ class Transport:
         self._tracker = DuplicateTracker(self.config.hold_s) if self.config.hold_s > 0 else None
         self._all_held_until = 0.0
         self._drain = DrainMeter()
+        self._waits = AnswerWaits()  # how long answers waited in the queue (``_note_first_answer``)
         self.pushed_fragments = 0
         self.skipped_push_fragments = 0
         # Fetch calls with requests waiting for a transfer slot, in round-robin order.
@@ -798,7 +804,8 @@ class Transport:
             except TransferError as exc:  # stopped meanwhile
                 return FetchResult(r.key, error=str(exc))
         # The bytes passed the transfer's checks; every call gets a read-only view of them.
-        return replace(res, data=None if res.data is None else res.data.toreadonly())
+        return replace(res, data=None if res.data is None else res.data.toreadonly(),
+                       timing=replace(res.timing, shared=True))
 
     def push(self, keys: Sequence[int], to: Address) -> None:
         """Send every fragment of each held chunk in ``keys`` to ``to``, unasked (request id 0).
@@ -882,6 +889,7 @@ class Transport:
             "send_queue": len(self._jobs) + len(self._probes) + len(self._background),
             "send_queue_fragments": self._queued,
             "drain_rate_bps": round(self._drain.rate),
+            "answer_wait": self._waits.summary(),
             "inflight_budget": self._budget,
         }
         if self.holder is not None:
@@ -1025,6 +1033,7 @@ class Transport:
             r.last_progress = r.started = now
             r.next_retx = now + r.rto
             self._send_get(r, 0, ask, 0)
+            r.result.timing.first_get(now)
             r.asked_hi = ask
             self._account(r, ask)
 
@@ -1213,6 +1222,7 @@ class Transport:
         if rejected:
             self._classify_rejects(reasm, recs)
         self._c.duplicates += int(recs.size) - stored - rejected
+        r.result.timing.arrived(now, stored, int(recs.size) - stored - rejected)
         if stored == 0:
             return
         self._c.fragments_stored += stored
@@ -1576,6 +1586,7 @@ class Transport:
             # them share it.  A range refused whole is a full queue: re-asked as it was.
             self._c.busy_received += 1
             r.busy += 1
+            r.result.timing.refused(now)
             r.refused = True
             r.last_progress = now
             self._holder_progress[r.holder] = now
@@ -1644,9 +1655,11 @@ class Transport:
                 # GETs may be coalesced; a range GET says RETRANSMIT so the switch's popularity
                 # count does not take a retry for another requester.
                 self._c.busy_retries += 1
+                r.result.timing.re_asked_refused(now)
                 flags = 0 if r.path is not GetPath.RANGE else wire.Flag.RETRANSMIT
             else:
                 r.result.retransmit_rounds += 1
+                r.result.timing.re_asked_silent(now, r.last_progress)
                 if quiet < r.rto:
                     self._c.stall_retransmits += 1
                 flags = wire.Flag.RETRANSMIT
@@ -1739,6 +1752,9 @@ class Transport:
         r.result.data = data
         r.result.error = error
         r.result.status = status
+        reasm = r.reasm
+        r.result.timing.finish(time.monotonic(), r.result.retransmit_rounds, None if reasm is None else reasm.received,
+                               None if reasm is None else reasm.flags)
         if self.config.share_transfers:
             with self._flight_lock:
                 flight = (r.key, r.holder, r.generation)
@@ -2076,6 +2092,7 @@ class Transport:
                 self._aged.append(job)
         self._jobs_by_key.setdefault(job.key, []).append(job)
         self._dequeued(job, -job.count)
+        job.enqueued = time.monotonic()
 
     def _dequeued(self, job: _SendJob, n: int) -> None:
         """``n`` of ``job``'s fragments left the send queue (sent, cancelled, abandoned; negative: queued)."""
@@ -2410,6 +2427,17 @@ class Transport:
                 self._job_done(job)
         return sent, blocked
 
+    def _note_first_answer(self, job: _SendJob) -> None:
+        """An answer's first DATA went out: note how long it waited since queued, and how much of that was a hold.
+
+        A length probe waits only for its own hold (``_send_from``), any other answer for its
+        chunk's too; a hold counts from when the answer was queued to when the hold ended.
+        """
+        now = time.monotonic()
+        probe = job.first == 0 and job.count == 1
+        until = job.not_before if probe else self._held_until(job, self._tracker)
+        self._waits.add(now - job.enqueued, min(now, until) - job.enqueued)
+
     @staticmethod
     def _held_until(job: _SendJob, tracker: DuplicateTracker | None) -> float:
         """When ``job`` may be sent: its own hold, or its chunk's (``tracker``; None: its own only)."""
@@ -2441,6 +2469,8 @@ class Transport:
             self._dequeued(job, job.count - pos)
             job.count = pos
         sent = pos - job.pos
+        if job.pos == 0 and sent and job.get is not None:
+            self._note_first_answer(job)
         self._dequeued(job, sent)
         if job.get is not None and (watches := self._fill_watch.get(job.key)) is not None:
             for watch in watches.values():

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("bmv2_topologies.demo", "the end-to-end Mininet experiment: one stream, plain / multicast / pool"),
     "agent": ("hostagent.cli", "run a host agent (holder + requester, local HTTP API)"),
     "sim": ("controller.sim.cli", "replay a prefix-reuse trace over a modelled cluster"),
+    "why": ("bmv2_topologies.why", "where the time of a replay's requests went, per mode (from kvpool demo --out)"),
     "experiment": ("bmv2_topologies.research", "answer a research question (q1-q4, fig9, ttft): table, plot, JSON"),
     "workload": (
         "kvpool.workloads",

@@ -76,6 +76,10 @@ class ModeResult:
     timeline: list[tuple[float, int, float]] = field(default_factory=list)
     """Per request: when it started (s into the replay), which requester, its delivery time (ms; NaN: failed;
     None in the JSON)."""
+    request_timing: list[dict[str, Any]] = field(default_factory=list)
+    """Per replayed request, where its time went (``experiment.why``: its row in ``request_timing.json``)."""
+    holder_wait: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per holder, how long its answers waited in its send queue this mode (``hostagent.timing.waits_between``)."""
 
     def percentile(self, q: float) -> float:
         """The q-th percentile of delivery times (ms), nearest rank."""

@@ -36,6 +36,7 @@ from bmv2_topologies.experiment.backlog import BacklogSampler, backlog_warnings
 from bmv2_topologies.experiment.capture import LinkCapture, fabric_links, holder_links, link_bytes, peak_gets
 from bmv2_topologies.experiment.config import DemoConfig
 from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plot, demo_table
+from bmv2_topologies.experiment.why import TIMING_FILE, request_row, timing_document
 from bmv2_topologies.experiment.workload import Request, Workload, build_workload
 from bmv2_topologies.network import EmulatedNetwork, NetworkError, default_target, mininet_available
 from controller.daemon import (
@@ -50,6 +51,7 @@ from controller.daemon import (
 from controller.fabric import FabricSettings, sink_addresses
 from controller.hints import AgentHintClient
 from controller.policy.site import edge_switches
+from hostagent import timing as fetch_timing
 from hostagent.client import AgentClient
 from kvpool import auth, wire
 from kvpool import contract as n
@@ -306,6 +308,7 @@ class Testbed(StarHosts):
         result = ModeResult(mode)
         stop = threading.Event()
         agents_before = self.agent_counters()
+        waits_before = self.holder_waits()
         with ctl:
             # A clean slate: registers and counters of the last mode are gone; the driver
             # replays this controller's intended entries onto the fresh pipeline.
@@ -341,6 +344,8 @@ class Testbed(StarHosts):
             result.expired = sum(c.expired for c in result.switches.values())
         after = self.agent_counters()
         result.agents = {k: after[k] - agents_before.get(k, 0) for k in after}
+        result.holder_wait = {name: fetch_timing.waits_between(waits_before.get(name), wait)
+                              for name, wait in self.holder_waits().items()}
         result.holder_data_bytes = result.agents.get("holder_data_sent", 0) * load.DATA_FRAME_BYTES
         result.fragments = wl.fragments
         result.requested_bytes = self.requested_bytes
@@ -361,24 +366,32 @@ class Testbed(StarHosts):
             out.setdefault(self.holder_of(self.workload.positions[key]).name, []).append(key)
         return out
 
-    def fetch(self, requester: Host, keys: tuple[int, ...], timeout: float) -> str | None:
+    def fetch(self, requester: Host, keys: tuple[int, ...], timeout: float,
+              timing: dict[str, Any] | None = None) -> str | None:
         """``requester`` fetches ``keys``, each holder's share from it, all shares at once; None or what went wrong.
 
-        Every received chunk is compared with the holder's bytes.
+        Every received chunk is compared with the holder's bytes.  ``timing`` (when given) gets
+        where the chunks' transfer time went, summed over every share (``hostagent.timing.summarize``).
         """
         wl = self.workload
         errors: list[str] = []
+        lock = threading.Lock()
 
         def share(holder: str, part: list[int]) -> None:
             client = AgentClient(self.api(requester.name), timeout=timeout + 5)
             try:
                 # local=False: the requester neither answers from nor keeps a local copy, so
                 # every request crosses the network, as on a node whose HBM has moved on.
-                got, blobs, stopped = client.fetch_chunks(
+                got, blobs, stopped, took = client.fetch_chunks_timed(
                     part, f"{self.topo.hosts[holder].address}:{wire.KVPOOL_UDP_PORT}", timeout=timeout, local=False)
             except ApiError as exc:
                 errors.append(str(exc))
                 return
+            if timing is not None and took is not None:
+                with lock:
+                    merged = fetch_timing.merge(timing, took)
+                    timing.clear()
+                    timing.update(merged)
             errors.extend(f"chunk {k:#x} differs from the holder's bytes" for k, b in zip(got, blobs, strict=True)
                           if b != wl.blobs[k])
             if len(got) != len(part):
@@ -390,6 +403,11 @@ class Testbed(StarHosts):
         for th in threads:
             th.join()
         return "; ".join(errors) if errors else None
+
+    def holder_waits(self) -> dict[str, dict[str, Any]]:
+        """Per holder, its transport's ``answer_wait`` so far (``hostagent.timing.AnswerWaits``; {} if it has none)."""
+        return {h.name: AgentClient(self.api(h.name), timeout=30).stats()["transport"].get("answer_wait", {})
+                for h in self.topo.holders()}
 
     def agent_counters(self) -> dict[str, int]:
         """Transport counters summed over every agent (what each mode changed is the difference)."""
@@ -416,11 +434,13 @@ class Testbed(StarHosts):
             if delay > 0:
                 time.sleep(delay)
             t = time.monotonic()
-            error = self.fetch(hosts[req.requester], req.keys, self.deadline_s)
+            timing: dict[str, Any] = {}
+            error = self.fetch(hosts[req.requester], req.keys, self.deadline_s, timing)
             elapsed = (time.monotonic() - t) * 1000 if error is None else float("nan")
             with lock:
                 result.requests += 1
                 result.timeline.append((req.at_s, req.requester, elapsed if error is None else float("nan")))
+                result.request_timing.append(request_row(req.at_s, req.requester, len(req.keys), elapsed, timing))
                 if error is None:
                     result.deliver_ms.append(elapsed)
                 else:
@@ -535,9 +555,11 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
            "requested_bytes": bed.requested_bytes, "ideal_bytes": bed.ideal_bytes, "deadline_s": bed.deadline_s,
            "switch_frames_lost": bed.frames_lost, **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (cfg.out / TIMING_FILE).write_text(json.dumps(timing_document(results), indent=1) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")
     demo_plot(results, cfg.out / "demo.png")
-    print(f"kvpool demo: results and plot in {cfg.out}/ (results.json, results.txt, demo.png)", file=sys.stderr)
+    print(f"kvpool demo: results and plot in {cfg.out}/ (results.json, {TIMING_FILE}, results.txt, demo.png); "
+          f"where the time went: kvpool why {cfg.out}", file=sys.stderr)
     if print_json:
         print(json.dumps(doc))
     return 0 if all(r.failed == 0 for r in results) else 1
