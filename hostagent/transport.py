@@ -163,6 +163,9 @@ rate in both."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
+_JOIN_PATIENCE_RTOS: Final = 0.5
+"""Retransmit timeouts of a joined request's own silence after which it asks the holder itself: the
+answer it joined is another requester's, paced by that requester's windows, and may stop."""
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``_resend_overtaken``)."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
 """Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
@@ -1244,7 +1247,7 @@ class Transport:
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
         if not r.refused:  # a refusal's re-ask stays when the holder's hint said, DATA or not
-            r.next_retx = now + r.rto
+            r.next_retx = now + (min(r.rto, self._join_patience_s) if r.joined else r.rto)
         if reasm.complete and self._verified(r, reasm, now):
             self._c.goodput_bytes += reasm.chunk_len
             self._c.requests_completed += 1
@@ -1253,6 +1256,11 @@ class Transport:
             return
         self._grant(r)
 
+    @property
+    def _join_patience_s(self) -> float:
+        """How long a joined request waits for its own fragments before it asks the holder for them."""
+        return _JOIN_PATIENCE_RTOS * self.config.retransmit_timeout_s
+
     def _join(self, r: _Request, first: int) -> None:
         """``r``'s GET joined another requester's answer for its chunk at a switch, from fragment ``first`` on.
 
@@ -1260,8 +1268,9 @@ class Transport:
         its owner asks for to the chunk's end: ``r`` counts every fragment as asked (its own
         window GETs would only be absorbed) and, outside the shared budget like any transfer
         whose pace another sets, asks now for what passed before it joined, with RETRANSMIT
-        so a switch sends it to the holder.  Whatever else goes missing (the owner gives up,
-        a copy is lost) its retransmit timer asks for, as for any request.
+        so a switch sends it to the holder.  Whatever else goes missing (the owner gives up or
+        waits, a copy is lost) it asks for after ``_JOIN_PATIENCE_RTOS`` of its own silence,
+        not the ``_STALL_RTOS`` a request whose holder streams to others waits.
         """
         assert r.reasm is not None
         r.joined = True
@@ -1641,7 +1650,9 @@ class Transport:
                 self._resend_overtaken(r, now)
             if now < r.next_retx:
                 continue
-            stall_at = r.last_progress + stall
+            # A joined request waits for its own fragments less: they come at the pace of another
+            # requester's windows, which may stop (it failed, or waits for budget of its own).
+            stall_at = r.last_progress + (self._join_patience_s if r.joined else stall)
             if quiet < r.rto and now < stall_at and not r.refused:
                 # The holder streams: ours are most likely queued behind, not lost.  Unless our
                 # own fragments stay away for long (a switch absorbed our GETs into a pending slot

@@ -1902,3 +1902,55 @@ def test_where_switches_merge_a_hot_chunks_answers_are_held_but_a_pooled_chunks_
         assert min(answered(1, 9, [a, b])) >= 0.9
         assert max(answered(2, 9, [a, b])) < 0.5
     assert h.stats()["holds"] >= 1 and h.stats()["held_gets"] >= 2
+
+
+# ------------------------------------------------------------------ joining another requester's answer
+
+
+def _joined_fetch(payload: bytes, joined_at: int, stop_at: int) -> tuple[FetchResult, list[wire.Header], dict[str, Any]]:
+    """A fetch whose first GET a switch joined to another requester's answer at fragment ``joined_at``.
+
+    The fake plays switch and holder: the first GET gets copies (``COALESCED``, as a switch
+    rewrites them) of fragments ``joined_at .. stop_at - 1`` and nothing else; every later GET
+    (a re-ask) is answered as a holder would, for exactly what it asks.
+    """
+    n = wire.fragment_count(len(payload))
+    gets: list[wire.Header] = []
+
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        gets.append(g)
+        if len(gets) == 1:
+            for i in range(joined_at, stop_at):
+                send(wire.data_packet(9, i, payload, request_id=g.request_id, flags=wire.Flag.COALESCED), addr)
+            return
+        for i in range(g.frag_index, min(n, g.frag_index + g.frag_count)):
+            send(wire.data_packet(9, i, payload, request_id=g.request_id), addr)
+
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=1.0, give_up_s=30.0)
+    with _fake_holder(on_get) as holder, Transport(cfg) as r:
+        (res,) = r.fetch([9], holder, timeout=20)
+        return res, gets, r.stats()
+
+
+def test_a_request_joined_late_asks_the_holder_only_for_what_passed_before_it_joined() -> None:
+    payload = os.urandom(40 * wire.FRAG_PAYLOAD)
+    res, gets, st = _joined_fetch(payload, joined_at=12, stop_at=40)
+    assert res.ok and bytes(res.data or b"") == payload
+    # One GET for its first window (joined at the switch), then one re-ask for fragments 0..11: no
+    # window GET for the rest (the answer it joined brought it), no retransmit timeout waited.
+    assert [(g.frag_index, g.frag_count, bool(g.flags & wire.Flag.RETRANSMIT)) for g in gets] == [
+        (0, 64, False), (0, 12, True)]
+    assert st["joined_requests"] == 1 and st["joined_fragments"] == 28 and st["join_reasks"] == 12
+    assert res.retransmit_rounds == 0
+
+
+def test_a_joined_request_whose_answer_stops_asks_the_holder_for_the_rest_itself() -> None:
+    # The requester it joined stops asking (it failed, or waits for budget): after half a
+    # retransmit timeout of its own silence the joined request asks for the rest itself, rather
+    # than the 4 timeouts a request waits while its holder streams to others.
+    payload = os.urandom(40 * wire.FRAG_PAYLOAD)
+    res, gets, st = _joined_fetch(payload, joined_at=0, stop_at=10)
+    assert res.ok and bytes(res.data or b"") == payload
+    assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 64), (10, 30)]
+    assert gets[1].flags & wire.Flag.RETRANSMIT
+    assert st["joined_requests"] == 1 and st["join_reasks"] == 0 and res.retransmit_rounds == 1
