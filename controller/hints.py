@@ -1,14 +1,15 @@
-"""Which chunks agents should ask for one fragment at a time: the hot and pooled sets, as hints.
+"""Which chunks are hot or pooled, as hints to agents.
 
-A switch can coalesce only single-fragment GETs and answer only those that carry reply
-room; both cost more than a range GET (a packet per fragment through the switch, and the
-holder holds them a moment so duplicates can join).  So agents take the cheap range path
-unless the fabric knows better, and the controller does: the switches report chunks asked
-for often (``hot_chunk_t`` digests) and the controller places chunks in the switch pool.
-Each epoch the controller turns both into hints (``kvpool.hints``):
+The controller knows which chunks the switches see asked for by many requesters (hot) and
+which the switch pool holds (pooled); agents do not.  Only a pooled chunk is worth asking
+for differently: a switch answers only single-fragment GETs that carry reply room, at the
+price of a request packet per fragment.  Every other chunk, hot ones included, is asked
+for with range GETs, which switches coalesce per chunk (p4/include/coalesce.p4).  Each
+epoch the controller turns both sets into hints (``kvpool.hints``):
 
 * a chunk the pool holds (an admitted entry, filling or valid): ``servable``;
-* a chunk reported hot within the last ``hot_ttl_s``: ``single``;
+* a chunk reported hot within the last ``hot_ttl_s``: ``single`` (hot: agents ask for it
+  by range, as for any chunk not named, and may read it as a sign that it is shared);
 * anything else: no hint, the range path.
 
 and sends them to every agent it knows (``POST /v1/hints``) when they change, and at least
@@ -76,7 +77,7 @@ class HotChunks:
 
 
 def hints_for(hot: Iterable[int], pooled: Iterable[int], nbytes: Callable[[int], int]) -> dict[int, Hint]:
-    """The hints for ``hot`` and ``pooled`` chunks: pooled ones servable, the other hot ones single.
+    """The hints for ``hot`` and ``pooled`` chunks: pooled ones servable, the other hot ones ``single`` (hot).
 
     ``nbytes(key)`` is the chunk's serialized length (0 when unknown), which lets a
     requester ask for every fragment of a pooled chunk at once.
