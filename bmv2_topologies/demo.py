@@ -75,10 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servable-window", type=int, default=d.servable_window, help="most of them for one chunk the "
                    "switches pool, whose answers come from a switch at once, in bursts its queues must hold "
                    "(default: the target's, 0 = --chunk-window on the model, 4 on BMv2, whose queues hold 64 packets)")
-    p.add_argument("--hold-ms", type=float, default=d.hold_ms,
-                   help="holder holds a chunk this long when a second requester asks for it while it is in flight, "
-                   "so GETs of requesters that start a little late are coalesced too (default: the target's, "
-                   "100 on the model, 30 on BMv2; a lone request is answered at once)")
     p.add_argument("--push-admitted", action="store_true",
                    help="pool mode: the holder pushes each chunk the controller admits, so its next fetch is a hit "
                    "(default: the answers that cross the switch fill it, which costs the holder no extra copy)")
@@ -122,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, chunk_window=args.chunk_window,
                      servable_window=args.servable_window,
-                     hold_ms=args.hold_ms, max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
+                     max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
                      deadline_s=args.deadline_s,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))
     try:

@@ -29,7 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--requesters", help=f"comma-separated requester counts (default "
                    f"{','.join(map(str, d.requesters))}; --quick: 1,2)")
     g.add_argument("--holder-mbps", type=float, help=f"holder link bandwidth (default {d.holder_mbps:g})")
-    g.add_argument("--hold-ms", type=float, help=f"holder's wait before answering a GET (default {d.hold_ms:g})")
     g.add_argument("--waves", type=int, help=f"waves per requester count and mode (default {d.waves}; --quick: 1)")
     g.add_argument("--schemes", help=f"compute schemes, comma-separated subset of {','.join(SCHEMES)} (default both; "
                    "--quick: serial)")
@@ -48,8 +47,6 @@ def ttft_config(args: argparse.Namespace) -> TtftConfig:
             raise ValueError(f"--requesters: not comma-separated numbers: {args.requesters!r}") from None
     if args.holder_mbps is not None:
         changes["holder_mbps"] = args.holder_mbps
-    if args.hold_ms is not None:
-        changes["hold_ms"] = args.hold_ms
     if args.waves is not None:
         changes["waves"] = args.waves
     if args.schemes is not None:

@@ -61,10 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pace DATA sent to peers at this many bytes/s (default unpaced)")
     parser.add_argument("--burst", dest="burst_bytes", type=parse_size,
                         help="pacing token bucket depth in bytes (default 256KiB)")
-    parser.add_argument("--hold", dest="hold_s", type=float,
-                        help="where the switches merge: seconds a holder holds a chunk that a second request asks "
-                        "for while another's answers are in flight, so a coalescing switch merges the duplicates "
-                        "(default 0: never; a lone request is answered at once)")
     parser.add_argument("--max-queue", dest="max_queue_s", type=float,
                         help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
                         "hint (default 1; 0: bounded by fragments only)")
@@ -120,7 +116,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     overrides = {name: getattr(args, name, None) for name in (
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
         "record_cache_bytes",
-        "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes", "hold_s",
+        "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes",
         "max_queue_s", "window_fragments", "servable_window", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
         "advertise", "pool_bytes", "single_gets", "share_transfers", "token_file", "api_workers", "api_timeout_s",

@@ -88,10 +88,6 @@ class AgentConfig:
     """Holder pacing rate; 0 = unpaced."""
     burst_bytes: int = 256 << 10
     """Token bucket depth when pacing: how much may leave back to back before the rate applies."""
-    hold_s: float = 0.0
-    """Where the switches merge: how long a holder holds a chunk a second request asks for while
-    another's answers are in flight, so a coalescing switch merges the duplicates that arrive
-    meanwhile (0: never); a lone request is answered at once."""
     max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY (with a retry hint) once its send queue holds more than
     this many seconds of sending (0: bounded by fragments only)."""
@@ -151,7 +147,7 @@ class AgentConfig:
         """The transport part of this configuration."""
         return TransportConfig(
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
-            rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes, hold_s=self.hold_s,
+            rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes,
             max_queue_s=self.max_queue_s,
             window_fragments=self.window_fragments, servable_window_fragments=self.servable_window,
             max_inflight_fragments=self.max_inflight_fragments,
@@ -221,7 +217,7 @@ class Agent:
         self.store: TieredStore = default_store(config.dram_bytes, config.gpu_bytes, self._backend)
         self.holder = Holder(self.store, record_cache_bytes=config.record_cache_bytes)
         self.gate = self._make_gate() if config.verify_requesters else None
-        #: What the controller said of chunks (hot, pooled): each fetch's path, the holder's holds.
+        #: What the controller said of chunks (hot, pooled): each fetch's path, the holder's bookings.
         self.hints = FabricHints()
         self.transport = Transport(config.transport_config(), self.holder, self.gate, hints=self.hints)
         self._gate_stop = threading.Event()

@@ -40,14 +40,14 @@ jittered unless the switches merge, or the retransmit timeout) and a ``BAD_RANGE
 fragment 0 (a guessed length was too long: the real one comes with the first DATA).
 
 Paths (``hostagent.hints``, ``kvpool.hints``).  Each chunk is asked for by range GETs, the
-cheap path, unless the fabric's hints name it: then by single-fragment GETs (a switch can
-coalesce them; ``single``), with reply room when the switch pool holds it (``servable``).
-A hint with the chunk's length lets the first window go out at once; without one the
-requester asks for fragment 0 first to learn the length.  Where the switches merge, a
-chunk on the single or servable path is asked for a whole window at a time, past the
-shared budget, so every requester of it asks for each fragment at about the same moment
-(``_shared_path``); while its holder refuses, such a burst starts with one GET
-(``_burst``).  ``single_fragment_gets`` forces every chunk onto the servable path.
+cheap path, which switches coalesce per chunk (a hot chunk, ``single`` in the hints, too),
+unless the hints say the switch pool holds it (``servable``): then by single-fragment GETs
+with reply room, which a switch can answer.  A hint with the chunk's length lets their first
+window go out at once; without one the requester asks for fragment 0 first to learn the
+length.  Where the switches merge, a servable chunk is asked for a whole window at a time,
+past the shared budget, so its requesters ask for each fragment at about the same moment
+(``_shared_path``); while its holder refuses, such a burst starts with one GET (``_burst``).
+``single_fragment_gets`` forces every chunk onto the servable path.
 
 Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
@@ -66,29 +66,22 @@ built by ``fragment()`` in one numpy array (from a pool of arrays), queued as a 
 the requests with jobs queued are served round robin in quanta (each request's jobs in
 order; answers to single GETs that waited the queue bound first), paced by a token bucket
 (bytes/s) when a rate is set.  Adjacent single-fragment GETs of one request are merged
-into one range first (``merge_gets``).  The queue is bounded: past ``max_queued_fragments``, or past
-``max_queue_s`` of sending at the rate it drains at (the pacing rate, or less when this
-host cannot keep it: ``DrainMeter``), GETs are answered ``BUSY`` with a retry hint (the
+into one range first (``merge_gets``).  The queue is bounded: past ``max_queued_fragments``,
+or past ``max_queue_s`` of sending at the rate it drains at (the pacing rate, or less when
+this host cannot keep it: ``DrainMeter``), GETs are answered ``BUSY`` with a retry hint (the
 time the queue takes to drain to half the bound), so overload waits at the requesters
 instead of in a queue whose delay outgrows every timeout.  Where the switches merge, the
 hint is a booking (``_retry_hint_us``: every requester refused for a chunk comes back at one
 instant, chunks one after another at the drain rate), and a chunk is admitted or refused
 whole: once its first single GETs are admitted the queue keeps room for the rest
 (``_reserve``).  Pushes (``push``) are sent only when no answer can go and do not count
-against the bound.  A NACK answering a run of
-single-fragment GETs is sent once per fragment, so a switch that coalesced them releases
-every pending slot.  Where the hints say the switches merge and ``hold_s`` is set, a
-duplicate in progress (another request asked for the chunk within ``hold_s``, or still has
-answers queued) converts range GETs into single ones (``BUSY``) and holds the chunk's
-answers ``hold_s`` (``hostagent.hints.DuplicateTracker``); each new single GET of a chunk
-the hints call hot, of a chunk being converted, or from a requester that met another on a
-chunk a moment ago (it fetches a shared prefix) is answered ``hold_s`` late; any other lone
-request, and every GET of a chunk the switches pool (its answer fills their copy, which
-answers the duplicates), is answered at once.  A lone GET of fragment 0 (a requester learning a chunk's
-length) is answered before the other queued answers.  With a
-``RequesterGate`` (``hostagent.gate``) a GET from a source the holder cannot verify gets
-nothing (``drops["unverified_source"]``), one over its source's budget gets ``BUSY``, and
-an answer never exceeds the requester's window.
+against the bound.  A NACK answering a run of single-fragment GETs is sent once per
+fragment, so a switch that coalesced them releases every pending slot.  Nothing waits to
+gather duplicates (switches coalesce range GETs per chunk): an answer goes as soon as the
+queue lets it, and a lone GET of fragment 0 (a requester learning a chunk's length) before
+the other queued answers.  With a ``RequesterGate`` (``hostagent.gate``) a GET from a
+source the holder cannot verify gets nothing (``drops["unverified_source"]``), one over its
+source's budget gets ``BUSY``, and an answer never exceeds the requester's window.
 
 Hot path.  No Python object per packet beyond what a socket call needs: DATA is received
 with ``recv_into`` straight into slots of a preallocated ``DATA_PACKET_DTYPE`` ring
@@ -122,7 +115,7 @@ import numpy.typing as npt
 from hostagent import envelope
 from hostagent.fragment import Reassembler, runs
 from hostagent.gate import RequesterGate
-from hostagent.hints import TRACKED_KEYS, DuplicateTracker, FabricHints
+from hostagent.hints import FabricHints
 from hostagent.holder import Holder, stamp
 from hostagent.timing import AnswerWaits, FetchTiming
 from kvpool import wire
@@ -170,9 +163,11 @@ answer it joined is another requester's, paced by that requester's windows, and 
 _MAX_RETRY_HINT_US: Final = 10_000_000
 """Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
 _BOOKING_EARLY_S: Final = 0.05
-"""A booked GET may come back this early (or late, or two holds late) and still find its room kept."""
+"""A booked GET may come back this early (or late) and still find its room kept."""
 _RESERVE_SLACK_S: Final = 0.1
-"""Beyond the hold and the queue bound, how long the room kept for a chunk's rest waits for its GETs."""
+"""Beyond the queue bound, how long the room kept for a chunk's rest waits for its GETs."""
+_BOOKED_CHUNKS: Final = 1 << 16
+"""Chunks with a booking a holder remembers before it forgets the ones whose time has passed."""
 
 Address = tuple[str, int]
 
@@ -238,11 +233,6 @@ class TransportConfig:
     """DATA datagrams a request's answers send before the next request's turn (``Transport._send_lanes``)."""
     max_fragments_per_get: int = 4096
     """Largest range one GET is served for (longer ones are clamped)."""
-    hold_s: float = 0.0
-    """Where the switches merge (the hints say so): once a second request asks for a chunk
-    another asked for within this long (or whose answers are still queued), the holder turns
-    range GETs for it into single ones and holds its answers this long, so requesters that
-    drift apart by less than this fetch each fragment from the holder once (0: never)."""
     single_fragment_gets: bool = False
     """Ask for every chunk with one GET per fragment carrying reply room (what a switch can serve
     or coalesce) instead of taking each chunk's path from the hints."""
@@ -275,7 +265,6 @@ class TransportConfig:
             "recv_batch": self.recv_batch >= 1,
             "send_quantum": self.send_quantum >= 1,
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
-            "hold_s": 0 <= self.hold_s <= 1.0,
             "max_queued_fragments": self.max_queued_fragments >= 1,
             "max_queue_s": 0 <= self.max_queue_s <= 60,
             "integrity_retries": self.integrity_retries >= 0,
@@ -336,8 +325,6 @@ class _Request:
     """The holder answered BUSY: re-ask when ``next_retx`` comes even while it streams to others."""
     path: GetPath = GetPath.RANGE
     """How the request asks for its fragments (the hints, re-read at every GET)."""
-    converted: bool = False
-    """A holder refused a range GET of it (BUSY) while the switches merge: single GETs from now on."""
     busy: int = 0
     """BUSY answers it got (the holder is there and pushes back)."""
     started: float = 0.0
@@ -368,9 +355,6 @@ class _Request:
     free: bool = False
     """Started on the shared path (``Transport._shared_path``): its fragments in flight are outside the
     shared budget, so they do not starve the range requests (``Transport._room``)."""
-    lone: set[int] = field(default_factory=set)
-    """Fragments last asked for by a range GET of that one fragment: a one-fragment ``BUSY`` for one
-    of them is a full queue, not the holder converting a range (``Transport._slow_packet``)."""
     refused_runs: list[tuple[int, int]] = field(default_factory=list)
     """``[start, end)`` runs of fragments the holder refused since the last re-ask of refused ones:
     what a ``BUSY`` retry asks for again (not the fragments of GETs it admitted, still on their way)."""
@@ -402,8 +386,6 @@ class _SendJob:
     """The GET it answers (the first of a merged run), None for a push."""
     first: int = 0
     """Fragment index of ``records[0]``."""
-    not_before: float = 0.0
-    """Monotonic time before which it is not sent (a GET of a hot chunk, held; 0: at once)."""
     queued_at: float = 0.0
     """Monotonic time it was queued, for answers to single GETs (``Transport._send_aged``)."""
     stamp: tuple[int, int] | None = None
@@ -480,12 +462,6 @@ class _Counters:
     overtaken_retransmits: int = 0
     """Fragments re-asked because fragments asked after them arrived a reorder window ago."""
     past_end_nacks: int = 0
-    holds: int = 0
-    conversions: int = 0
-    converted_gets: int = 0
-    held_gets: int = 0
-    """GETs (runs) of hot chunks answered ``hold_s`` late."""
-    cancelled_fragments: int = 0
     reserved_chunks: int = 0
     """Chunks whose length probe was admitted with room kept for their rest (``_reserve``)."""
     reserved_fragments: int = 0
@@ -519,8 +495,8 @@ class _Counters:
 class DrainMeter:
     """The rate a send queue drains at (bytes/s), measured only while it stays backlogged.
 
-    Over windows of ``window_s`` seconds in which the queue never ran empty (nor waited out
-    a hold), the bytes sent per second, smoothed (EWMA, 0.3 for the newest window).
+    Over windows of ``window_s`` seconds in which the queue never ran empty, the bytes sent
+    per second, smoothed (EWMA, 0.3 for the newest window).
     """
 
     window_s: float = _DRAIN_WINDOW_S
@@ -547,14 +523,13 @@ class DrainMeter:
 def merge_gets(gets: Sequence[tuple[wire.Header, Address]], cap: int) -> list[tuple[wire.Header, int, int, Address]]:
     """Runs of GETs to serve as ``(first GET, first fragment, count, address)``, each at most ``cap`` long.
 
-    Consecutive GETs of one request for adjacent fragments (what a requester in
-    single-GET mode sends) become one range, so the holder makes one ``fragment()``
+    Consecutive GETs of one request for adjacent fragments (what a requester on the
+    servable path sends) become one range, so the holder makes one ``fragment()``
     call and one send job instead of one per fragment; the requester gets the same DATA.
-    A single GET never joins a range GET (nor a range a run of singles): a conversion
-    cancels what is left of a range's answers, and the switch may hold a pending slot for
-    a single GET's fragment, other requesters' GETs absorbed into it, all waiting for that
-    one answer (merged into a range and cancelled, it never came: they waited out the
-    slot's timeout and their retransmit timers, 6 s in a replay whose p50 was 1.2 s).
+    A single GET never joins a range GET (nor a range a run of singles): a run of single
+    GETs is answered as they were asked, first once it waited the queue bound
+    (``Transport._send_aged``) and refused one NACK per fragment (``Transport._nack_run``),
+    since a switch may hold a pending slot for it, other requesters' GETs absorbed into it.
     """
     out: list[tuple[wire.Header, int, int, Address]] = []
     i = 0
@@ -586,16 +561,14 @@ class Transport:
         self.holder = holder
         self.gate = gate
         self.hints = hints if hints is not None else FabricHints()
-        """What the fabric said of chunks (hot, pooled): each request's path, the holder's hold policy."""
+        """What the fabric said of chunks (hot, pooled) and whether switches merge: paths, bookings."""
         self._c = _Counters()
         self._stats_lock = threading.Lock()
         self._submit: collections.deque[_Call] = collections.deque()
         # Chunks to push unasked (fill on pass), as (key, address); the loop turns them into send jobs.
         self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
-        # Holder: queued answers by chunk, and the short memory of who asked for what (holds, conversions).
+        # Holder: queued answers and pushes by chunk (a push's fill watch ends with its last push, ``_job_done``).
         self._jobs_by_key: dict[int, list[_SendJob]] = {}
-        self._tracker = DuplicateTracker(self.config.hold_s) if self.config.hold_s > 0 else None
-        self._all_held_until = 0.0
         self._drain = DrainMeter()
         self._waits = AnswerWaits()  # how long answers waited in the queue (``_note_first_answer``)
         self.pushed_fragments = 0
@@ -859,11 +832,6 @@ class Transport:
             "stall_retransmits": c.stall_retransmits,
             "overtaken_retransmits": c.overtaken_retransmits,
             "past_end_nacks": c.past_end_nacks,
-            "holds": c.holds,
-            "conversions": c.conversions,
-            "held_gets": c.held_gets,
-            "converted_gets": c.converted_gets,
-            "cancelled_fragments": c.cancelled_fragments,
             "reserved_chunks": c.reserved_chunks,
             "reserved_fragments": c.reserved_fragments,
             "reserved_expired": c.reserved_expired,
@@ -938,9 +906,8 @@ class Transport:
                 self._receive_data()
                 self._receive_gets()
                 blocked = self._send_jobs()
-                # Idle, or waiting out a hold, is no drain: the meter starts a new window after it.
-                self._drain.sample(time.monotonic(), self._queued > 0 and not self._all_held_until,
-                                   self._c.bytes_sent)
+                # Idle is no drain: the meter starts a new window after it.
+                self._drain.sample(time.monotonic(), self._queued > 0, self._c.bytes_sent)
                 if blocked != want_out:
                     poller.modify(hfd, select.POLLIN | (select.POLLOUT if blocked else 0))
                     want_out = blocked
@@ -957,13 +924,8 @@ class Transport:
         counted = self._inflight - self._free_inflight
         if self._pending and (counted < self._admit_mark[0] or len(self._active) < self._admit_mark[1]):
             # Budget or a transfer slot came free after the waiting calls were last looked at (a
-            # transfer ended, a converted range shrank to one GET): start them now, not after
-            # the next DATA, which may be a hold (100 ms) away.
+            # transfer ended): start them now, not after the next DATA, which may be far away.
             return 0
-        if self._all_held_until and (self._jobs or self._probes or self._background):
-            # Every queued answer belongs to a held chunk: sleep until the first hold ends.
-            wait_ms = max(1, int((self._all_held_until - time.monotonic()) * 1000) + 1)
-            return min(wait_ms, 100) if self._active else wait_ms
         if self._jobs or self._probes or self._background:
             if self.config.rate_bytes_per_s <= 0 or self._tokens >= _L:
                 return 0
@@ -1064,17 +1026,12 @@ class Transport:
 
         A range GET is clamped by the holder to the chunk.  Single GETs cannot be: for a
         pooled chunk with a length from the hints the whole first window goes out at once,
-        else only fragment 0, whose DATA tells the length.  A hot chunk asks for fragment 0
-        first even with a length: the holder answers it a hold late and the switch multicasts
-        the answer to every requester that asked meanwhile, so they all start the rest
-        together.  Without that start, requesters whose fetches began more than a hold apart
-        stay that far apart, and their duplicates miss each other (on BMv2, 1.3-1.8 copies of
-        the prefix per warm wave instead of 1).
+        else only fragment 0, whose DATA tells the length.
         """
         if r.path is GetPath.RANGE:
             return max(ask, 1)
         hint = self.hints.hint(r.key)
-        if r.path is GetPath.SERVABLE and hint is not None and 0 < hint.nbytes <= wire.MAX_CHUNK_LEN:
+        if hint is not None and 0 < hint.nbytes <= wire.MAX_CHUNK_LEN:
             return max(1, min(ask, wire.fragment_count(hint.nbytes)))
         return 1
 
@@ -1103,19 +1060,18 @@ class Transport:
                 return
 
     def _send_get(self, r: _Request, first: int, count: int, flags: int) -> None:
-        """Ask for fragments ``first .. first+count-1``: one range GET, or one GET each in single mode."""
+        """Ask for fragments ``first .. first+count-1``: one range GET, or one GET each on the servable path."""
         assert self._rsock is not None
         count = min(count, wire.MAX_FRAGMENTS - first)
         if r.no_cache:
             flags |= wire.Flag.NO_CACHE
-        r.path = self._path(r)  # a chunk may have turned hot (or cold) since the last window
-        if r.path is not GetPath.RANGE:
-            # Only single-fragment GETs can be coalesced or served from switch memory by a
-            # switch (p4/README.md), at the price of one request packet per fragment.  A
-            # servable one carries reply room, the bytes a switch overwrites with the fragment
-            # when it answers (a switch cannot grow a packet by a whole fragment).
+        r.path = self._path(r)  # a chunk may have been pooled (or dropped) since the last window
+        if r.path is GetPath.SERVABLE:
+            # Only single-fragment GETs can be served from switch memory (p4/README.md), at the
+            # price of one request packet per fragment, each with reply room: the bytes a switch
+            # overwrites with the fragment when it answers (it cannot grow a packet by a fragment).
             pack = wire.HEADER_STRUCT.pack
-            room = bytes(wire.FRAG_PAYLOAD) if r.path is GetPath.SERVABLE else b""
+            room = bytes(wire.FRAG_PAYLOAD)
             pkts = [pack(wire.KVPOOL_VERSION, wire.Opcode.GET, flags, r.key, i, 1, r.rid, r.generation, 0, 0, 0, 0)
                     + room for i in range(first, first + count)]
             if r.asked_at is None:
@@ -1125,10 +1081,6 @@ class Transport:
             pkts = [wire.get_packet(r.key, first, count, r.rid, r.generation, flags)]
             if r.asked_at is not None:
                 r.asked_at[first:first + count] = 0  # asked by a range now, not singly
-            if count == 1:
-                r.lone.add(first)
-            else:
-                r.lone.discard(first)
         sent = 0
         try:
             for pkt in pkts:
@@ -1449,7 +1401,7 @@ class Transport:
         while r.asked_hi < total and r.asked_hi - r.reasm.received_count <= half:
             want = min(half, total - r.asked_hi)
             if self._shared_path(r):
-                self._free(r)  # converted, or the hints turned its chunk hot or pooled
+                self._free(r)  # the hints pooled its chunk since it started
                 count = self._burst(r, want)
                 if count == 0:
                     return
@@ -1513,25 +1465,24 @@ class Transport:
     def _shared_path(self, r: _Request) -> bool:
         """Whether ``r`` asks for its whole window at once, past the shared in-flight budget.
 
-        Where the switches merge, a single-path chunk is one other requesters fetch at the same
-        time, and the switch merges only GETs for a fragment that meet while one is pending.
-        Held to the budget, each requester asks for such a chunk a few fragments per round trip
-        as its other transfers free budget, so the requesters ask for each fragment at
-        different times and the holder sends it once per requester (replayed agent traffic:
-        70% of the holder's duplicate DATA went to a node that had asked for the chunk before
-        its first copy left).  Its answers still come at the holder's pace.
+        Where the switches merge, a servable chunk is a hot one the switch pool holds: other
+        requesters fetch it at the same time, and a switch merges only GETs that meet while
+        one is pending.  Held to the budget, each requester asks for such a chunk a few
+        fragments per round trip as its other transfers free budget, so the requesters ask for
+        each fragment at different times and the holder sends it once per requester (replayed
+        agent traffic: 70% of the holder's duplicate DATA went to a node that had asked for the
+        chunk before its first copy left).  Its answers still come at the holder's pace.
         """
         return r.path is not GetPath.RANGE and self.hints.merging()
 
     def _free(self, r: _Request) -> None:
         """Take a request that turned shared out of the budget, as a chunk on the shared path is from its start.
 
-        Converted to single GETs, or put on the single or servable path by new hints, it asks
-        past the budget (``_shared_path``), and its GETs wait for the holder's hold, in a
-        switch's pending slot for another requester's answer, or for a booked return: counted
-        in the budget, they left the requester's unshared chunks a crumb of it at a time (a
-        replay of agent traffic at 3x the holder link, pool mode: chunks asked 2-7 fragments
-        per second, 14-21 s each).
+        Put on the servable path by new hints, or joined to another requester's answer
+        (``_join``), its fragments come at another's pace: in a switch's pending slot for
+        another requester's answer, or at a booked return.  Counted in the budget, such GETs
+        left the requester's unshared chunks a crumb of it at a time (a replay of agent traffic
+        at 3x the holder link, pool mode: chunks asked 2-7 fragments per second, 14-21 s each).
         """
         if r.free:
             return
@@ -1590,31 +1541,15 @@ class Transport:
             # but never early: a holder books its refusals one after another (its queue where the
             # switches merge, a source's budget always), and a GET back before its turn is only
             # refused again.
-            # A range refused one fragment at a time is the holder converting it: another request
-            # asks for the chunk at the same time, and where the switches merge, single GETs let
-            # them share it.  A range refused whole is a full queue: re-asked as it was.
             self._c.busy_received += 1
             r.busy += 1
             r.result.timing.refused(now)
             r.refused = True
             r.last_progress = now
             self._holder_progress[r.holder] = now
-            i = hdr.frag_index
-            if (hdr.frag_count == 1 and r.path is GetPath.RANGE and self.hints.merging(now)
-                    and i not in r.lone):
-                # (A range of one fragment refused is a full queue: it looks the same on the wire.
-                # Read as a conversion, every such chunk went single under overload, a request
-                # packet per fragment for nothing: 5x plain's GETs on the conversation trace.)
-                r.converted = True
-                self._free(r)
-            # What was refused, and only that, is asked again when the hint says.  One fragment
-            # of a range (a conversion) refuses the range from there on, to the last fragment
-            # asked for (the holder merges a request's adjacent ranges); any other NACK names
-            # the GETs it refuses.  Where in doubt, more: a refused fragment not asked again
-            # waits for the stall timer (9 s in the demo).
-            alone = i in r.lone or (r.asked_at is not None and i < len(r.asked_at) and r.asked_at[i] > 0)
-            end = i + hdr.frag_count if hdr.frag_count > 1 or alone else max(r.asked_hi, i + 1)
-            r.refused_runs.append((i, end))
+            # What was refused, and only that, is asked again when the hint says: the run the NACK
+            # names (a one-fragment BUSY refuses that fragment alone).
+            r.refused_runs.append((hdr.frag_index, hdr.frag_index + hdr.frag_count))
             hint_us = min(hdr.chunk_len, _MAX_RETRY_HINT_US)
             jitter = 1.0 if self.hints.merging(now) else 1.0 + 0.5 * random.random()
             wait = hint_us / 1e6 * jitter if hint_us else r.rto
@@ -1662,9 +1597,9 @@ class Transport:
             busy_retry, r.refused = r.refused, False
             r.path = self._path(r)
             if busy_retry:
-                # Not lost, refused: ask again as fresh GETs on the chunk's current path, so single
-                # GETs may be coalesced; a range GET says RETRANSMIT so the switch's popularity
-                # count does not take a retry for another requester.
+                # Not lost, refused: ask again as fresh GETs on the chunk's current path, so a
+                # switch may serve or merge servable ones; a range GET says RETRANSMIT so the
+                # switch's popularity count does not take a retry for another requester.
                 self._c.busy_retries += 1
                 r.result.timing.re_asked_refused(now)
                 flags = 0 if r.path is not GetPath.RANGE else wire.Flag.RETRANSMIT
@@ -1716,16 +1651,15 @@ class Transport:
         fragment into its pending slot, and they all wait for the answer that never comes.
         The retransmit timeout would find it only once the whole request has gone quiet (2.2 s
         in the demo, and never while the holder streams to others).  An answer may trail one
-        asked after it by at most the holder's queue and hold, which the retransmit timeout
-        covers twice: after half of it, a fragment asked before one that has arrived and still
-        missing was lost on the way.  Never sooner than that queue and hold themselves (this
-        agent's ``max_queue_s`` and ``hold_s``, a deployment's holders taking the same): with
-        the agent's default timeout, 0.2 s, half of it is well under a 1 s queue.  Re-asked
-        with RETRANSMIT, so it goes to the holder even through a switch holding a pending slot
-        for it.
+        asked after it by at most the holder's queue, which the retransmit timeout covers
+        twice: after half of it, a fragment asked before one that has arrived and still missing
+        was lost on the way.  Never sooner than that queue itself (this agent's
+        ``max_queue_s``, a deployment's holders taking the same): with the agent's default
+        timeout, 0.2 s, half of it is well under a 1 s queue.  Re-asked with RETRANSMIT, so it
+        goes to the holder even through a switch holding a pending slot for it.
         """
         cfg = self.config
-        cut = now - max(_REORDER_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s + cfg.hold_s)
+        cut = now - max(_REORDER_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
         settled = r.settled_ask
         while r.overtaken and r.overtaken[0][0] <= cut:
             settled = r.overtaken.popleft()[1]
@@ -1752,9 +1686,8 @@ class Transport:
             took = time.monotonic() - r.started
             if took >= _SLOW_TRANSFER_RTOS * self.config.retransmit_timeout_s:
                 # Rare and worth a line: how a transfer that took this long spent its time.
-                log.info("chunk %#018x from %s:%d took %.1f s (%s path%s; %s fragments; %d BUSY, %d retransmit "
+                log.info("chunk %#018x from %s:%d took %.1f s (%s path; %s fragments; %d BUSY, %d retransmit "
                          "rounds)%s", r.key, r.holder[0], r.holder[1], took, r.path,
-                         ", converted" if r.converted else "",
                          "?" if r.reasm is None else f"{r.reasm.received_count}/{r.reasm.frag_count}", r.busy,
                          r.result.retransmit_rounds, "" if error is None else f": {error}")
         self._recent[r.rid] = None
@@ -1809,122 +1742,14 @@ class Transport:
                 self._drop("unexpected_opcode")
                 continue
             gets.append((hdr, addr))
-        if gets and self._tracker is not None and self.hints.merging():
-            gets = self._screen(gets, self._tracker, time.monotonic())
         for hdr, first, count, addr in merge_gets(gets, self.config.max_fragments_per_get):
             self._serve_get(hdr, first, count, addr)
-
-    def _screen(self, gets: list[tuple[wire.Header, Address]], tracker: DuplicateTracker,
-                now: float) -> list[tuple[wire.Header, Address]]:
-        """Where the switches merge: convert and hold when a duplicate is in progress; the GETs to serve.
-
-        A duplicate is in progress when another request asked for the chunk within the hold
-        time or still has answers queued.  Then other requesters' range answers still queued
-        are cancelled, a range GET is refused the same way (a BUSY NACK for one fragment: ask
-        singly, ``kvpool.wire``), and a single GET holds the chunk's answers
-        (``hostagent.hints``).  Retransmits pass as they are.
-        """
-        out: list[tuple[wire.Header, Address]] = []
-        for hdr, addr in gets:
-            if hdr.flags & wire.Flag.RETRANSMIT:
-                out.append((hdr, addr))
-                continue
-            key, owner = hdr.chunk_key, (addr, hdr.request_id)
-            dup = tracker.asked(key, owner, now) or any(
-                j.owner not in (None, owner) and j.pos < j.count for j in self._jobs_by_key.get(key, ()))
-            if hdr.frag_count > 1:
-                if dup or tracker.converting(key, now):
-                    self._convert(key, owner, tracker, now)
-                    self._c.converted_gets += 1
-                    self._send_nack(replace(hdr, frag_count=1), wire.Status.BUSY, addr, self._convert_hint_us())
-                    # Another's range for it in this same batch is not a job yet, so ``_convert``
-                    # could not cancel it: refused the same way, it is asked singly too (else it
-                    # is answered whole, and the converted requesters fetch the chunk again).
-                    for other in [o for o in out if self._same_range_chunk(o, key, owner)]:
-                        out.remove(other)
-                        self._refuse_range(other, now)
-                    continue
-            elif dup:
-                self._convert(key, owner, tracker, now)
-                if not self._pooled(key) and tracker.hold(key, now):
-                    self._c.holds += 1
-            out.append((hdr, addr))
-        return out
-
-    def _convert(self, key: int, owner: tuple[Address, int], tracker: DuplicateTracker, now: float) -> None:
-        """Cancel what is left of other requesters' range answers for ``key`` (a one-fragment BUSY: ask singly)."""
-        if not tracker.converting(key, now):
-            self._c.conversions += 1
-        jobs = self._jobs_by_key.get(key, ())
-        tracker.convert(key, now, {owner[0], *(job.addr for job in jobs if job.get is not None)})
-        hint = self._convert_hint_us()
-        cancelled = 0
-        for job in jobs:
-            if job.get is None or job.get.frag_count == 1 or job.owner == owner or job.pos >= job.count:
-                continue
-            left = job.count - job.pos
-            self._send_nack(replace(job.get, frag_index=job.first + job.pos, frag_count=1), wire.Status.BUSY,
-                            job.addr, hint)
-            self._dequeued(job, left)
-            cancelled += left
-            job.count = job.pos  # the sender finishes it at its next turn
-        self._c.cancelled_fragments += cancelled
-        # They come back singly a tenth of a hold from now, for what was cancelled.
-        self._reserve(key, cancelled, now)
-
-    def _pooled(self, key: int) -> bool:
-        """Whether the fabric pools ``key``: then its answers are not held.
-
-        A hold makes a GET's duplicates meet its answer in a switch's pending slot.  For a
-        pooled chunk the answer fills the switch's copy on its way (docs/operations.md,
-        "Filling it") and a duplicate that comes later is answered from that copy, so the
-        hold buys little and costs its time: in a replay of agent traffic at 3x the holder
-        link (8 requesters, 100 Mbit/s) the pool's holder spent 4.5 s of 25 with every queued
-        answer held and its link idle, and the pool's p99 was 1.15-1.16x plain's in two runs
-        (0.97, 1.03, 1.07 and 1.21 in four without these holds: the tail is mostly elsewhere,
-        docs/hostagent.md, "Holds and conversions").
-        """
-        return self.hints.path(key) is GetPath.SERVABLE
-
-    def _hold_pays(self, key: int, addr: Address, tracker: DuplicateTracker) -> bool:
-        """Whether holding a single GET's answer for ``key`` pays: others will ask for it soon, and it is not pooled.
-
-        Soon: the switches reported it hot, or we just saw them.  Not pooled (``_pooled``): a
-        pooled chunk's copy in the switch answers its late duplicates. Seen: ranges for ``key``
-        are being converted (two requesters met on it), or the requester asking met
-        another on a chunk a moment ago, so it is fetching a prefix others fetch too and
-        the chunk it starts now is that prefix's next one. Without this, a cold prefix's
-        first requester starts each next chunk alone, answered at once, and the others,
-        a few ms behind, miss its answers and ask again (1.1-1.25 copies of the prefix
-        in the demo's first wave instead of 1).
-        """
-        path = self.hints.path(key)  # one lookup (a lock) per GET on the holder's receive path
-        if path is not GetPath.RANGE:
-            return path is GetPath.SINGLE
-        now = time.monotonic()
-        return tracker.converting(key, now) or tracker.sharing(addr, now)
-
-    def _peer_held_ahead(self, key: int, now: float) -> bool:
-        """Whether another requester is ahead on ``key``: its ranges are being converted, or later fragments held.
-
-        A length probe is then answered at once, not a hold late: its requester asks for the
-        rest while the peer's answers are still held, and the switch merges them.  Held too,
-        the probe's answer came with the peer's, so the rest was asked a hold behind and
-        missed every one of them (a converted first wave at 100 Mbit/s: two copies of the
-        chunk instead of one).
-        """
-        tracker = self._tracker
-        if tracker is not None and tracker.converting(key, now):
-            return True
-        chunk_held = tracker is not None and tracker.held_until(key) > now
-        return any(job.first > 0 and (chunk_held or job.not_before > now) and job.pos < job.count
-                   for job in self._jobs_by_key.get(key, ()))
 
     def _booked(self, key: int) -> bool:
         """Whether GETs for ``key`` come back at the time a BUSY booked for them (``_retry_hint_us``)."""
         at = self._rendezvous.get(key, (0.0, 0, 0))[0]
         now = time.monotonic()
-        return at - _BOOKING_EARLY_S <= now <= at + max(_BOOKING_EARLY_S, 2 * self.config.hold_s)
+        return at - _BOOKING_EARLY_S <= now <= at + _BOOKING_EARLY_S
 
     def _reservation(self, key: int, now: float) -> int:
         """Fragments of the queue kept for the rest of ``key`` (0: none), expired reservations dropped."""
@@ -1954,9 +1779,8 @@ class Transport:
 
         After a chunk's first single GETs were admitted (a length probe, or the first GET of a
         burst), its requesters ask for the rest at once (``_shared_path``), one GET per
-        fragment; and once the holder converted its ranges, the cancelled part comes back
-        singly a moment later.  Admitted or refused as they came, those GETs found the queue
-        taken by others' meanwhile and were refused one NACK per fragment (replayed agent
+        fragment.  Admitted or refused as they came, those GETs found the queue taken by
+        others' meanwhile and were refused one NACK per fragment (replayed agent
         traffic at 69 times the holder link: a NACK for every DATA sent).  So a chunk is
         admitted or refused whole, at its first GET: its rest is never refused.
         """
@@ -1965,31 +1789,13 @@ class Transport:
         if rest <= 0:
             return
         # The rest comes once the answer to what was admitted reached its requesters: after
-        # the queue ahead of it (and its hold), the way back and the queue again.
+        # the queue ahead of it, the way back and the queue again.
         rate = self._drain_rate()
         ahead = self._answers_queued() * _L / rate if rate > 0 else 0.0
-        until = now + self.config.hold_s + ahead + self.config.max_queue_s + _RESERVE_SLACK_S
+        until = now + ahead + self.config.max_queue_s + _RESERVE_SLACK_S
         self._reserved[key] = (until, rest)
         self._reserved_total += rest - kept
         self._c.reserved_chunks += not kept
-
-    @staticmethod
-    def _same_range_chunk(get: tuple[wire.Header, Address], key: int, owner: tuple[Address, int]) -> bool:
-        """Whether ``get`` is another owner's range GET for ``key``."""
-        hdr, addr = get
-        return hdr.chunk_key == key and hdr.frag_count > 1 and (addr, hdr.request_id) != owner
-
-    def _refuse_range(self, get: tuple[wire.Header, Address], now: float) -> None:
-        """Refuse a screened range GET as a conversion does (a one-fragment BUSY: ask singly)."""
-        hdr, addr = get
-        self._c.converted_gets += 1
-        self._send_nack(replace(hdr, frag_count=1), wire.Status.BUSY, addr, self._convert_hint_us())
-        assert self._tracker is not None
-        self._tracker.convert(hdr.chunk_key, now, {addr})
-
-    def _convert_hint_us(self) -> int:
-        """Retry hint of a conversion: soon (a tenth of the hold), the single GETs are held anyway."""
-        return int(max(1e-3, self.config.hold_s / 10) * 1e6)
 
     def _serve_get(self, hdr: wire.Header, first: int, count: int, addr: Address) -> None:
         """Queue the DATA for fragments ``first .. first+count-1`` of ``hdr``'s chunk, or NACK."""
@@ -2009,7 +1815,7 @@ class Transport:
                 # replayed agent traffic at 10 Mbit/s); a range's requester waited for its own stall
                 # timer (9 s on the same traffic at 100 Mbit/s, 200 requests: p99 3.6x plain's).
                 if hdr.frag_count > 1 and count - allowed == 1 and allowed > 0:
-                    allowed -= 1  # a range refused one fragment would read as a conversion (kvpool.wire)
+                    allowed -= 1  # a range's refused part is two fragments or more (kvpool.wire)
                     self.gate.give_back(addr[0], 1)
                 rest = count - allowed
                 hint_us = int(min(_MAX_RETRY_HINT_US, max(1000.0, self.gate.book_retry_s(addr[0], rest) * 1e6)))
@@ -2035,7 +1841,7 @@ class Transport:
             # link), unshared chunks came a crumb of the requester's budget per refusal and took
             # 10-13 s each against plain's 2-6 s.  Like a booked return, never past twice the
             # bound: the longest wait for an answer, which switches' pending timeouts must cover,
-            # stays twice the bound and the hold.
+            # stays twice the bound.
             probe = first == 0 and count == 1 and hdr.frag_count == 1
             booked = (self.holder.known_fragments(hdr.chunk_key) or count) if probe else count
             hint_us = self._retry_hint_us(limit, hdr.chunk_key, first, booked)
@@ -2052,16 +1858,6 @@ class Transport:
         if merging and count == 1 and hdr.frag_count == 1 and not reserved and not hdr.flags & wire.Flag.RETRANSMIT:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
-        if (self._tracker is not None and hdr.frag_count == 1 and not hdr.flags & wire.Flag.RETRANSMIT
-                and merging and self._hold_pays(hdr.chunk_key, addr, self._tracker)
-                and not (first == 0 and self._peer_held_ahead(hdr.chunk_key, now))):
-            # Duplicates of this GET are likely, and on a slow switch they arrive after an
-            # answer sent at once (BMv2 passes one window of 8 requesters' GETs in about
-            # 100 ms).  Answered ``hold_s`` late, the GET stays pending in the switch meanwhile
-            # and every duplicate joins it; each GET waits once, so the chunk's answers stream
-            # on (a hold per GET, not per chunk).
-            job.not_before = now + self.config.hold_s
-            self._c.held_gets += 1
         self._add_job(job)
 
     def _serve(self, key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
@@ -2082,10 +1878,10 @@ class Transport:
                         stamp=None if own else (request_id, flags))
 
     def _add_job(self, job: _SendJob) -> None:
-        """Queue a send job (and index it by chunk: holds and conversions look jobs up by chunk).
+        """Queue a send job (and index it by chunk: a push's fill watch looks its chunk's jobs up).
 
         A lone GET of fragment 0 is how a requester that does not know a chunk's length asks
-        for it (a converted range, a single path without hints): its whole chunk waits on
+        for it (the servable path without a hinted length): its whole chunk waits on
         this one datagram, and where the switches merge, the rest of its GETs must reach the
         switch while another requester's are still pending there.  So it goes before every
         other job instead of waiting for each of them to take a turn (64 queued answers are
@@ -2192,7 +1988,7 @@ class Transport:
             at, lo, hi = self._rendezvous.get(key, (0.0, 0, 0))
             if at <= now:
                 at, lo, hi = max(start, self._booked_until), first, first
-                if len(self._rendezvous) >= 4 * TRACKED_KEYS:
+                if len(self._rendezvous) >= _BOOKED_CHUNKS:
                     self._rendezvous = {k: v for k, v in self._rendezvous.items() if v[0] > now}
             # Other requesters refused for the chunk come back with it: book only fragments not
             # yet booked.  A span, not a count: a requester's GETs refused in two receive batches
@@ -2236,11 +2032,10 @@ class Transport:
             self._c.send_errors += 1
 
     def _send_jobs(self) -> bool:
-        """Send queued DATA, paced, skipping held chunks: length probes first, then round robin.
+        """Send queued DATA, paced: length probes first, then round robin.
 
         True if the socket buffer is full.
         """
-        self._all_held_until = 0.0
         if not self._jobs and not self._probes and not self._background:
             self._backlogged = False
             return False
@@ -2254,25 +2049,19 @@ class Transport:
             self._tokens = min(depth, self._tokens + (now - self._last_refill) * cfg.rate_bytes_per_s)
             self._last_refill = now
             budget = min(budget, int(self._tokens // _L))
-        sent, blocked, probes_held = self._send_from(self._probes, budget, now, probes=True)
-        jobs_held = 0.0
+        sent, blocked = self._send_from(self._probes, budget)
         if not blocked:
-            more, blocked, jobs_held = self._send_lanes(self._jobs, budget - sent, now)
+            more, blocked = self._send_lanes(self._jobs, budget - sent, now)
             sent += more
-        held = [until for until, queue in ((probes_held, self._probes), (jobs_held, self._jobs)) if queue]
         # Answers left that could go but for the tokens: the link stays busy until the next pass.
-        self._backlogged = bool(held) and not all(held)
-        if not blocked and sent < budget and self._background and all(held):
+        self._backlogged = bool(self._probes or self._jobs)
+        if not blocked and sent < budget and self._background and not self._backlogged:
             # Nothing else can go: a push takes the idle time (a fill, never ahead of an answer).
             self._skip_redundant_pushes()
             before = self._queued
-            more, blocked, _ = self._send_from(self._background, budget - sent, now)
+            more, blocked = self._send_from(self._background, budget - sent)
             sent += more
             self._background_queued -= before - self._queued
-            held = []
-        if held and all(held):
-            # Every queued answer belongs to a held chunk (_poll_timeout_ms sleeps until the first ends).
-            self._all_held_until = min(held)
         self._c.datagrams_sent += sent
         self._c.bytes_sent += sent * _L
         if cfg.rate_bytes_per_s > 0:
@@ -2305,32 +2094,12 @@ class Transport:
             self._background_queued -= skipped
             self.skipped_push_fragments += skipped
 
-    def _send_from(self, jobs: collections.deque[_SendJob], budget: int, now: float,
-                   probes: bool = False) -> tuple[int, bool, float]:
-        """Send up to ``budget`` DATA from ``jobs``, round robin in quanta.
-
-        ``probes``: the jobs are length probes, which wait only for their own hold, never the
-        chunk's: a probe answered late starts its requester a hold behind the others.
-
-        Returns (datagrams sent, socket buffer full, when the first hold ends if every job
-        with something left is held, else 0.0).
-        """
-        tracker = None if probes else self._tracker
+    def _send_from(self, jobs: collections.deque[_SendJob], budget: int) -> tuple[int, bool]:
+        """Send up to ``budget`` DATA from ``jobs``, round robin in quanta; (datagrams sent, socket buffer full)."""
         sent = 0
         blocked = False
-        held = 0  # jobs passed over in a row because their chunk is held
-        held_until = 0.0
         while jobs and sent < budget:
             job = jobs[0]
-            if job.pos < job.count and (until := self._held_until(job, tracker)) > now:
-                jobs.rotate(-1)
-                held += 1
-                held_until = min(held_until or until, until)
-                if held >= len(jobs):
-                    return sent, blocked, held_until  # every job waits for a hold to end
-                continue
-            held = 0
-            held_until = 0.0
             more, blocked = self._send_quantum(job, budget - sent)
             sent += more
             if job.pos >= job.count:
@@ -2340,9 +2109,9 @@ class Transport:
                 jobs.rotate(-1)
             if blocked:
                 break
-        return sent, blocked, 0.0
+        return sent, blocked
 
-    def _send_lanes(self, lanes: _Lanes, budget: int, now: float) -> tuple[int, bool, float]:
+    def _send_lanes(self, lanes: _Lanes, budget: int, now: float) -> tuple[int, bool]:
         """Send up to ``budget`` answers: a quantum per request in turn, each request's answers in order.
 
         Round robin per job gave a request a share of the link per job it had queued.  Where
@@ -2351,38 +2120,21 @@ class Transport:
         100 Mbit/s, against 250 in plain forwarding), so every round took longer and the range
         answers of the chunks nobody shares came a few fragments per round: their p90 transfer
         time was 10 s against plain's 5 s, and the replay's p50 1.46x plain's.  A turn per
-        request is what plain forwarding's requests get.  A held answer lets the next one go.
+        request is what plain forwarding's requests get.
 
-        Returns (datagrams sent, socket buffer full, when the first hold ends if every
-        answer with something left is held, else 0.0).
+        Returns (datagrams sent, socket buffer full).
         """
-        tracker = self._tracker
         quantum = self.config.send_quantum
         sent, blocked = self._send_aged(lanes, budget, now)
         if blocked:
-            return sent, blocked, 0.0
-        held = 0  # requests passed over in a row: every answer of theirs is held
-        held_until = 0.0
+            return sent, blocked
         order = lanes.order
         while order and sent < budget:
             owner = order[0]
             lane = lanes.by_owner[owner]
             turn = 0  # this request's turn: a quantum, over as many of its answers as it takes
-            found = False
             while turn < quantum and sent < budget and not blocked:
-                job = None
-                for candidate in lane:
-                    if candidate.pos >= candidate.count:
-                        job = candidate  # cancelled: retired below
-                        break
-                    until = self._held_until(candidate, tracker)
-                    if until <= now:
-                        job = candidate
-                        break
-                    held_until = min(held_until or until, until)
-                if job is None:
-                    break
-                found = True
+                job = lane[0]
                 more, blocked = self._send_quantum(job, min(quantum - turn, budget - sent))
                 sent += more
                 turn += more
@@ -2395,26 +2147,19 @@ class Transport:
                 order.rotate(-1)
             if blocked:
                 break
-            if found:
-                held = 0
-                held_until = 0.0
-            else:
-                held += 1
-                if held >= len(order):
-                    return sent, blocked, held_until  # every answer waits for a hold to end
-        return sent, blocked, 0.0
+        return sent, blocked
 
     def _send_aged(self, lanes: _Lanes, budget: int, now: float) -> tuple[int, bool]:
         """Send the answers to single GETs queued longer than the queue bound first, oldest first.
 
         A switch keeps a GET it merged pending for a bounded time (the controller's pending
-        timeout, which must cover the longest wait for an answer: twice the queue bound and
-        the hold), and every GET merged into a slot that expired waits for its requester's
-        timers.  A turn per request bounds a request's share of the link, not how long its
-        last answer waits: later requests join the round meanwhile.  In a replay of agent
-        traffic at 3x the holder link (8 requesters, 100 Mbit/s) single GETs waited up to 4.1 s
-        at the holder and 32 pending slots expired.  So an answer a switch waits on and that has
-        waited the queue bound goes before the round, as it would have in a FIFO queue.
+        timeout, which must cover the longest wait for an answer: twice the queue bound), and
+        every GET merged into a slot that expired waits for its requester's timers.  A turn
+        per request bounds a request's share of the link, not how long its last answer waits:
+        later requests join the round meanwhile.  In a replay of agent traffic at 3x the
+        holder link (8 requesters, 100 Mbit/s) single GETs waited up to 4.1 s at the holder
+        and 32 pending slots expired.  So an answer a switch waits on and that has waited the
+        queue bound goes before the round, as it would have in a FIFO queue.
 
         Returns (datagrams sent, socket buffer full).
         """
@@ -2422,13 +2167,12 @@ class Transport:
         sent = 0
         blocked = False
         oldest = now - self.config.max_queue_s
-        tracker = self._tracker
         while aged and sent < budget and not blocked:
             job = aged[0]
             if job.pos >= job.count:
-                aged.popleft()  # done, or cancelled (the round retires it)
+                aged.popleft()  # done in its turn of the round, which retired it
                 continue
-            if job.queued_at > oldest or self._held_until(job, tracker) > now:
+            if job.queued_at > oldest:
                 break
             more, blocked = self._send_quantum(job, budget - sent)
             sent += more
@@ -2439,20 +2183,8 @@ class Transport:
         return sent, blocked
 
     def _note_first_answer(self, job: _SendJob) -> None:
-        """An answer's first DATA went out: note how long it waited since queued, and how much of that was a hold.
-
-        A length probe waits only for its own hold (``_send_from``), any other answer for its
-        chunk's too; a hold counts from when the answer was queued to when the hold ended.
-        """
-        now = time.monotonic()
-        probe = job.first == 0 and job.count == 1
-        until = job.not_before if probe else self._held_until(job, self._tracker)
-        self._waits.add(now - job.enqueued, min(now, until) - job.enqueued)
-
-    @staticmethod
-    def _held_until(job: _SendJob, tracker: DuplicateTracker | None) -> float:
-        """When ``job`` may be sent: its own hold, or its chunk's (``tracker``; None: its own only)."""
-        return max(job.not_before, 0.0 if tracker is None else tracker.held_until(job.key))
+        """An answer's first DATA went out: note how long it waited since it was queued."""
+        self._waits.add(time.monotonic() - job.enqueued)
 
     def _send_quantum(self, job: _SendJob, budget: int) -> tuple[int, bool]:
         """Send ``job``'s next quantum (at most ``budget`` DATA); (datagrams sent, socket buffer full)."""

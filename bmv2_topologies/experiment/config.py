@@ -24,25 +24,22 @@ class TargetKnobs:
     """Fragments each requester keeps in flight over all its chunks (``kvpool-agent --max-inflight``)."""
     chunk_window: int
     """Most fragments in flight for one chunk (``kvpool-agent --window``)."""
-    hold_ms: float
-    """The holder's hold (``kvpool-agent --hold``)."""
     servable_window: int = 0
     """Most fragments in flight for one chunk the switches pool (``kvpool-agent --servable-window``;
     0: ``chunk_window``)."""
 
 
-TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600, 0.0),
-                                        "bmv2": TargetKnobs(64, 16, 0.0, 4)}
+TARGET_KNOBS: dict[str, TargetKnobs] = {"model": TargetKnobs(600, 600),
+                                        "bmv2": TargetKnobs(64, 16, 4)}
 """Per switch target. The model takes the whole hot prefix at once. BMv2 (its 64-packet queues;
 3,000-4,700 packets/s on the first build here, p4/README.md) overflows with that many GETs and
 gets 64 in flight, dealt 16 to a chunk: with a chunk's window as large as the budget, a
 requester's first chunk took all of it and the next ones started as its answers came, so
 requesters drifted apart. A chunk the switches pool keeps 4 in flight on BMv2: a switch
 answers a pooled chunk's GETs at once, and a window of 16 such answers per requester
-overflowed the spine's egress queues on the leaf-spine. No hold on either: switches coalesce
-range GETs per chunk (p4/include/coalesce.p4), so a requester that asks a little late joins
-the answer in progress and asks the holder only for what passed before it joined; holding
-the first answer to gather the others would delay every fetch, shared or not."""
+overflowed the spine's egress queues on the leaf-spine. Switches coalesce range GETs per chunk
+(p4/include/coalesce.p4): a requester that asks a little late joins the answer in progress and
+asks the holder only for what passed before it joined."""
 
 
 @dataclass
@@ -87,10 +84,6 @@ class DemoConfig:
     servable_window: int | None = None
     """The same for a chunk the switches pool (they answer its GETs at once, in bursts); None: the
     target's, 0: ``chunk_window``."""
-    hold_ms: float | None = None
-    """How long the holder holds a chunk a second requester asks for while it is in flight, so
-    the GETs of requesters that start a little late are coalesced too (``kvpool-agent --hold``;
-    a lone request is answered at once); None: the target's."""
     max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
     push_admitted: bool = False
@@ -120,11 +113,6 @@ class DemoConfig:
     def knobs(self) -> TargetKnobs:
         """The target's defaults (the model's when none is chosen yet)."""
         return TARGET_KNOBS[self.target or "model"]
-
-    @property
-    def hold_s(self) -> float:
-        """The holder's hold in seconds: ``hold_ms``, else the target's."""
-        return (self.hold_ms if self.hold_ms is not None else self.knobs.hold_ms) / 1000
 
     @property
     def holder_count(self) -> int:
@@ -164,7 +152,6 @@ class DemoConfig:
             "chunk_window": self.chunk_window is None or 2 <= self.chunk_window <= 4096,
             "servable_window": self.servable_window is None or self.servable_window == 0
             or 2 <= self.servable_window <= 4096,
-            "hold_ms": self.hold_ms is None or 0 <= self.hold_ms <= 1000,
             "max_queue_ms": 0 <= self.max_queue_ms <= 60_000,
             "deadline_s": self.deadline_s is None or 0 < self.deadline_s <= 3600,
         }
@@ -203,7 +190,6 @@ class VsConfig:
     target: str | None = None
     systems: tuple[str, ...] = SYSTEMS
     window: int | None = DemoConfig.window
-    hold_ms: float | None = DemoConfig.hold_ms
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     segment_mib: int = 256
@@ -227,7 +213,7 @@ class VsConfig:
         return DemoConfig(requesters=self.requesters, target=self.target, topology=self.topology,
                           holders=self.holders, modes=modes, waves=self.waves,
                           hot_blocks=self.hot_blocks, tail_blocks=0, holder_mbps=self.holder_mbps,
-                          window=self.window, hold_ms=self.hold_ms, out=self.out / f"n{self.requesters}",
+                          window=self.window, out=self.out / f"n{self.requesters}",
                           seed=self.seed)
 
     def for_counts(self, counts: list[int]) -> list[VsConfig]:

@@ -143,7 +143,7 @@ class Testbed(StarHosts):
     def __init__(self, cfg: DemoConfig, workload: Workload, topo: Topology | None = None) -> None:
         """``topo``: the network, when the caller built it already (else ``build_topology(cfg)``)."""
         if cfg.target is None:
-            # The network starts on the default target, and the knobs the agents get (window, hold)
+            # The network starts on the default target, and the knobs the agents get (windows)
             # must be that target's: left unresolved they were the model's, so a test on BMv2 ran
             # 600 fragments in flight into its 64-packet queues and stalled on the losses.
             cfg = replace(cfg, target=default_target())
@@ -177,10 +177,10 @@ class Testbed(StarHosts):
         self.deadline_s = cfg.deadline_s or max(
             (load.default_deadline_s(o.total_bytes, capacity, o.span_s) for o in self.offered_by_holder),
             default=load.MIN_DEADLINE_S)
-        #: How long an accepted GET waits for its answer: the holder's full queue, plus its hold.
-        self.answer_wait_s = cfg.max_queue_ms / 1000 + cfg.hold_s
+        #: How long an accepted GET waits for its answer: the holder's full queue.
+        self.answer_wait_s = cfg.max_queue_ms / 1000
         #: The longest: a booked return is admitted up to twice the queue bound (hostagent/transport.py).
-        self.longest_answer_s = 2 * cfg.max_queue_ms / 1000 + cfg.hold_s
+        self.longest_answer_s = 2 * cfg.max_queue_ms / 1000
 
     # -------------------------------------------------------------- lifecycle
     @contextlib.contextmanager
@@ -246,7 +246,7 @@ class Testbed(StarHosts):
                         *(f"--allow={o.address}" for o in self.topo.hosts.values() if o.name != h.name)]
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
-                             "--hold", str(self.cfg.hold_s), "--max-queue", str(self.cfg.max_queue_ms / 1000),
+                             "--max-queue", str(self.cfg.max_queue_ms / 1000),
                              *holder_args.get(h.name, [])]
                 self.procs.append(self.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60
@@ -274,10 +274,10 @@ class Testbed(StarHosts):
         wl = self.workload
         catalog = Catalog(ChunkInfo(k, wl.parents[k], wl.positions[k], len(wl.blobs[k])) for k in wl.blobs)
         # Pending GETs must outlive the longest wait for an answer (a booked return at twice the
-        # holder's queue bound, and its hold), or the waiters absorbed before the slot expired
-        # are never answered; twice that is far above it and still frees a lost answer's slot
-        # soon.  Twice the queue and hold (2.2 s) was not: replayed agent traffic at 3x the
-        # holder link, 200 requests, had 529 slots expire in multicast mode, 18 at 4.2 s.
+        # holder's queue bound), or the waiters absorbed before the slot expired are never
+        # answered; twice that is far above it and still frees a lost answer's slot soon.  Twice
+        # the queue and a 100 ms hold (2.2 s) was not: replayed agent traffic at 3x the holder
+        # link, 200 requests, had 529 slots expire in multicast mode, 18 at 4.2 s.
         pending_s = max(2.0, 2 * self.longest_answer_s)
         # A switch counts the fetches of its own requesters: hot when half of its busiest
         # edge switch's requesters fetch a chunk.
@@ -457,8 +457,7 @@ class Testbed(StarHosts):
 
 
 AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "overtaken_retransmits", "busy_received",
-                  "busy_retries", "nacks_sent", "holds", "held_gets", "conversions", "converted_gets",
-                  "cancelled_fragments", "reserved_chunks", "reserved_fragments",
+                  "busy_retries", "nacks_sent", "reserved_chunks", "reserved_fragments",
                   "reserved_expired", "rebound_fragments", "shared_transfers",
                   "requests_failed")
 """Transport counters a mode's result reports, summed over the agents (``ModeResult.agents``)."""
@@ -517,8 +516,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     print(f"kvpool demo: target {cfg.target}, {describe(topo)}, holder links {cfg.holder_mbps:g} Mbit/s, "
           f"{len(workload.requests)} requests over {len(workload.blobs)} chunks of {chunk_kib:.0f} KiB, "
           f"window {cfg.in_flight} ({cfg.chunk_fragments} to a chunk"
-          + (f", {cfg.servable_fragments} to a pooled one" if cfg.servable_fragments else "")
-          + f"), hold {cfg.hold_s * 1000:g} ms",
+          + (f", {cfg.servable_fragments} to a pooled one" if cfg.servable_fragments else "") + ")",
           file=sys.stderr)
     results: list[ModeResult] = []
     for off in bed.offered_by_holder:
@@ -547,7 +545,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     doc = {"target": cfg.target, "topology": cfg.topology, "requesters": len(topo.inference_hosts()),
            "holders": len(topo.holders()), "switches": sorted(topo.switches, key=lambda s: int(s[1:])),
            "config": _jsonable(asdict(cfg)), "window": cfg.in_flight, "chunk_window": cfg.chunk_fragments,
-           "servable_window": cfg.servable_fragments, "hold_ms": cfg.hold_s * 1000,
+           "servable_window": cfg.servable_fragments,
            "offered": {"holder": off.holder, "bytes": off.total_bytes, "span_s": round(off.span_s, 3),
                        "mean_bps": round(off.mean_bps), "peak_bps": round(off.peak_bps),
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},

@@ -263,7 +263,7 @@ class TtftRun:
         self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
         self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed in {time.perf_counter() - t:.1f} s")
         demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target, modes=cfg.modes,
-                          block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, hold_ms=cfg.hold_ms, out=out,
+                          block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, out=out,
                           deadline_s=cfg.fetch_timeout_s, seed=cfg.seed)
         self.bed = Testbed(demo, self.workload)
         self.hosts = Hosts(self.bed, cfg)
@@ -385,7 +385,6 @@ class TtftRun:
                       spec.kv_bytes_per_token, "flops_per_token": spec.flops_per_token,
                       "flops_per_kv_byte": spec.flops_per_token / spec.kv_bytes_per_token},
             "holder_mbps": cfg.holder_mbps,
-            "hold_ms": cfg.hold_ms,
             "prefix_tokens": cfg.prefix_tokens,
             "suffix_tokens": cfg.suffix_tokens,
             "prefix_bytes": self.prefix_bytes(cfg.prefix_tokens),

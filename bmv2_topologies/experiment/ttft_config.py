@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bmv2_topologies.experiment.config import MODES, TARGET_KNOBS
+from bmv2_topologies.experiment.config import MODES
 from bmv2_topologies.network import TARGETS
 
 SCHEMES = ("serial", "shared")
@@ -105,13 +105,6 @@ class TtftConfig:
     threads: int = 1
     """torch threads per host."""
     holder_mbps: float = 20.0
-    hold_ms: float = 20.0
-    """How long the holder waits before answering a GET, so GETs of requesters that drift apart are coalesced.
-
-    Every fetch pays it twice (fragment 0 first, to learn the chunk's length, then the
-    rest): the demo's 100 ms cost 200 ms of TTFT here, 0 ms lets 8 requesters' GETs miss
-    each other (measured in docs/research.md); 20 ms keeps coalescing near one copy.
-    """
     target: str = "model"
     """The switch: the model by default, not the demo's "BMv2 when installed": the figures are a
     balance of CPU and link, and BMv2 on a small VM overflows its queues at this window (README:
@@ -129,9 +122,6 @@ class TtftConfig:
             "requesters": (1, 2), "modes": ("plain", "multicast"), "schemes": ("serial",), "waves": 1,
             "prefix_tokens": 128, "suffix_tokens": 8, "sweep_tokens": (32, 128), "sweep_reps": 1, "steps": 4,
             "model": QUICK_MODEL, "settle_s": 0.5, "fetch_timeout_s": 30.0, "quick": True,
-            # The demo's hold on the model target: the test checks one copy with coalescing on a
-            # machine busy with other work.
-            "hold_ms": TARGET_KNOBS["model"].hold_ms,
         }
         return cls(**(base | changes))  # type: ignore[arg-type]
 
@@ -155,7 +145,6 @@ class TtftConfig:
             "steps": self.steps >= 1,
             "threads": self.threads >= 1,
             "holder_mbps": self.holder_mbps > 0,
-            "hold_ms": 0 <= self.hold_ms <= 1000,
             "settle_s": self.settle_s >= 0,
             "fetch_timeout_s": self.fetch_timeout_s > 0,
             "target": self.target in TARGETS,

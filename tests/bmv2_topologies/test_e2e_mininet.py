@@ -57,21 +57,15 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         for (k, i, _dst), n in traffic.data_out.items():
             sent[(k, i)] = sent.get((k, i), 0) + n
         assert sorted(sent) == [(key, i) for i in range(frags)]
-        # Without coalescing: 3 * frags.  With the model's window (the whole chunk at once) the
-        # three converted requesters ask for every fragment together and, alone on the machine,
-        # each leaves once; after that they drift apart by whatever the scheduler adds, and a GET
-        # that arrives after its fragment's answer went by is fetched again.  BMv2's window (16
-        # to a chunk, TARGET_KNOBS) paces each requester by its own answers from the moment the
-        # holder turns its range GETs into single ones, which differs per requester: 141-281
-        # sends for 140 fragments in 8 runs (coalesced 139-279).  On the model the drift is the
-        # machine's load (224 sends with two busy loops beside the suite on a 2-core machine);
-        # without coalescing it is 3 * frags (420).
-        bmv2 = bed.cfg.target == "bmv2"
+        # Without coalescing: 3 * frags (420).  The switch keeps one pending slot per chunk: the
+        # first range GET goes to the holder, the other two join its answer and get a copy of
+        # every fragment, so each leaves the holder once.  A requester whose GET reached the
+        # switch after some fragments passed asks the holder for those again; the holder
+        # frozen, none did in any run here, and a scheduler hiccup costs a few, never a copy.
         assert all(n >= 1 for n in sent.values())
-        bound = frags * 5 // 2 if bmv2 else frags * 2
-        assert sum(sent.values()) <= bound, f"{sum(sent.values())} sends for {frags} fragments"
-        # The other requesters' GETs were absorbed in the switch.
-        assert mc.coalesced >= (frags // 2 if bmv2 else frags), mc.coalesced
+        assert sum(sent.values()) <= frags + frags // 4, f"{sum(sent.values())} sends for {frags} fragments"
+        # The other requesters' GETs joined the first one's answer in the switch.
+        assert mc.coalesced >= 2, mc.coalesced
 
         # 2. Pool mode, three waves 4 s apart (the first 0.5 s into the window).  The first is
         # coalesced and makes the chunk hot; the controller admits it and every answer that

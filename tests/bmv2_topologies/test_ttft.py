@@ -118,7 +118,7 @@ def _doc() -> dict[str, Any]:
         c.holder_data = {"full": 0, "plain": 3 * 768, "multicast": 768}[mode]
         cells.append(c.summary(512, 768, 1))
     pts = [_point(p, 1.6 * p, 200.0 + 0.9 * p, 190.0 + 0.9 * p) for p in (64, 512)]
-    return {"target": "model", "holder_mbps": 20.0, "hold_ms": 100.0, "threads_per_host": 1, "prefix_tokens": 512,
+    return {"target": "model", "holder_mbps": 20.0, "threads_per_host": 1, "prefix_tokens": 512,
             "suffix_tokens": 40, "prefix_bytes": 1 << 20, "prefix_fragments": 768, "waves": 1,
             "model": {"layers": 4, "hidden": 1024, "kv_bytes_per_token": 2048, "flops_per_kv_byte": 57_900.0},
             "cells": cells, "sweep": {"points": pts, "errors": [], **break_even(pts, 512)}, "mismatches": [],
@@ -218,8 +218,8 @@ def test_quick_run_on_a_star(tmp_path: Path) -> None:
         assert c["prefill_tokens_per_request"] == cfg.prefix_tokens + cfg.suffix_tokens - want
     assert cells[1, "full"]["holder_bytes"] == 0  # no fetch, no traffic
     # Plain forwarding: the holder sends the prefix once per requester (retransmissions aside).
-    # Multicast (issue 16): a chunk no hint names is asked for by range, and the holder converts
-    # and holds only a duplicate in progress; the quick run's one cold wave, whose two model
+    # Multicast (issue 16): a chunk no hint names is asked for by range, which switches coalesce
+    # per chunk; the quick run's one cold wave, whose two model
     # hosts start tens of ms apart, costs no more than plain (measured: about 2 prefixes, as
     # plain), the switch merges only what overlaps.
     for n in (1, 2):

@@ -77,12 +77,11 @@ def test_demo_config_maps_systems_to_modes() -> None:
     assert vs_document(VsConfig(topology="leaf-spine"), {8: _results()}, 1)["topology"] == "leaf-spine"
 
 
-def test_window_and_hold_follow_the_target_unless_given() -> None:
+def test_windows_follow_the_target_unless_given() -> None:
     assert (VsConfig(target="model").demo_config().in_flight, VsConfig(target="bmv2").demo_config().in_flight) == (
         600, 64)
-    told = VsConfig(target="bmv2", window=32, hold_ms=50).demo_config()
-    assert (told.in_flight, told.hold_s) == (32, 0.05)
-    assert VsConfig(target="bmv2").demo_config().hold_s == 0.03
+    told = VsConfig(target="bmv2", window=32).demo_config()
+    assert told.in_flight == 32
     # BMv2 deals its 64 over the prefix's chunks, 16 each, so every requester starts them all at once.
     assert (VsConfig(target="model").demo_config().chunk_fragments,
             VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
@@ -106,11 +105,11 @@ def test_a_testbed_left_without_a_target_takes_the_default_one_and_its_knobs(tmp
 
     cfg = DemoConfig(requesters=2, waves=1, hot_blocks=1, tail_blocks=0, out=tmp_path)
     bed = Testbed(cfg, build_workload(cfg))  # builds the topology only: no network, no root
-    # The network starts on the default target; the agents' window and hold must be its own
+    # The network starts on the default target; the agents' windows must be its own
     # (they were the model's: 600 in flight into BMv2's 64-packet queues).
     assert bed.cfg.target == default_target()
-    assert (bed.cfg.in_flight, bed.cfg.hold_s) == (TARGET_KNOBS[default_target()].in_flight,
-                                                   TARGET_KNOBS[default_target()].hold_ms / 1000)
+    knobs = TARGET_KNOBS[default_target()]
+    assert (bed.cfg.in_flight, bed.cfg.chunk_fragments) == (knobs.in_flight, min(knobs.chunk_window, knobs.in_flight))
     assert cfg.target is None  # the caller's config is not changed
 
 

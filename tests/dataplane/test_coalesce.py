@@ -232,8 +232,9 @@ def test_flood_of_gets_keeps_state_bounded(target: Target) -> None:
         joined += h.port != 1
     # The owner's own GETs go upstream (its windows); the others' are absorbed.
     owner_gets = rounds - 1 - joined
+    owners = Mask(with_ttl(_range_get(1, 0, 7001), 63)).dont_care("kv", "request_id").dont_care("udp", "chksum")
     for _ in range(owner_gets):
-        target.expect(HOLDER.port, Mask(with_ttl(_range_get(1, 0, 7001), 63)).dont_care("kv", "request_id").dont_care("udp", "chksum"))
+        target.expect(HOLDER.port, owners)
     target.expect_no_other_packets()
     assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == joined
     assert target.counter(n.COALESCE_STATS, CoStat.OWNER) == owner_gets

@@ -716,7 +716,7 @@ def test_a_nack_for_a_get_damaged_on_the_way_does_not_fail_the_fetch() -> None:
     assert r.stats()["drops"]["nack_for_other_get"] == 1
 
 
-# ------------------------------------------------------------------ paths, push back, holds
+# ------------------------------------------------------------------ paths, push back
 
 
 def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
@@ -729,18 +729,16 @@ def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
     by_key: dict[int, list[tuple[wire.Header, int]]] = {}
     for g, n in zip(proxy.gets, proxy.get_lens, strict=True):
         by_key.setdefault(g.chunk_key, []).append((g, n))
-    # Hot: one GET per fragment, no reply room; fragment 0 first even with a length in the hint
-    # (its answer, held and multicast, is where every requester of the chunk starts together).
-    assert by_key[1][0][0].frag_index == 0 and len(by_key[1]) == 15
-    assert {(g.frag_index, g.frag_count, n) for g, n in by_key[1]} == {(i, 1, wire.HEADER_LEN) for i in range(15)}
+    # Hot: the range path, as if not named (switches coalesce range GETs per chunk).
+    assert [(g.frag_index, g.frag_count, n) for g, n in by_key[1]] == [(0, 64, wire.HEADER_LEN)]
     # Pooled: single GETs with reply room, all at once (the hint gave the length).
     assert sorted(g.frag_index for g, _ in by_key[2]) == list(range(15))
     assert {n for _, n in by_key[2]} == {wire.GET_WITH_ROOM_LEN}
     # Not named: the cheap path, one range GET for a window.
-    assert [(g.frag_index, g.frag_count) for g, _ in by_key[3]] == [(0, 64)]
+    assert [(g.frag_index, g.frag_count, n) for g, n in by_key[3]] == [(0, 64, wire.HEADER_LEN)]
     st = r.stats()
     assert st["requests_failed"] == 0 and st["retransmit_gets"] == 0
-    assert st["requests_by_path"] == {"range": 1, "single": 1, "servable": 1}
+    assert st["requests_by_path"] == {"range": 2, "single": 0, "servable": 1}
 
 
 @pytest.mark.parametrize("servable_window", [0, 8])
@@ -917,7 +915,7 @@ def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list
     for fh in hints:
         fh.update(Hints({}, 60.0, merge))
     # Paced (about 0.3 s for 214 fragments), so A's range answer is still queued when B asks.
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, hold_s=0.05, max_queue_s=0)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
     rcfg = TransportConfig(port=0, window_fragments=1024, retransmit_timeout_s=5.0, give_up_s=30.0)
     with Transport(hcfg, Holder(_store({7: payload})), hints=hints[0]) as h, \
             Transport(rcfg, hints=hints[1]) as a, Transport(rcfg, hints=hints[2]) as b:
@@ -930,18 +928,14 @@ def _second_requester_meets_the_first(payload: bytes, merge: bool) -> tuple[list
         return out, [h.stats(), a.stats(), b.stats()]
 
 
-def test_concurrent_range_requests_for_one_chunk_are_converted_to_single_gets_where_switches_merge() -> None:
+@pytest.mark.parametrize("merge", [False, True])
+def test_concurrent_range_requests_for_one_chunk_are_each_served_as_ranges(merge: bool) -> None:
+    # Switches coalesce range GETs per chunk: a holder answers a duplicate as it came, merging or not.
     payload = os.urandom(300_000)  # 214 fragments
-    frags = wire.fragment_count(len(payload))
-    results, (hs, sa, sb) = _second_requester_meets_the_first(payload, merge=True)
+    results, (hs, sa, sb) = _second_requester_meets_the_first(payload, merge)
     assert all(res.ok and bytes(res.data or b"") == payload for res in results) and len(results) == 2
-    # B's range was refused and A's range answer cancelled where it stood: both came back singly.
-    assert hs["conversions"] >= 1 and hs["converted_gets"] >= 1 and hs["cancelled_fragments"] > 0
-    assert sa["busy_received"] >= 1 and sb["busy_received"] >= 1
-    assert sb["gets_sent"] >= frags  # one GET per fragment after the refusal
-    # Without a merging fabric nothing is converted: the same two requests are served as ranges.
-    results, (hs, _sa, _sb) = _second_requester_meets_the_first(payload, merge=False)
-    assert all(res.ok for res in results) and hs["conversions"] == 0 and hs["nacks_sent"] == 0
+    assert hs["nacks_sent"] == 0 and sa["busy_received"] == sb["busy_received"] == 0
+    assert sa["gets_sent"] == sb["gets_sent"] == 1  # one range GET each, for the whole chunk
 
 
 Send = Callable[[bytes, Address], object]
@@ -987,10 +981,9 @@ def _sender_of_due(late: list[tuple[float, bytes, Address]], lock: threading.Loc
     return on_idle
 
 
-def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion() -> None:
-    # On the wire a holder converting a range (a one-fragment BUSY: ask singly) and a full queue
-    # refusing a range of one fragment look the same.  Read as a conversion, the chunk went single
-    # (a GET per fragment): under overload nearly every chunk did, 5x plain's GETs.
+def test_a_full_queue_refusing_a_one_fragment_range_is_re_asked_as_that_range() -> None:
+    # A one-fragment BUSY refuses that fragment's range: re-asked as it was when the hint says,
+    # not as single GETs (once read as a holder converting the range: 5x plain's GETs under overload).
     payload = os.urandom(20 * wire.FRAG_PAYLOAD)
     gets: list[wire.Header] = []
 
@@ -1006,14 +999,14 @@ def test_a_full_queue_refusing_a_one_fragment_range_is_not_read_as_a_conversion(
                 send(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
 
     hints = FabricHints()
-    hints.update(Hints({}, 60.0, True))  # the switches merge: a real conversion would be followed
+    hints.update(Hints({}, 60.0, True))  # the switches merge
     with _fake_holder(on_get) as holder, \
             Transport(TransportConfig(port=0, retransmit_timeout_s=0.05, give_up_s=5.0), hints=hints) as r:
         (res,) = r.fetch([9], holder, timeout=5)
         st = r.stats()
     assert res.ok and bytes(res.data or b"") == payload and st["busy_received"] == 1
     # First GET the whole window; then fragment 7 alone, refused; re-asked as the range it was
-    # (RETRANSMIT), not as a converted single GET (no flag, so a switch may merge it).
+    # (RETRANSMIT, so a switch's popularity count does not take a retry for another requester).
     assert [(g.frag_index, min(g.frag_count, 20)) for g in gets] == [(0, 20), (7, 1), (7, 1)]
     assert gets[2].flags & wire.Flag.RETRANSMIT
 
@@ -1063,40 +1056,6 @@ def test_a_busy_retry_asks_again_only_what_was_refused_not_the_answers_still_on_
     assert asked[20:30].tolist() == [2] * 10 and asked[:20].tolist() == [1] * 20, asked.tolist()
 
 
-def test_a_range_converted_after_its_chunk_turned_hot_is_asked_again_from_there_on() -> None:
-    # The chunk turns hot while its first range is answered, so the next window goes out as single
-    # GETs; then the holder converts the range (a one-fragment BUSY at fragment 10).  The range's
-    # rest (10-19) is refused with it and must be asked again at the hint, though the request's
-    # path is single by then: read as a refusal of fragment 10 alone, 11-19 waited for the stall
-    # timer (9 s in a replay of agent traffic).
-    n = 40
-    payload = os.urandom(n * wire.FRAG_PAYLOAD)
-    hints = FabricHints()
-    hints.update(Hints({}, 60.0, True))
-    gets: list[wire.Header] = []
-    converted = threading.Event()
-
-    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
-        gets.append(g)
-        frags = range(g.frag_index, min(g.frag_index + g.frag_count, n))
-        if len(gets) == 1:  # the first window: the chunk turns hot, half of it is answered
-            hints.update(Hints({5: Hint(GetPath.SINGLE, len(payload))}, 60.0, True))
-            frags = range(10)
-        elif g.frag_count == 1 and g.frag_index >= 20 and not converted.is_set():
-            converted.set()  # the next window came singly: now the holder converts the first range
-            send(wire.nack_packet(5, wire.Status.BUSY, g.request_id, 10, 1, g.generation, retry_us=10_000), addr)
-        for i in frags:
-            send(wire.data_packet(g.chunk_key, i, payload, g.request_id, g.generation), addr)
-
-    cfg = TransportConfig(port=0, window_fragments=20, retransmit_timeout_s=2.0, give_up_s=30.0)
-    with _fake_holder(on_get) as holder, Transport(cfg, hints=hints) as r:
-        (res,) = r.fetch([5], holder, timeout=30)
-    assert res.ok and bytes(res.data or b"") == payload, res.error
-    assert converted.is_set() and res.retransmit_rounds == 0
-    after = [g for g in gets[1:] if g.frag_index < 20]
-    assert sorted(g.frag_index for g in after) == list(range(10, 20))
-
-
 def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
     # A pooled chunk's GETs go out a whole window at once, past the budget; counted against
     # it, they starved every range request until they were answered (replayed agent traffic in
@@ -1106,7 +1065,7 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
     late: list[tuple[float, bytes, Address]] = []
 
     def on_get(g: wire.Header, addr: Address, send: Send) -> None:
-        # The hot chunk's answers come 0.5 s late (held); the cold one's at once.
+        # The hot chunk's answers come 0.5 s late (a pending slot, a booking); the cold one's at once.
         data = hot if g.chunk_key == 1 else cold
         for i in range(g.frag_index, min(g.frag_index + g.frag_count, wire.fragment_count(len(data)))):
             out = wire.data_packet(g.chunk_key, i, data, g.request_id, g.generation)
@@ -1131,7 +1090,7 @@ def test_a_shared_chunks_window_does_not_starve_range_requests() -> None:
         t0 = time.monotonic()
         got = r.fetch([1, 2], holder, timeout=10)
     assert [bytes(x.data or b"") for x in got] == [hot, cold]
-    # The cold chunk was asked for while the hot one's answers were still held, not after.
+    # The cold chunk was asked for while the hot one's answers were still on their way, not after.
     assert cold_asked and cold_asked[0] - t0 < 0.4, f"cold chunk first asked {cold_asked[0] - t0:.2f} s in"
 
 
@@ -1158,58 +1117,6 @@ def _paused_merging_holder(data: dict[int, bytes], cfg: TransportConfig,
         first.sendto(wire.get_packet(1, 0, 1, request_id=9), h.address)
         assert entered.wait(5)
         yield h, resume
-
-
-def test_two_ranges_for_one_chunk_in_one_batch_are_both_converted() -> None:
-    # Ranges from two requesters read in one batch: the second is a duplicate, and the first is
-    # not a send job yet, so cancelling jobs missed it; answered whole, it went to one requester
-    # while the other fetched the chunk singly (two copies).  Both are refused: both ask singly.
-    with _paused_merging_holder({7: os.urandom(50 * wire.FRAG_PAYLOAD)}, TransportConfig(port=0, hold_s=0.05)) \
-            as (h, gate), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-        a.settimeout(3)
-        b.settimeout(3)
-        a.sendto(wire.get_packet(7, 0, 64, request_id=10), h.address)
-        b.sendto(wire.get_packet(7, 0, 64, request_id=11), h.address)
-        time.sleep(0.05)
-        gate.set()
-        got_a, got_b = wire.parse(a.recv(4096)), wire.parse(b.recv(4096))
-    for got in (got_a, got_b):
-        assert (got.chunk_key, got.opcode, got.status, got.frag_count) == (7, wire.Opcode.NACK, wire.Status.BUSY, 1)
-
-
-def test_a_conversion_never_cancels_the_answer_to_a_single_get() -> None:
-    # A requester asked for a chunk's fragments 107-138 as a range and for 139, the last, alone
-    # (a range asks for at least two); both read in one batch.  Merged into one range job, a
-    # second requester's range converted it and cancelled 139 with the rest: the requester
-    # re-asked what the NACK refused, and 139 was never answered.  Where a switch merges, its
-    # pending slot for 139 held other requesters' GETs too: all waited 2.2 s for the slot and
-    # then their retransmit timers (replayed tool traffic: 6.3 s against a 1.2 s p50).
-    # Paced, so the range is still being answered when the second requester's range comes.
-    cfg = TransportConfig(port=0, hold_s=0.05, rate_bytes_per_s=100e3, burst_bytes=4096)
-    with _paused_merging_holder({7: os.urandom(140 * wire.FRAG_PAYLOAD)}, cfg) as (h, gate), \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-        a.settimeout(1.5)
-        a.sendto(wire.get_packet(7, 107, 32, request_id=10), h.address)
-        a.sendto(wire.get_packet(7, 139, 1, request_id=10), h.address)
-        time.sleep(0.05)
-        gate.set()
-        time.sleep(0.05)
-        b.sendto(wire.get_packet(7, 0, 140, request_id=11), h.address)
-        data_frags: set[int] = set()
-        busy: list[int] = []
-        with contextlib.suppress(TimeoutError):
-            while 139 not in data_frags or not busy:
-                got = wire.parse(a.recv(4096))
-                if got.chunk_key != 7:
-                    continue
-                if got.opcode == wire.Opcode.DATA:
-                    data_frags.add(got.frag_index)
-                elif got.status == wire.Status.BUSY:
-                    busy.append(got.frag_index)
-    assert busy and busy[0] < 139, "the range was not converted: the test did not set up the race"
-    assert 139 in data_frags, f"the single GET for 139 was cancelled with the range (DATA for {sorted(data_frags)})"
 
 
 @pytest.mark.parametrize("n_gets", [80, 24])
@@ -1321,9 +1228,10 @@ def test_range_requests_under_a_tight_budget_ask_for_windows_not_crumbs() -> Non
 
 def test_refused_fragments_are_re_asked_at_the_hint_while_the_rest_of_the_request_streams() -> None:
     payload = os.urandom(200 * wire.FRAG_PAYLOAD)
-    # (No merging fabric: where one merges, the holder keeps room for a hot chunk's rest once
-    # its first fragment is asked for, and nothing is refused.)
-    hints = Hints({3: Hint(GetPath.SINGLE, len(payload))}, 60.0, False)
+    # A pooled chunk, its length unknown: fragment 0, then single GETs a half window at a time (no
+    # merging fabric: where one merges, the holder keeps room for a chunk's rest once its first
+    # fragment is asked for, and nothing is refused).
+    hints = Hints({3: Hint(GetPath.SERVABLE)}, 60.0, False)
     # The holder takes 32-fragment runs until 64 are queued and refuses the rest: the first runs'
     # DATA keeps arriving while the refused ones wait for the hint (tens of ms).  They must be
     # re-asked then, not a retransmit timeout after the last DATA: the give-up (2 s of silence)
@@ -1462,9 +1370,9 @@ def test_a_holder_answers_a_lone_fragment_0_get_before_the_queued_ranges() -> No
 
 
 def _shared_chunk_asks() -> tuple[list[FetchResult], list[wire.Header], dict[int, bytes]]:
-    """A cold chunk's range holds the whole budget while a hot chunk is fetched: results, GETs, chunks."""
+    """A cold chunk's range holds the whole budget while a pooled chunk is fetched: results, GETs, chunks."""
     data = {1: os.urandom(600 * wire.FRAG_PAYLOAD), 2: os.urandom(60 * wire.FRAG_PAYLOAD)}
-    hints = Hints({2: Hint(GetPath.SINGLE, len(data[2]))}, 60.0, True)
+    hints = Hints({2: Hint(GetPath.SERVABLE)}, 60.0, True)  # no length: fragment 0 first
     # Paced at 1 MB/s, so chunk 1's 32-fragment windows keep the requester's 32 of budget busy.
     hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0)
     rcfg = TransportConfig(port=0, window_fragments=128, max_inflight_fragments=32, retransmit_timeout_s=5.0,
@@ -1484,7 +1392,7 @@ def test_where_switches_merge_a_shared_chunk_is_asked_for_whole_once_its_length_
 
 
 @contextlib.contextmanager
-def _merging_holder_and_three_requesters(hold_s: float) -> Iterator[tuple[Transport, list[socket.socket]]]:
+def _merging_holder_and_three_requesters() -> Iterator[tuple[Transport, list[socket.socket]]]:
     """A holder where the switches merge, with chunk 1 (300 fragments), 2 and 3 (40 each), and three raw sockets.
 
     Paced at 1 MB/s with a 64-fragment queue: chunk 1's range fills it for about 0.4 s.
@@ -1493,7 +1401,7 @@ def _merging_holder_and_three_requesters(hold_s: float) -> Iterator[tuple[Transp
               3: os.urandom(40 * wire.FRAG_PAYLOAD)}
     fabric = FabricHints()
     fabric.update(Hints({}, 60.0, True))
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05, hold_s=hold_s)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05)
     with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h, contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(3)]
         for s in socks:
@@ -1504,7 +1412,7 @@ def _merging_holder_and_three_requesters(hold_s: float) -> Iterator[tuple[Transp
 
 
 def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_spaces_the_chunks() -> None:
-    with _merging_holder_and_three_requesters(hold_s=0.05) as (h, socks):
+    with _merging_holder_and_three_requesters() as (h, socks):
         def refused(s: socket.socket, key: int, rid: int) -> tuple[float, int]:
             """Ask ``key``'s fragments 0-3 singly: when the NACKs came and their hint in us."""
             for i in range(4):
@@ -1542,7 +1450,7 @@ def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_space
 def test_where_switches_merge_a_chunk_refused_in_two_batches_is_booked_whole() -> None:
     # One requester's GETs refused in two receive batches (fragments 2-3, then 4-5): the booking
     # covers all four, and the chunk refused next comes back after all four, not after two.
-    with _merging_holder_and_three_requesters(hold_s=0.05) as (h, socks):
+    with _merging_holder_and_three_requesters() as (h, socks):
         socks[0].sendto(wire.get_packet(1, 0, 300, request_id=1), h.address)
         wire.parse(socks[0].recvfrom(2048)[0])  # chunk 1 is being answered, the queue is full
 
@@ -1596,7 +1504,7 @@ def test_where_switches_merge_a_refused_requester_comes_back_when_the_hint_says_
 def test_where_switches_merge_a_chunk_whose_probe_was_answered_is_never_refused_its_rest() -> None:
     # Refused one NACK per fragment, a shared chunk's rest cost as many NACKs as DATA under
     # overload; so the holder admits or refuses a chunk whole, at its length probe.
-    with _merging_holder_and_three_requesters(hold_s=0.0) as (h, socks):
+    with _merging_holder_and_three_requesters() as (h, socks):
         def answers(s: socket.socket, n: int) -> list[wire.Header]:
             return [wire.parse(s.recvfrom(2048)[0]) for _ in range(n)]
 
@@ -1623,7 +1531,7 @@ def test_where_switches_merge_a_burst_starts_with_one_get_while_its_holder_refus
     data = {1: os.urandom(10 * wire.FRAG_PAYLOAD), 2: os.urandom(10 * wire.FRAG_PAYLOAD)}
     records = Holder(_store(data))
     fabric = FabricHints()
-    fabric.update(Hints({k: Hint(GetPath.SINGLE, len(v)) for k, v in data.items()}, 60.0, True))
+    fabric.update(Hints({k: Hint(GetPath.SERVABLE) for k in data}, 60.0, True))  # no length: fragment 0 first
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as holder, \
             Transport(TransportConfig(port=0, retransmit_timeout_s=5.0, give_up_s=30.0), hints=fabric) as r:
         holder.bind(("127.0.0.1", 0))
@@ -1726,7 +1634,7 @@ def test_a_burst_skips_the_fragments_that_came_before_it_was_asked_for() -> None
             send(wire.data_packet(2, i, payload, g.request_id, g.generation), addr)
 
     fabric = FabricHints()
-    fabric.update(Hints({1: Hint(GetPath.SINGLE, 0), 2: Hint(GetPath.SINGLE, len(payload))}, 60.0, True))
+    fabric.update(Hints({1: Hint(GetPath.SERVABLE), 2: Hint(GetPath.SERVABLE)}, 60.0, True))  # fragment 0 first
     cfg = TransportConfig(port=0, retransmit_timeout_s=0.3, give_up_s=2.0)
     with _fake_holder(on_get) as holder, Transport(cfg, hints=fabric) as r:
         refused = threading.Thread(target=r.fetch, args=([1], holder), kwargs={"timeout": 1.0})
@@ -1747,7 +1655,7 @@ def test_where_switches_merge_a_full_queue_of_shared_answers_still_admits_a_rang
     # holder's queue short: it is refused only when range answers alone fill the queue.  Refused
     # for the room shared chunks took, an unshared chunk came a crumb of its requester's budget
     # per refusal (replayed agent traffic at 3x the holder link: 10-13 s a chunk, plain 2-6 s).
-    with _merging_holder_and_three_requesters(hold_s=0.0) as (h, socks):
+    with _merging_holder_and_three_requesters() as (h, socks):
         a, b, c = socks
         for i in range(220, 300):  # chunk 1's last 80 singly: 80 answers in a 64-fragment queue
             a.sendto(wire.get_packet(1, i, 1, request_id=1), h.address)
@@ -1792,8 +1700,8 @@ def test_a_holder_sends_a_turn_per_request_not_per_queued_answer() -> None:
 
 
 def test_answers_to_single_gets_that_waited_the_queue_bound_go_before_the_round() -> None:
-    # A switch keeps a merged GET pending only so long (twice the queue bound and the hold in the
-    # demo); a turn per request bounds a request's share, not how long its last answer waits, as
+    # A switch keeps a merged GET pending only so long (twice the queue bound in the demo); a
+    # turn per request bounds a request's share, not how long its last answer waits, as
     # later requests join the round.  8 requesters at 3x the holder link: single GETs waited up to
     # 4.1 s at the holder and 32 pending slots expired.  The scheduler is driven by hand here.
     chunks = {1: os.urandom(60 * wire.FRAG_PAYLOAD), 2: os.urandom(8 * wire.FRAG_PAYLOAD)}
@@ -1822,12 +1730,15 @@ def test_answers_to_single_gets_that_waited_the_queue_bound_go_before_the_round(
         assert (count(a), count(b)) == (40, 40)
 
 
-def test_a_request_converted_to_single_gets_leaves_the_in_flight_budget() -> None:
-    # A converted request's single GETs wait for holds, in a switch's pending slots and for
-    # bookings; counted in the requester's budget, they left its unshared chunks a crumb of it
-    # (replayed agent traffic, pool mode: 2-7 fragments a second, 14 s a chunk).  It leaves the
-    # budget as a chunk on the shared path does from its start.
-    data = {1: os.urandom(64 * wire.FRAG_PAYLOAD), 2: os.urandom(20 * wire.FRAG_PAYLOAD)}
+def test_a_request_whose_chunk_turns_pooled_leaves_the_in_flight_budget() -> None:
+    # Pooled while it is fetched, a request asks the rest singly and past the budget
+    # (``_shared_path``): those GETs wait in a switch's pending slots and for bookings, and counted
+    # in the requester's budget they left its unshared chunks a crumb of it (replayed agent
+    # traffic, pool mode: 2-7 fragments a second, 14 s a chunk).  It leaves the budget as a chunk
+    # on the shared path does from its start.
+    data = {1: os.urandom(128 * wire.FRAG_PAYLOAD), 2: os.urandom(20 * wire.FRAG_PAYLOAD)}
+    hints = FabricHints()
+    hints.update(Hints({}, 60.0, True))  # the switches merge
     gets: list[wire.Header] = []
     singles = threading.Event()
     late: list[tuple[float, bytes, Address]] = []
@@ -1836,24 +1747,19 @@ def test_a_request_converted_to_single_gets_leaves_the_in_flight_budget() -> Non
     def on_get(g: wire.Header, addr: Address, send: Send) -> None:
         gets.append(g)
         n = len(data[g.chunk_key]) // wire.FRAG_PAYLOAD
-        if g.chunk_key == 1 and g.frag_count > 1:  # converted: ask singly
-            send(wire.nack_packet(1, wire.Status.BUSY, g.request_id, g.frag_index, 1, g.generation,
-                                  retry_us=10_000), addr)
+        if g.chunk_key == 1 and g.frag_count == 1:  # its single GETs wait (a pending slot, a booking)
+            singles.set()
+            pkt = wire.data_packet(1, g.frag_index, data[1], g.request_id, g.generation)
+            with lock:
+                late.append((time.monotonic() + 0.6, pkt, addr))
             return
+        if g.chunk_key == 1:  # its first range: the chunk turns pooled while it is answered
+            hints.update(Hints({1: Hint(GetPath.SERVABLE, len(data[1]))}, 60.0, True))
         for i in range(g.frag_index, min(g.frag_index + g.frag_count, n)):
-            pkt = wire.data_packet(g.chunk_key, i, data[g.chunk_key], g.request_id, g.generation)
-            if g.chunk_key == 1:  # its single GETs wait (a hold, a pending slot)
-                if g.frag_index > 0:
-                    singles.set()  # the rest of it, asked once fragment 0 told its length
-                with lock:
-                    late.append((time.monotonic() + (0.3 if i == 0 else 0.6), pkt, addr))
-            else:
-                send(pkt, addr)
+            send(wire.data_packet(g.chunk_key, i, data[g.chunk_key], g.request_id, g.generation), addr)
 
     on_idle = _sender_of_due(late, lock)
 
-    hints = FabricHints()
-    hints.update(Hints({}, 60.0, True))  # the switches merge
     cfg = TransportConfig(port=0, max_inflight_fragments=32, retransmit_timeout_s=2.0, give_up_s=5.0)
     with _fake_holder(on_get, on_idle) as holder, Transport(cfg, hints=hints) as r:
         out: list[FetchResult] = []
@@ -1864,50 +1770,17 @@ def test_a_request_converted_to_single_gets_leaves_the_in_flight_budget() -> Non
         (res2,) = r.fetch([2], holder, timeout=5)
         first.join()
     assert res2.ok and out and out[0].ok and bytes(out[0].data or b"") == data[1]
+    assert (gets[0].chunk_key, gets[0].frag_index, gets[0].frag_count) == (1, 0, 32)  # a range first
     asked2 = [(g.frag_index, g.frag_count) for g in gets if g.chunk_key == 2]
     # The whole budget (32, clamped to the chunk by the holder), not the 16 a starved call gets.
     assert asked2 == [(0, 32)], asked2
 
 
-def test_where_switches_merge_a_hot_chunks_answers_are_held_but_a_pooled_chunks_go_at_once() -> None:
-    # A hold keeps a GET pending in the switch so its duplicates meet the answer there.  For a
-    # chunk the switches pool, the answer fills their copy on its way and later duplicates are
-    # answered from it: held anyway, the pool's holder idled with every queued answer held
-    # (replayed agent traffic at 3x the link: the pool's p99 1.15x plain's).
-    hot, pooled = os.urandom(20 * wire.FRAG_PAYLOAD), os.urandom(20 * wire.FRAG_PAYLOAD)
-    fabric = FabricHints()
-    fabric.update(Hints({1: Hint(GetPath.SINGLE, len(hot)), 2: Hint(GetPath.SERVABLE, len(pooled))}, 60.0, True))
-    with Transport(TransportConfig(port=0, hold_s=1.0), Holder(_store({1: hot, 2: pooled})), hints=fabric) as h, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
-        for s in (a, b):
-            s.settimeout(3.0)
-
-        def answered(key: int, frag: int, askers: list[socket.socket]) -> list[float]:
-            """Each asker sends a single GET for ``key``'s fragment ``frag``: seconds until its DATA came."""
-            t0 = time.monotonic()
-            for rid, s in enumerate(askers, start=1):
-                s.sendto(wire.get_packet(key, frag, 1, request_id=rid), h.address)
-            out = []
-            for s in askers:
-                got = wire.parse(s.recv(4096))
-                assert (got.opcode, got.chunk_key, got.frag_index) == (wire.Opcode.DATA, key, frag)
-                out.append(time.monotonic() - t0)
-            return out
-
-        # A lone single GET: the hot chunk's waits the hold, the pooled chunk's does not.
-        assert answered(1, 3, [a])[0] >= 0.9
-        assert answered(2, 3, [a])[0] < 0.5
-        # Two requesters at once (a duplicate in progress): the hot chunk is held, the pooled one not.
-        assert min(answered(1, 9, [a, b])) >= 0.9
-        assert max(answered(2, 9, [a, b])) < 0.5
-    assert h.stats()["holds"] >= 1 and h.stats()["held_gets"] >= 2
-
-
 # ------------------------------------------------------------------ joining another requester's answer
 
 
-def _joined_fetch(payload: bytes, joined_at: int, stop_at: int) -> tuple[FetchResult, list[wire.Header], dict[str, Any]]:
+def _joined_fetch(payload: bytes, joined_at: int,
+                  stop_at: int) -> tuple[FetchResult, list[wire.Header], dict[str, Any]]:
     """A fetch whose first GET a switch joined to another requester's answer at fragment ``joined_at``.
 
     The fake plays switch and holder: the first GET gets copies (``COALESCED``, as a switch
