@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=int, help="missed GETs before the switch reports a chunk hot (default 4)")
     p.add_argument("--pending-timeout-us", type=int,
                    help="how long a pending GET absorbs duplicates (default 100000); under load set it to at least "
-                        "2 x (2 x the holders' --max-queue + --hold), the longest an admitted GET waits, or "
+                        "2 x (2 x the holders' --max-queue), the longest an admitted GET waits, or "
                         "waiters absorbed into an expired slot are never answered")
     p.add_argument("--status-file", type=Path, help="write the controller status as JSON here every epoch")
     p.add_argument("--api", metavar="HOST:PORT",

@@ -6,7 +6,8 @@ which the switch pool holds (pooled); agents do not.  It tells every agent with 
 agent picks each chunk's path from it (``hostagent.hints``):
 
 * a chunk not named takes the **range** path, the cheap one (``GetPath.RANGE``);
-* ``single``: one GET per fragment, which a switch can coalesce (a hot chunk);
+* ``single``: a hot chunk, asked for by range GETs like any chunk not named (switches
+  coalesce range GETs per chunk; the name is from when they coalesced single GETs only);
 * ``servable``: one GET per fragment with reply room, which a switch can also answer from
   its pool (a pooled chunk).
 
@@ -14,11 +15,10 @@ Document: ``{"ttl_s": seconds, "merge": bool, "chunks": [{"key": "0x...", "path"
 | "servable", "nbytes": n}, ...]}``.  It replaces everything told before (an empty list
 clears every hint) and is trusted for ``ttl_s`` seconds, so a controller that stops sending
 cannot leave agents on the expensive path.  ``merge`` says whether the switches merge
-duplicate single-fragment GETs (multicast and pool modes): only then is it worth turning
-concurrent requests for one chunk into single GETs.  ``nbytes`` (0: unknown) is the chunk's
+duplicate GETs (multicast and pool modes): then a holder books the requesters it refuses
+for one instant, so they meet again in a switch.  ``nbytes`` (0: unknown) is the chunk's
 serialized length, with which a requester asks for every fragment of a pooled chunk at
-once instead of fragment 0 first (a hot chunk's fragment 0 still goes first: its held,
-multicast answer starts every requester together, ``hostagent.transport``).
+once instead of fragment 0 first.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class GetPath(enum.StrEnum):
     RANGE = "range"
     """Range GETs, answered by the holder at once: the cheap path, the default."""
     SINGLE = "single"
-    """One GET per fragment, no reply room: a switch can coalesce them (hot chunks)."""
+    """A hot chunk: asked for by range GETs, as the range path (switches coalesce them per chunk)."""
     SERVABLE = "servable"
     """One GET per fragment with reply room: a switch can also answer them from its pool (pooled chunks)."""
 

@@ -48,11 +48,9 @@ Field meanings by opcode:
   microseconds after which the GET is worth sending again (0: no hint); ``chunk_len`` is 0
   on every other NACK and switches neither read nor change it.  A ``BUSY`` answering a
   range GET echoes its range when the holder's queue is full, or names the part of it past
-  the requester's budget (two fragments or more; the rest is answered); it names one
-  fragment (``frag_count`` 1) when the holder converts the range: another request asks for
-  the chunk at the same time, and the requester should ask again with single-fragment
-  GETs, which a switch can merge (``hostagent.hints``).  Range GETs are never coalesced, so no switch
-  matches these NACKs against its pending GETs.
+  the requester's budget (two fragments or more; the rest is answered).  A switch
+  coalesces GETs per chunk: a NACK to the GET that opened a chunk's pending slot reaches
+  every requester whose GET joined it (each re-asks as its own NACK says), and ends the slot.
 
 A holder's DATA carries ``NO_CACHE`` when it answers a GET that had it: the requester
 distrusted a cached copy, and a switch that holds the fragment rewrites it with these
