@@ -156,9 +156,9 @@ rate in both."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
-_JOIN_PATIENCE_RTOS: Final = 0.5
-"""Retransmit timeouts of a joined request's own silence after which it asks the holder itself: the
-answer it joined is another requester's, paced by that requester's windows, and may stop."""
+_JOIN_PATIENCE_RTOS: Final = 1.0
+"""Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
+``_STALL_RTOS``): the answer it joined is another requester's, paced by its windows, and may stop."""
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``_resend_overtaken``)."""
 _MAX_RETRY_HINT_US: Final = 10_000_000
 """Longest retry hint a holder sends in a BUSY NACK (and a requester believes)."""
@@ -1210,8 +1210,14 @@ class Transport:
 
     @property
     def _join_patience_s(self) -> float:
-        """How long a joined request waits for its own fragments before it asks the holder for them."""
-        return _JOIN_PATIENCE_RTOS * self.config.retransmit_timeout_s
+        """How long a joined request waits for its own fragments before it asks the holder for them.
+
+        A retransmit timeout, and never less than the holder's queue bound (this agent's
+        ``max_queue_s``, a deployment's holders taking the same): the answer it joined may wait
+        that long in the holder's queue, and re-asked sooner it is sent twice.
+        """
+        cfg = self.config
+        return max(_JOIN_PATIENCE_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
 
     def _join(self, r: _Request, first: int) -> None:
         """``r``'s GET joined another requester's answer for its chunk at a switch, from fragment ``first`` on.
@@ -1221,8 +1227,8 @@ class Transport:
         window GETs would only be absorbed) and, outside the shared budget like any transfer
         whose pace another sets, asks now for what passed before it joined, with RETRANSMIT
         so a switch sends it to the holder.  Whatever else goes missing (the owner gives up or
-        waits, a copy is lost) it asks for after ``_JOIN_PATIENCE_RTOS`` of its own silence,
-        not the ``_STALL_RTOS`` a request whose holder streams to others waits.
+        waits, a copy is lost) it asks for after ``_join_patience_s`` of its own silence, not
+        the ``_STALL_RTOS`` a request whose holder streams to others waits.
         """
         assert r.reasm is not None
         r.joined = True
@@ -1545,6 +1551,7 @@ class Transport:
             r.busy += 1
             r.result.timing.refused(now)
             r.refused = True
+            r.joined = False  # the answer it may have joined is over: a switch ends it at a NACK
             r.last_progress = now
             self._holder_progress[r.holder] = now
             # What was refused, and only that, is asked again when the hint says: the run the NACK
@@ -1597,12 +1604,15 @@ class Transport:
             busy_retry, r.refused = r.refused, False
             r.path = self._path(r)
             if busy_retry:
-                # Not lost, refused: ask again as fresh GETs on the chunk's current path, so a
-                # switch may serve or merge servable ones; a range GET says RETRANSMIT so the
-                # switch's popularity count does not take a retry for another requester.
+                # Not lost, refused: ask again as fresh GETs, so a switch may serve them or merge
+                # them again (the holder booked every requester it refused for the chunk at one
+                # instant, and a RETRANSMIT would go past the switch to the holder, once per
+                # requester).  Where nothing merges, a range GET says RETRANSMIT so a switch's
+                # popularity count does not take a retry for another fetch.
                 self._c.busy_retries += 1
                 r.result.timing.re_asked_refused(now)
-                flags = 0 if r.path is not GetPath.RANGE else wire.Flag.RETRANSMIT
+                fresh = r.path is not GetPath.RANGE or self.hints.merging(now)
+                flags = 0 if fresh else wire.Flag.RETRANSMIT
             else:
                 r.result.retransmit_rounds += 1
                 r.result.timing.re_asked_silent(now, r.last_progress)

@@ -824,10 +824,15 @@ def test_busy_carries_a_retry_hint_and_the_requester_waits_it_out(merge: bool) -
     # Refused, not lost: no retransmit timeout passed (5 s), the hint said when to come back.
     assert st["busy_received"] == len(busy) and st["busy_retries"] > 0 and st["requests_failed"] == 0
     assert st["retransmit_gets"] == sum(1 for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT)
-    # A full queue refuses whole ranges; they are asked again as ranges, merging switches or not
-    # (RETRANSMIT, so a switch's popularity count does not take a retry for another requester).
+    # A full queue refuses whole ranges; they are asked again as ranges, merging switches or not.
+    # Where switches merge, as fresh GETs: the holder booked every requester it refused for the
+    # chunk at one instant, and they meet in a switch again (a RETRANSMIT goes past it to the
+    # holder); elsewhere with RETRANSMIT, so a switch's popularity count takes no retry for a fetch.
     assert all(n.frag_count > 1 for n in busy) and all(g.frag_count > 1 for g in proxy.gets)
-    assert st["retransmit_gets"] >= st["busy_retries"] > 0
+    if merge:
+        assert st["retransmit_gets"] == 0
+    else:
+        assert st["retransmit_gets"] >= st["busy_retries"] > 0
 
 
 def test_a_holder_that_pushes_back_is_waited_for_until_the_callers_deadline() -> None:
@@ -1005,10 +1010,10 @@ def test_a_full_queue_refusing_a_one_fragment_range_is_re_asked_as_that_range() 
         (res,) = r.fetch([9], holder, timeout=5)
         st = r.stats()
     assert res.ok and bytes(res.data or b"") == payload and st["busy_received"] == 1
-    # First GET the whole window; then fragment 7 alone, refused; re-asked as the range it was
-    # (RETRANSMIT, so a switch's popularity count does not take a retry for another requester).
+    # First GET the whole window; then fragment 7 alone, refused; re-asked as the range it was,
+    # a fresh GET (the switches merge: others refused with it come back at the same instant).
     assert [(g.frag_index, min(g.frag_count, 20)) for g in gets] == [(0, 20), (7, 1), (7, 1)]
-    assert gets[2].flags & wire.Flag.RETRANSMIT
+    assert gets[1].flags & wire.Flag.RETRANSMIT and not gets[2].flags & wire.Flag.RETRANSMIT
 
 
 def test_a_busy_retry_asks_again_only_what_was_refused_not_the_answers_still_on_their_way() -> None:
@@ -1695,8 +1700,11 @@ def test_a_holder_sends_a_turn_per_request_not_per_queued_answer() -> None:
             for s in select.select([a, b], [], [], 5)[0]:
                 wire.parse(s.recvfrom(2048)[0])
                 order.append(socks[s])
-    # b's 40 go out a turn of 4 for every turn of a's, not one for every 100 of a's jobs.
-    assert len(order) <= 100, f"b done after {len(order)} answers"
+    # From b's first answer on, b's 40 go out a turn of 4 for every turn of a's, not one for every
+    # 100 of a's jobs.  (Counted from there, not from the start: how many of a's went before b's
+    # GET arrived depends on how busy the machine is.)
+    during = order[order.index("b"):]
+    assert during.count("a") <= 40 + 8, f"{during.count('a')} of a's answers while b's 40 went"
 
 
 def test_answers_to_single_gets_that_waited_the_queue_bound_go_before_the_round() -> None:
@@ -1799,7 +1807,7 @@ def _joined_fetch(payload: bytes, joined_at: int,
         for i in range(g.frag_index, min(n, g.frag_index + g.frag_count)):
             send(wire.data_packet(9, i, payload, request_id=g.request_id), addr)
 
-    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=1.0, give_up_s=30.0)
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=0.5, max_queue_s=0.2, give_up_s=30.0)
     with _fake_holder(on_get) as holder, Transport(cfg) as r:
         (res,) = r.fetch([9], holder, timeout=20)
         return res, gets, r.stats()
@@ -1818,7 +1826,7 @@ def test_a_request_joined_late_asks_the_holder_only_for_what_passed_before_it_jo
 
 
 def test_a_joined_request_whose_answer_stops_asks_the_holder_for_the_rest_itself() -> None:
-    # The requester it joined stops asking (it failed, or waits for budget): after half a
+    # The requester it joined stops asking (it failed, or waits for budget): after a
     # retransmit timeout of its own silence the joined request asks for the rest itself, rather
     # than the 4 timeouts a request waits while its holder streams to others.
     payload = os.urandom(40 * wire.FRAG_PAYLOAD)
