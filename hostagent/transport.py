@@ -1181,12 +1181,14 @@ class Transport:
         if stored == 0:
             return
         self._c.fragments_stored += stored
+        self._account(r, -(stored))
         copies = (recs["hdr"]["flags"] & wire.Flag.COALESCED) != 0
         if copies.any():
             self._c.joined_fragments += int(copies.sum())
             if not r.joined and r.path is GetPath.RANGE:
+                # After the accounting above: copies of fragments it had not asked for yet left
+                # what it counts in flight below zero, which ``_join`` makes whole again.
                 self._join(r, int(recs["hdr"]["frag_index"][copies].min()))
-        self._account(r, -(stored))
         if r.probe == 1:
             r.probe = 2
         if r.asked_at is not None:
@@ -1233,6 +1235,9 @@ class Transport:
         assert r.reasm is not None
         r.joined = True
         self._c.joined_requests += 1
+        # What it counts in flight (asked minus received; below zero when copies came past what
+        # it asked) leaves the shared budget, then the rest of the chunk is counted as asked:
+        # afterwards it counts exactly the fragments still to come, all outside the budget.
         self._free(r)
         total = r.reasm.frag_count
         if r.asked_hi < total:

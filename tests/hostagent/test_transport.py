@@ -1787,13 +1787,14 @@ def test_a_request_whose_chunk_turns_pooled_leaves_the_in_flight_budget() -> Non
 # ------------------------------------------------------------------ joining another requester's answer
 
 
-def _joined_fetch(payload: bytes, joined_at: int,
-                  stop_at: int) -> tuple[FetchResult, list[wire.Header], dict[str, Any]]:
+def _joined_fetch(payload: bytes, joined_at: int, stop_at: int,
+                  window: int = 64) -> tuple[FetchResult, list[wire.Header], dict[str, Any]]:
     """A fetch whose first GET a switch joined to another requester's answer at fragment ``joined_at``.
 
     The fake plays switch and holder: the first GET gets copies (``COALESCED``, as a switch
     rewrites them) of fragments ``joined_at .. stop_at - 1`` and nothing else; every later GET
-    (a re-ask) is answered as a holder would, for exactly what it asks.
+    (a re-ask) is answered as a holder would, for exactly what it asks.  Once the fetch is done
+    the requester counts nothing in flight, in the shared budget or out of it.
     """
     n = wire.fragment_count(len(payload))
     gets: list[wire.Header] = []
@@ -1807,9 +1808,11 @@ def _joined_fetch(payload: bytes, joined_at: int,
         for i in range(g.frag_index, min(n, g.frag_index + g.frag_count)):
             send(wire.data_packet(9, i, payload, request_id=g.request_id), addr)
 
-    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=0.5, max_queue_s=0.2, give_up_s=30.0)
+    cfg = TransportConfig(port=0, window_fragments=window, retransmit_timeout_s=0.5, max_queue_s=0.2,
+                          give_up_s=30.0)
     with _fake_holder(on_get) as holder, Transport(cfg) as r:
         (res,) = r.fetch([9], holder, timeout=20)
+        assert (r._inflight, r._free_inflight) == (0, 0)
         return res, gets, r.stats()
 
 
@@ -1823,6 +1826,18 @@ def test_a_request_joined_late_asks_the_holder_only_for_what_passed_before_it_jo
         (0, 64, False), (0, 12, True)]
     assert st["joined_requests"] == 1 and st["joined_fragments"] == 28 and st["join_reasks"] == 12
     assert res.retransmit_rounds == 0
+
+
+def test_copies_past_what_a_joined_request_asked_for_leave_its_budget_whole() -> None:
+    # Its first window asked for 16 fragments; the answer it joined brings 12..39.  Counted as
+    # arrivals of what it asked for, they took the request's count in flight below zero and left
+    # the shared budget short for good: a requester's later chunks waited for budget that never
+    # came back (20 s without progress in a replay).
+    payload = os.urandom(40 * wire.FRAG_PAYLOAD)
+    res, gets, st = _joined_fetch(payload, joined_at=12, stop_at=40, window=16)
+    assert res.ok and bytes(res.data or b"") == payload
+    assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 16), (0, 12)]
+    assert st["join_reasks"] == 12 and res.retransmit_rounds == 0
 
 
 def test_a_joined_request_whose_answer_stops_asks_the_holder_for_the_rest_itself() -> None:
