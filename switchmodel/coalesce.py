@@ -83,17 +83,18 @@ class Coalesce(Control):
             if meta.has_waiter == 0:
                 self._count(COALESCE_STATS, CoStat.NO_WAITER_ID, meta)
             elif live and same_chunk and slot_sub & M32 == kv.generation:
-                meta.record_reply = 1
                 if mine:
                     self._write(PENDING_TS, meta.pending_idx, now)
+                    meta.record_reply = 1
                     self._count(COALESCE_STATS, CoStat.OWNER, meta)
+                elif kv.flags & FLAG_RETRANSMIT:
+                    # What its sender missed: upstream, joining nothing (it would get the answer twice).
+                    self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
                 else:
                     self._write(PENDING_WAITERS, meta.pending_idx, slot_mask | me)
-                    if kv.flags & FLAG_RETRANSMIT:
-                        self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
-                    else:
-                        meta.absorb = 1
-                        self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
+                    meta.record_reply = 1
+                    meta.absorb = 1
+                    self._count(COALESCE_STATS, CoStat.ABSORBED, meta)
             elif live and same_chunk:
                 self._count(COALESCE_STATS, CoStat.OTHER_GENERATION, meta)
             elif live:

@@ -34,9 +34,11 @@
  *   slot live, same key and asked generation, I own it
  *                           -> my next window: forward, the slot stays live.
  *   slot live, same key and asked generation, another owns it
- *                           -> set my bit, record my reply; absorb (drop in egress),
- *                              except a RETRANSMIT GET (what I missed, or what a lost
- *                              answer left out), which goes to the holder too.
+ *                           -> set my bit, record my reply; absorb (drop in egress).
+ *                              A RETRANSMIT GET (what its sender missed, or what a lost
+ *                              answer left out) goes to the holder instead, and joins
+ *                              nothing: a waiter here already gets the answer, and one
+ *                              that waits below another switch would get it twice.
  *   slot live, same key, another asked generation
  *                           -> forward normally (CO_OTHER_GENERATION): GETs are only
  *                              coalesced when any answer to one is an answer to all.
@@ -137,18 +139,19 @@ control Coalesce(inout headers_t hdr,
             if (meta.has_waiter == 0) {
                 coalesce_stats.count(CO_NO_WAITER_ID);
             } else if (live && same_chunk && slot_sub[31:0] == hdr.kv.generation) {
-                meta.record_reply = 1;
                 if (mine) {
                     pending_ts.write(meta.pending_idx, now);
+                    meta.record_reply = 1;
                     coalesce_stats.count(CO_OWNER);
+                } else if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
+                    // What its sender missed: to the holder, and no join (a waiter here already
+                    // gets the answer; one that waits below another switch would get it twice).
+                    coalesce_stats.count(CO_RETRANSMIT);
                 } else {
                     pending_waiters.write(meta.pending_idx, slot_mask | me);
-                    if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
-                        coalesce_stats.count(CO_RETRANSMIT);
-                    } else {
-                        meta.absorb = 1;
-                        coalesce_stats.count(CO_ABSORBED);
-                    }
+                    meta.record_reply = 1;
+                    meta.absorb = 1;
+                    coalesce_stats.count(CO_ABSORBED);
                 }
             } else if (live && same_chunk) {
                 coalesce_stats.count(CO_OTHER_GENERATION);

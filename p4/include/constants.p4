@@ -156,7 +156,7 @@ const bit<32> POOL_UPSTREAM         = 14;  // GET for a chunk held upstream: pas
 // Index into MyIngress.coalesce.coalesce_stats.
 const bit<32> CO_FIRST              = 0;   // GET opened a pending slot and went to the holder
 const bit<32> CO_ABSORBED           = 1;   // duplicate GET absorbed
-const bit<32> CO_RETRANSMIT         = 2;   // RETRANSMIT GET joined the waiters and went upstream
+const bit<32> CO_RETRANSMIT         = 2;   // RETRANSMIT GET for a chunk in progress: upstream, joins nothing
 const bit<32> CO_COLLISION          = 3;   // slot busy with another chunk: GET forwarded
 const bit<32> CO_NO_WAITER_ID       = 4;   // requester has no waiter id: GET forwarded
 const bit<32> CO_RELEASE            = 5;   // DATA/NACK to a slot's owner multicast to its waiters
