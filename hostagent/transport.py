@@ -413,13 +413,17 @@ class _Lanes:
         self.order: collections.deque[tuple[Address, int] | None] = collections.deque()
         """Requests with answers queued, in round-robin order (the next to send first)."""
 
-    def append(self, job: _SendJob) -> None:
+    def append(self, job: _SendJob, front: bool = False) -> None:
+        """Queue ``job`` last in its request's lane (``front``: first, before what the lane holds)."""
         owner = job.owner
         lane = self.by_owner.get(owner)
         if lane is None:
             lane = self.by_owner[owner] = collections.deque()
             self.order.append(owner)
-        lane.append(job)
+        if front:
+            lane.appendleft(job)
+        else:
+            lane.append(job)
 
     def remove(self, job: _SendJob) -> None:
         """Take a finished job out; its request leaves the round once it has nothing left."""
@@ -476,6 +480,8 @@ class _Counters:
     """Fragments stored from switches' copies of other requesters' answers (``COALESCED``)."""
     join_reasks: int = 0
     """Fragments a joined request asked for again because they passed before it joined."""
+    reasks_carried: int = 0
+    """Holder: fragments a joiner missed, sent inside the answer it joined (``_carrier``)."""
     shared_transfers: int = 0
     """Chunks a ``fetch`` took from another call's transfer in flight (bumped under ``_flight_lock``)."""
     requests_by_path: dict[str, int] = field(default_factory=lambda: {str(p): 0 for p in GetPath})
@@ -839,6 +845,7 @@ class Transport:
             "joined_requests": c.joined_requests,
             "joined_fragments": c.joined_fragments,
             "join_reasks": c.join_reasks,
+            "reasks_carried": c.reasks_carried,
             "shared_transfers": c.shared_transfers,
             "requests_by_path": dict(c.requests_by_path),
             "hints": self.hints.stats(),
@@ -1247,7 +1254,9 @@ class Transport:
         want[:first] = True
         missed = runs(want & ~r.reasm.received, 64)
         for start, count in missed:
-            self._send_get(r, start, count, wire.Flag.RETRANSMIT)
+            # COALESCED on a GET: a joiner's re-ask, which the holder may send inside the answer
+            # it joined, for every requester that joined it (``_carrier``).
+            self._send_get(r, start, count, wire.Flag.RETRANSMIT | wire.Flag.COALESCED)
             self._c.join_reasks += count
 
     def _rebind(self, recs: npt.NDArray[np.void]) -> _Request | None:
@@ -1864,6 +1873,18 @@ class Transport:
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         flags = hdr.flags & wire.Flag.NO_CACHE
+        carrier = self._carrier(hdr, addr) if merging else None
+        if carrier is not None and carrier.get is not None:
+            # What a requester missed before it joined another's answer: sent once, inside that
+            # answer (to its owner, first in its lane), so the switches copy it to every requester
+            # that joined, instead of once to each of them.
+            out = self._serve(hdr.chunk_key, first, count, request_id=carrier.get.request_id,
+                              generation=hdr.generation, flags=flags)
+            if not isinstance(out, wire.Status):
+                self._c.reasks_carried += int(out.size)
+                self._add_job(self._job(out, carrier.addr, hdr.chunk_key, carrier.get, first,
+                                        carrier.get.request_id, flags), front=True)
+                return
         out = self._serve(hdr.chunk_key, first, count, request_id=hdr.request_id, generation=hdr.generation,
                           flags=flags)
         if isinstance(out, wire.Status):
@@ -1874,6 +1895,26 @@ class Transport:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
         self._add_job(job)
+
+    def _carrier(self, hdr: wire.Header, addr: Address) -> _SendJob | None:
+        """The answer in progress that a joiner's re-ask of what it missed can ride, if any.
+
+        Only a GET that says it is one (``RETRANSMIT | COALESCED``, ``Transport._join``), from a
+        requester with no answer of its own for the chunk queued, for the generation the other
+        answer's GET asked for: then the requester waits in a switch's pending slot of that
+        answer's owner, and the oldest answer still sending is the one whose GET opened it.
+        """
+        want = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+        if hdr.flags & want != want:
+            return None
+        jobs = self._jobs_by_key.get(hdr.chunk_key, ())
+        mine = (addr, hdr.request_id)
+        if any(j.owner == mine and j.pos < j.count for j in jobs):
+            return None
+        for j in jobs:
+            if j.get is not None and j.owner != mine and j.pos < j.count and j.get.generation == hdr.generation:
+                return j
+        return None
 
     def _serve(self, key: int, first: int, count: int, *, request_id: int = 0, generation: int = 0,
                flags: int = 0) -> npt.NDArray[np.void] | wire.Status:
@@ -1892,7 +1933,7 @@ class Transport:
         return _SendJob(out, out.view(np.uint8).data, to, 0, int(out.size), base, key, get, first,
                         stamp=None if own else (request_id, flags))
 
-    def _add_job(self, job: _SendJob) -> None:
+    def _add_job(self, job: _SendJob, front: bool = False) -> None:
         """Queue a send job (and index it by chunk: a push's fill watch looks its chunk's jobs up).
 
         A lone GET of fragment 0 is how a requester that does not know a chunk's length asks
@@ -1908,7 +1949,7 @@ class Transport:
         elif job.first == 0 and job.count == 1:
             self._probes.append(job)
         else:
-            self._jobs.append(job)
+            self._jobs.append(job, front)
             if job.get is not None and not job.ranged and self.config.max_queue_s > 0:
                 job.queued_at = time.monotonic()
                 self._aged.append(job)

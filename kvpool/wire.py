@@ -142,7 +142,9 @@ class Flag(enum.IntFlag):
     RETRANSMIT = 0x0002
     """Set by a requester on a GET that re-asks for fragments it already asked for."""
     COALESCED = 0x0004
-    """Set by a switch on DATA replicated to a waiter whose GET it absorbed."""
+    """Set by a switch on DATA replicated to a waiter whose GET it absorbed.  On a GET (with
+    RETRANSMIT): a requester that joined another's answer in a switch asks for what passed
+    before it joined, and the holder may send it inside that answer (``hostagent.transport``)."""
     NO_CACHE = 0x0008
     """Set by a requester that wants the holder's copy, never the switch's."""
 

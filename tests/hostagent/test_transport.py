@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import select
@@ -1850,3 +1851,37 @@ def test_a_joined_request_whose_answer_stops_asks_the_holder_for_the_rest_itself
     assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 64), (10, 30)]
     assert gets[1].flags & wire.Flag.RETRANSMIT
     assert st["joined_requests"] == 1 and st["join_reasks"] == 0 and res.retransmit_rounds == 1
+
+
+@pytest.mark.parametrize("flags", [wire.Flag.RETRANSMIT | wire.Flag.COALESCED, wire.Flag.RETRANSMIT])
+def test_a_joiners_re_ask_rides_the_answer_it_joined(flags: int) -> None:
+    # Requester a's range GET opened the switch's pending slot for chunk 1; b joined it late and
+    # asks for the 5 fragments that passed before (RETRANSMIT | COALESCED).  Where switches merge,
+    # the holder sends them inside a's answer, to a and first in a's lane, so the switch copies
+    # them to every requester that joined; any other re-ask is answered to its sender.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=300e3, burst_bytes=4 << 10)
+    with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h, contextlib.ExitStack() as stack:
+        a, b = (stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(2))
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.settimeout(5)
+        a.sendto(wire.get_packet(1, 0, 200, request_id=1), h.address)
+        assert wire.parse(a.recvfrom(2048)[0]).frag_index == 0  # a's answer is sending
+        b.sendto(wire.get_packet(1, 0, 5, request_id=2, flags=flags), h.address)
+        if flags & wire.Flag.COALESCED:
+            got = [wire.parse(a.recvfrom(2048)[0]) for _ in range(20)]
+            seen = collections.Counter(g.frag_index for g in got)
+            # 0..4 twice: once in a's own answer (its 0 read above), once carried, ahead of a's next turn.
+            assert [seen[i] for i in range(5)] == [1, 2, 2, 2, 2] and {g.request_id for g in got} == {1}
+            b.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                b.recvfrom(2048)
+            assert h.stats()["reasks_carried"] == 5
+        else:
+            got = [wire.parse(b.recvfrom(2048)[0]) for _ in range(5)]
+            assert [g.frag_index for g in got] == list(range(5)) and {g.request_id for g in got} == {2}
+            assert h.stats()["reasks_carried"] == 0
