@@ -388,6 +388,8 @@ class _SendJob:
     """Fragment index of ``records[0]``."""
     queued_at: float = 0.0
     """Monotonic time it was queued, for answers to single GETs (``Transport._send_aged``)."""
+    carried: bool = False
+    """It carries what joiners of its owner's answer missed (``Transport._carrier``), not what the owner asked."""
     stamp: tuple[int, int] | None = None
     """``(request id, flags)`` written into each quantum before it is sent, when ``records``
     are the holder's kept records (shared with other answers of the chunk); None: its own."""
@@ -1877,14 +1879,23 @@ class Transport:
         if carrier is not None and carrier.get is not None:
             # What a requester missed before it joined another's answer: sent once, inside that
             # answer (to its owner, first in its lane), so the switches copy it to every requester
-            # that joined, instead of once to each of them.
-            out = self._serve(hdr.chunk_key, first, count, request_id=carrier.get.request_id,
-                              generation=hdr.generation, flags=flags)
-            if not isinstance(out, wire.Status):
+            # that joined, instead of once to each of them.  What another joiner's re-ask already
+            # queued there and has not sent yet is not queued twice.
+            want = np.zeros(first + count, np.bool_)
+            want[first:] = True
+            for j in self._jobs_by_key.get(hdr.chunk_key, ()):
+                if j.carried and j.owner == carrier.owner:
+                    want[j.first + j.pos:j.first + j.count] = False
+            for start, n in runs(want):
+                out = self._serve(hdr.chunk_key, start, n, request_id=carrier.get.request_id,
+                                  generation=hdr.generation, flags=flags)
+                if isinstance(out, wire.Status):
+                    break
                 self._c.reasks_carried += int(out.size)
-                self._add_job(self._job(out, carrier.addr, hdr.chunk_key, carrier.get, first,
-                                        carrier.get.request_id, flags), front=True)
-                return
+                job = self._job(out, carrier.addr, hdr.chunk_key, carrier.get, start, carrier.get.request_id, flags)
+                job.carried = True
+                self._add_job(job, front=True)
+            return
         out = self._serve(hdr.chunk_key, first, count, request_id=hdr.request_id, generation=hdr.generation,
                           flags=flags)
         if isinstance(out, wire.Status):

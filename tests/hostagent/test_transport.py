@@ -1398,16 +1398,17 @@ def test_where_switches_merge_a_shared_chunk_is_asked_for_whole_once_its_length_
 
 
 @contextlib.contextmanager
-def _merging_holder_and_three_requesters() -> Iterator[tuple[Transport, list[socket.socket]]]:
+def _merging_holder_and_three_requesters(rate: float = 1e6, max_queue_s: float = 0.05,
+                                         ) -> Iterator[tuple[Transport, list[socket.socket]]]:
     """A holder where the switches merge, with chunk 1 (300 fragments), 2 and 3 (40 each), and three raw sockets.
 
-    Paced at 1 MB/s with a 64-fragment queue: chunk 1's range fills it for about 0.4 s.
+    Paced at ``rate`` (1 MB/s: chunk 1's range fills its queue of ``max_queue_s`` for about 0.4 s).
     """
     chunks = {1: os.urandom(300 * wire.FRAG_PAYLOAD), 2: os.urandom(40 * wire.FRAG_PAYLOAD),
               3: os.urandom(40 * wire.FRAG_PAYLOAD)}
     fabric = FabricHints()
     fabric.update(Hints({}, 60.0, True))
-    hcfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=16 << 10, max_queue_s=0.05)
+    hcfg = TransportConfig(port=0, rate_bytes_per_s=rate, burst_bytes=16 << 10, max_queue_s=max_queue_s)
     with Transport(hcfg, Holder(_store(chunks)), hints=fabric) as h, contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(3)]
         for s in socks:
@@ -1661,7 +1662,9 @@ def test_where_switches_merge_a_full_queue_of_shared_answers_still_admits_a_rang
     # holder's queue short: it is refused only when range answers alone fill the queue.  Refused
     # for the room shared chunks took, an unshared chunk came a crumb of its requester's budget
     # per refusal (replayed agent traffic at 3x the holder link: 10-13 s a chunk, plain 2-6 s).
-    with _merging_holder_and_three_requesters() as (h, socks):
+    # Paced at 100 kB/s, the 80 queued answers stay above the 34-fragment bound for 0.7 s, so the
+    # single GET below finds the queue full however late a busy machine runs it.
+    with _merging_holder_and_three_requesters(rate=1e5, max_queue_s=0.5) as (h, socks):
         a, b, c = socks
         for i in range(220, 300):  # chunk 1's last 80 singly: 80 answers in a 64-fragment queue
             a.sendto(wire.get_packet(1, i, 1, request_id=1), h.address)
@@ -1885,3 +1888,20 @@ def test_a_joiners_re_ask_rides_the_answer_it_joined(flags: int) -> None:
             got = [wire.parse(b.recvfrom(2048)[0]) for _ in range(5)]
             assert [g.frag_index for g in got] == list(range(5)) and {g.request_id for g in got} == {2}
             assert h.stats()["reasks_carried"] == 0
+
+
+def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
+    # Two requesters joined a's answer and ask for what they missed, 0..4 and 0..7, before any of
+    # it went out: the holder queues 0..7 once inside a's answer, not 0..4 twice.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    t = Transport(TransportConfig(port=0, rate_bytes_per_s=300e3), Holder(_store(chunks)), hints=fabric)
+    a, b, c = ("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.1", 5003)
+    t._serve_get(wire.parse(wire.get_packet(1, 0, 200, request_id=1)), 0, 200, a)
+    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+    t._serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
+    t._serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
+    lane = t._jobs.by_owner[(a, 1)]
+    assert [(j.first, j.count, j.carried) for j in lane] == [(5, 3, True), (0, 5, True), (0, 200, False)]
+    assert t.stats()["reasks_carried"] == 8
