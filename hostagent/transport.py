@@ -1911,9 +1911,10 @@ class Transport:
         """The answer in progress that a joiner's re-ask of what it missed can ride, if any.
 
         Only a GET that says it is one (``RETRANSMIT | COALESCED``, ``Transport._join``), from a
-        requester with no answer of its own for the chunk queued, for the generation the other
-        answer's GET asked for: then the requester waits in a switch's pending slot of that
-        answer's owner, and the oldest answer still sending is the one whose GET opened it.
+        requester with no answer of its own for the chunk queued, riding an answer to a range GET
+        (switches coalesce only those) for the generation the other answer's GET asked for: then
+        the requester waits in a switch's pending slot of that answer's owner, and the oldest
+        such answer still sending is the one whose GET opened it.
         """
         want = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
         if hdr.flags & want != want:
@@ -1923,7 +1924,8 @@ class Transport:
         if any(j.owner == mine and j.pos < j.count for j in jobs):
             return None
         for j in jobs:
-            if j.get is not None and j.owner != mine and j.pos < j.count and j.get.generation == hdr.generation:
+            if (j.get is not None and j.ranged and j.owner != mine and j.pos < j.count
+                    and j.get.generation == hdr.generation):
                 return j
         return None
 

@@ -4,7 +4,7 @@
 2. IPv4: :class:`~switchmodel.safety.Safety` (source guard; kvpool header checks, writers);
 3. :class:`~switchmodel.pool.Pool`;
 4. GET not served that did not come from a fabric port: :class:`~switchmodel.popularity.Popularity`;
-   any GET not served, or DATA/NACK from a writer: :class:`~switchmodel.coalesce.Coalesce`;
+   range GET not served, or DATA/NACK from a writer: :class:`~switchmodel.coalesce.Coalesce`;
 5. absorbed GET -> egress; otherwise TTL and, unless released by multicast (to more than its addressee),
    :class:`~switchmodel.forwarding.Forwarding`;
 6. a drop reason set -> counted in ``drop_reason``, ``mark_to_drop``.
@@ -48,10 +48,13 @@ class Ingress:
             self.pool.apply(pkt, meta)
             if meta.drop_reason == Drop.NONE and meta.served == 0:
                 is_get = kv.opcode == OP_GET
+                # Single-fragment GETs (the pool's) are never held for another's answer: theirs come
+                # from a pool and the holder out of order, and an early last fragment ends a slot.
+                range_get = is_get and kv.frag_count > 1
                 response = (kv.opcode in (OP_DATA, OP_NACK)) and meta.is_writer == 1
                 if is_get and meta.from_fabric == 0:
                     self.popularity.apply(pkt, meta)
-                if is_get or response:
+                if range_get or response:
                     self.coalesce.apply(pkt, meta)
 
         if meta.drop_reason == Drop.NONE:

@@ -28,7 +28,9 @@
  * highest id in its waiter bitmap, with the bitmap in user metadata (BMv2 copies it into
  * every replica); egress drops replicas whose bit is clear and rewrites the rest.
  *
- * GET not answered by the pool (a range or a single fragment), from a host with a waiter id:
+ * Range GET (frag_count > 1) not answered by the pool, from a host with a waiter id (a
+ * single-fragment GET, the pool's, is answered by a pool or the holder, never held here:
+ * answers from both come out of order, and a last fragment served early would end a slot):
  *   slot free or timed out  -> open it: key, {me, asked generation}, now, bitmap = {me};
  *                              forward to the holder.
  *   slot live, same key and asked generation, I own it

@@ -7,7 +7,7 @@
  *      INVALIDATE needs a writer
  *   3. Pool: lookup; GET hit -> reply built in place; writer DATA fill
  *   4. GET not served that entered the fabric here (not from a fabric port): Popularity
- *      (sketch, digest); any GET not served: Coalesce (pending state per chunk)
+ *      (sketch, digest); range GET (frag_count > 1) not served: Coalesce (per chunk)
  *      DATA/NACK from a writer: Coalesce release (multicast to the waiters)
  *   5. absorbed GET -> egress (which records it, then drops it)
  *      otherwise TTL check/decrement (not for the switch's own replies) and, unless
@@ -46,12 +46,16 @@ control MyIngress(inout headers_t hdr,
             pool.apply(hdr, meta, standard_metadata);
             if (meta.drop_reason == DROP_NONE && meta.served == 0) {
                 bool is_get = hdr.kv.opcode == OP_GET;
+                // Single-fragment GETs (the pool's, with reply room) are answered by a pool or the
+                // holder, never held for another's answer: their answers come from both, out of
+                // order, and a chunk's last fragment served early would end its slot.
+                bool range_get = is_get && hdr.kv.frag_count > 1;
                 bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
                                 && meta.is_writer == 1;
                 if (is_get && meta.from_fabric == 0) {
                     popularity.apply(hdr, meta, standard_metadata);
                 }
-                if (is_get || response) {
+                if (range_get || response) {
                     coalesce.apply(hdr, meta, standard_metadata);
                 }
             }

@@ -98,11 +98,15 @@ def test_three_range_gets_one_upstream_and_every_answer_reaches_all_three(target
 
 def test_the_owners_next_windows_go_upstream_and_a_late_joiner_gets_the_rest(target: Target) -> None:
     _setup(target)
-    window = _range_get(1, 11, 5001, count=1)
+    window = _range_get(1, 11, 5001, count=2)
     target.send(1, window)
     target.expect(HOLDER.port, with_ttl(window, 63))
     target.send(HOLDER.port, _answer(1, 11, 5001, 0))
     target.expect(1, with_ttl(_answer(1, 11, 5001, 0), 63))  # alone: forwarded as it came
+    # (A single-fragment GET is the pool's: answered by a pool or the holder, it never joins.)
+    single = _range_get(4, 44, 5004, count=1)
+    target.send(4, single)
+    target.expect(HOLDER.port, with_ttl(single, 63))
     # Host 2 joins after fragment 0 passed: absorbed, it gets what follows.
     target.send(2, _range_get(2, 22, 5002))
     target.expect_no_other_packets()
@@ -114,7 +118,7 @@ def test_the_owners_next_windows_go_upstream_and_a_late_joiner_gets_the_rest(tar
     assert target.counter(n.COALESCE_STATS, CoStat.OWNER) == 1
     # What host 2 missed it asks for again with RETRANSMIT: to the holder (it stays a waiter),
     # and the answer, addressed to a waiter that does not own the slot, is forwarded to it alone.
-    miss = _range_get(2, 22, 5002, first=0, count=1, flags=int(wire.Flag.RETRANSMIT))
+    miss = _range_get(2, 22, 5002, first=0, count=2, flags=int(wire.Flag.RETRANSMIT))
     target.send(2, miss)
     target.expect(HOLDER.port, with_ttl(miss, 63))
     target.send(HOLDER.port, _answer(2, 22, 5002, 0))
@@ -271,10 +275,10 @@ def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(ta
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)
     program.waiters(target.sw, [host(1), host(2)])
-    target.send(1, get_frame(host(1), HOLDER, KEY, 0, request_id=1))
-    target.expect(HOLDER.port, with_ttl(get_frame(host(1), HOLDER, KEY, 0, request_id=1), 63))
+    target.send(1, get_frame(host(1), HOLDER, KEY, 0, count=2, request_id=1))
+    target.expect(HOLDER.port, with_ttl(get_frame(host(1), HOLDER, KEY, 0, count=2, request_id=1), 63))
     # Host 4 has no waiter id: its GET is not coalesced.
-    g4 = get_frame(host(4), HOLDER, KEY, 0, request_id=4)
+    g4 = get_frame(host(4), HOLDER, KEY, 0, count=2, request_id=4)
     target.send(4, g4)
     target.expect(HOLDER.port, with_ttl(g4, 63))
     # An answer from a non-writer (host 2) to the waiter does not release the slot.
@@ -301,8 +305,8 @@ def test_colliding_chunks_are_not_coalesced_and_the_hash_matches_bmv2(target: Ta
     # nothing here either, but would count FIRST twice instead.
     other = next(k for k in range(1, 1 << 22) if k != KEY and _pending_index(k) == _pending_index(KEY))
     _setup(target)
-    a = get_frame(host(1), HOLDER, KEY, 0)
-    b = get_frame(host(2), HOLDER, other, 0)
+    a = get_frame(host(1), HOLDER, KEY, 0, count=2)
+    b = get_frame(host(2), HOLDER, other, 0, count=2)
     target.send(1, a)
     target.send(2, b)
     target.expect(HOLDER.port, with_ttl(a, 63))

@@ -177,18 +177,18 @@ def test_a_waiter_pinned_to_a_generation_does_not_share_its_nack(target: Target)
     program.guard(target.sw)
     program.writer(target.sw, HOLDER)
     program.waiters(target.sw, [host(1), host(2), host(4)])
-    first = get_frame(host(1), HOLDER, KEY, 0, request_id=11, sport=5001)
+    first = get_frame(host(1), HOLDER, KEY, 0, count=2, request_id=11, sport=5001)
     target.send(1, first)
     target.expect(HOLDER.port, with_ttl(first, 63))
-    pinned = get_frame(host(2), HOLDER, KEY, 0, request_id=22, sport=5002, generation=5)
+    pinned = get_frame(host(2), HOLDER, KEY, 0, count=2, request_id=22, sport=5002, generation=5)
     target.send(2, pinned)
     target.expect(HOLDER.port, with_ttl(pinned, 63))  # another generation asked for: not absorbed
-    target.send(4, get_frame(host(4), HOLDER, KEY, 0, request_id=44, sport=5004))
+    target.send(4, get_frame(host(4), HOLDER, KEY, 0, count=2, request_id=44, sport=5004))
     target.expect_no_other_packets()  # the same question as host 1's: absorbed
     assert target.counter(n.COALESCE_STATS, CoStat.OTHER_GENERATION) == 1
     assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 1
     # The holder has moved on: host 2's pinned GET gets STALE_GENERATION, and only host 2.
-    nack = kv_frame(HOLDER, host(2), wire.nack_packet(KEY, wire.Status.STALE_GENERATION, 22, generation=5),
+    nack = kv_frame(HOLDER, host(2), wire.nack_packet(KEY, wire.Status.STALE_GENERATION, 22, frag_count=2, generation=5),
                     sport=wire.KVPOOL_UDP_PORT, dport=5002)
     target.send(HOLDER.port, nack)
     target.expect(2, with_ttl(nack, 63))
