@@ -188,8 +188,8 @@ def test_a_waiter_pinned_to_a_generation_does_not_share_its_nack(target: Target)
     assert target.counter(n.COALESCE_STATS, CoStat.OTHER_GENERATION) == 1
     assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 1
     # The holder has moved on: host 2's pinned GET gets STALE_GENERATION, and only host 2.
-    nack = kv_frame(HOLDER, host(2), wire.nack_packet(KEY, wire.Status.STALE_GENERATION, 22, frag_count=2, generation=5),
-                    sport=wire.KVPOOL_UDP_PORT, dport=5002)
+    stale = wire.nack_packet(KEY, wire.Status.STALE_GENERATION, 22, frag_count=2, generation=5)
+    nack = kv_frame(HOLDER, host(2), stale, sport=wire.KVPOOL_UDP_PORT, dport=5002)
     target.send(HOLDER.port, nack)
     target.expect(2, with_ttl(nack, 63))
     target.expect_no_other_packets()
