@@ -171,10 +171,10 @@ def test_hash_constants_and_moduli_are_the_contract_and_register_sizes(build: di
     assert {specs[f"popularity_b{i}"].max for i in range(2)} == {contract.BLOOM_BITS}
 
 
-def _get_frame(key: int, frag: int, generation: int = 0) -> bytes:
+def _get_frame(key: int, frag: int, generation: int = 0, count: int = 1) -> bytes:
     return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src="10.0.0.1", dst="10.0.0.2")
                  / UDP(sport=40000, dport=wire.KVPOOL_UDP_PORT)
-                 / Raw(wire.get_packet(key, frag, generation=generation)))
+                 / Raw(wire.get_packet(key, frag, count, generation=generation)))
 
 
 def _data_frame(key: int, generation: int) -> bytes:
@@ -215,8 +215,9 @@ def test_the_pipeline_writes_the_cells_the_build_indexes(build: dict[str, Any], 
         ActionCall(contract.POOL_ENTRY, {"base_slot": 0, "frag_count": 1, "chunk_len": 100, "generation": 5,
                                          "state": 1, "placement": 9})))
     for kv in (first, second):
-        # Pinned to a generation, so every pending cell the GET writes is non-zero ({frag_index, generation}).
-        assert [port for port, _ in pipe.process(1, _get_frame(kv.chunk_key, kv.frag_index, 7))] == [2]
+        # Range GETs (the ones a switch coalesces), pinned to a generation, so every pending cell
+        # they write is non-zero ({owner, generation}).
+        assert [port for port, _ in pipe.process(1, _get_frame(kv.chunk_key, kv.frag_index, 7, count=2))] == [2]
     assert [port for port, _ in pipe.process(2, _data_frame(third.chunk_key, 0))] == [1]
     for spec in _hash_specs(build).values():
         packets = {"metadata_t.pending_idx": (first, second), "pool_mismatch_cell": (third,)}.get(spec.dest, (first,))
