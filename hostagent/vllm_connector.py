@@ -165,6 +165,7 @@ class _ReqState:
 
     keys: list[int]
     """Keys of every full chunk of the prompt."""
+    prompt_len: int
     computed: int = 0
     """Tokens vLLM had computed locally when it asked."""
     hit: int = 0
@@ -246,8 +247,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if state is None or not self.settings.load:
             return 0, False
         state.computed = num_computed_tokens
-        prompt_len = len(request.prompt_token_ids)
-        usable = state.keys[: (prompt_len - 1) // self.chunk_tokens]  # at least one token left to compute
+        usable = state.keys[: (state.prompt_len - 1) // self.chunk_tokens]  # at least one token left to compute
         if len(usable) * self.chunk_tokens <= num_computed_tokens:
             return 0, False
         client = self._agent(self.settings.lookup_timeout_s)
@@ -276,7 +276,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if tokens is None or getattr(request, "mm_features", None):
             return None  # prompt embeddings or multimodal inputs: tokens do not name the KV
         keys = chunk_keys(self.model_id, tokens, self.chunk_tokens, salt=request.cache_salt)
-        state = _ReqState(keys)
+        state = _ReqState(keys, len(tokens))
         self._reqs[request.request_id] = state
         return state
 

@@ -58,11 +58,13 @@ def _tiny_llama(path: Path) -> None:
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    LlamaForCausalLM(cfg).save_pretrained(path)  # type: ignore[no-untyped-call]
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",  # type: ignore[no-untyped-call]
+                                   eos_token="t2")
+    fast.save_pretrained(path)
 
 
 @dataclass
@@ -136,7 +138,7 @@ def rig(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[Rig]:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    dtype = str(request.param)
+    dtype: Any = request.param
     port = _free_port()
     agent = _start_agent(port)
     model_id = f"tiny-llama-test-{dtype}"
@@ -249,8 +251,6 @@ def test_agent_slow_then_down_then_restarted(rig: Rig) -> None:
 
 def test_agent_dies_between_lookup_and_fetch(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scheduler was told the chunks exist; the fetch then fails: blocks recompute, tokens agree."""
-    from hostagent import vllm_connector
-
     prompt = _prompt(8, 3 * BLOCK + 4)
     ref = rig.reference(prompt)
     rig.generate(prompt)
@@ -261,6 +261,20 @@ def test_agent_dies_between_lookup_and_fetch(rig: Rig, monkeypatch: pytest.Monke
         failed.set()
         raise OSError("connection reset by a test")
 
-    monkeypatch.setattr(vllm_connector.AgentClient, "fetch_chunks", broken_fetch)
+    monkeypatch.setattr(AgentClient, "fetch_chunks", broken_fetch)
     assert rig.generate(prompt) == ref
     assert failed.is_set()
+
+
+def test_loaded_kv_is_what_the_engine_attends_to(rig: Rig) -> None:
+    """Control: chunks of the right shape and dtype but other values change the tokens, so the
+    tests above compare KV that really came from kvpool, not a silent recompute."""
+    prompt = _prompt(9, 4 * BLOCK + 3)
+    ref = rig.reference(prompt)
+    dtype = rig.llm.llm_engine.model_config.dtype
+    gen = torch.Generator().manual_seed(0)
+    noise = [serialize(torch.randn(2, 2, 2, BLOCK, 32, generator=gen).mul(30).to(dtype)) for _ in range(4)]
+    rig.client.publish_chunks(rig.keys(prompt), noise)
+    before = rig.fetched()
+    assert rig.generate(prompt) != ref
+    assert rig.fetched() - before == 4
