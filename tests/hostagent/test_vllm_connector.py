@@ -278,3 +278,53 @@ def test_loaded_kv_is_what_the_engine_attends_to(rig: Rig) -> None:
     before = rig.fetched()
     assert rig.generate(prompt) != ref
     assert rig.fetched() - before == 4
+
+
+def test_with_vllm_prefix_cache_and_two_block_chunks(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own prefix cache on, chunks of 2 blocks: a local hit of one block is completed from
+    kvpool, whose first chunk then overlaps the local hit (its first block is left alone)."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    from hostagent.vllm_connector import KvpoolConnector, LoadSpec
+
+    loads: list[LoadSpec] = []
+    real_load = KvpoolConnector._load
+
+    def spy(self: KvpoolConnector, load: LoadSpec) -> bool:
+        loads.append(load)
+        return real_load(self, load)
+
+    monkeypatch.setattr(KvpoolConnector, "_load", spy)
+
+    port = _free_port()
+    agent = _start_agent(port)
+    model_id = "tiny-llama-test-prefix-cache"
+    transfer = KVTransferConfig(
+        kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector", kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"agent_url": f"http://127.0.0.1:{port}", "model_id": model_id, "chunk_blocks": 2})
+    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, block_size=BLOCK, enable_prefix_caching=True,
+              max_model_len=1024, seed=0, kv_transfer_config=transfer)
+    rig = Rig(llm, agent, model_id, port)
+    try:
+        target = _prompt(10, 5 * BLOCK + 3)
+        ref = rig.generate(target, salt="reference")
+        assert rig.generate(target) == ref  # a prefill: saves chunks of 2 blocks
+        keys = chunk_keys(model_id, target, 2 * BLOCK)
+        deadline = time.monotonic() + 20
+        while rig.client.lookup(keys)["local"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = rig.fetched()
+        assert rig.generate(target) == ref  # vLLM's own cache answers
+        assert rig.fetched() == before
+        llm.reset_prefix_cache()
+        rig.generate(target[:BLOCK] + _prompt(11, 2 * BLOCK))  # vLLM now holds the first block only
+        assert rig.generate(target) == ref
+        assert rig.fetched() - before == 2
+        assert [(len(x.keys), len(x.block_ids), x.skip) for x in loads] == [(2, 4, 1)]
+    finally:
+        agent.stop()
+        del llm, rig
+        gc.collect()
