@@ -247,6 +247,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if state is None or not self.settings.load:
             return 0, False
         state.computed = num_computed_tokens
+        # Chunks vLLM's own prefix cache answered were computed, hence saved, by an earlier request.
+        state.saved = max(state.saved, min(num_computed_tokens // self.chunk_tokens, len(state.keys)))
         usable = state.keys[: (state.prompt_len - 1) // self.chunk_tokens]  # at least one token left to compute
         if len(usable) * self.chunk_tokens <= num_computed_tokens:
             return 0, False

@@ -14,15 +14,12 @@ Needs the ``kvpool[vllm]`` extra (skips without it); the engine runs in-process
 
 from __future__ import annotations
 
-import gc
 import importlib.util
-import itertools
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,131 +33,33 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e
 
 import torch  # noqa: E402
 
-from hostagent.chunking import chunk_keys  # noqa: E402
 from hostagent.client import AgentClient  # noqa: E402
-from hostagent.daemon import Agent, AgentConfig  # noqa: E402
 from hostagent.serialize import serialize  # noqa: E402
+from tests.hostagent.vllm_rig import BLOCK, Rig, close, engine, free_port, start_agent, tiny_llama  # noqa: E402
+from tests.hostagent.vllm_rig import prompt_tokens as _prompt  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-BLOCK = 32  # vLLM's CPU attention wants blocks of a multiple of 32 tokens
-VOCAB = 256
-STEPS = 8
-_salts = itertools.count()
-
-
-def _tiny_llama(path: Path) -> None:
-    """A randomly initialised Llama and a word-level tokenizer, saved where vLLM loads them (no downloads)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(path)  # type: ignore[no-untyped-call]
-    vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1",  # type: ignore[no-untyped-call]
-                                   eos_token="t2")
-    fast.save_pretrained(path)
-
-
-@dataclass
-class Rig:
-    """An engine with the connector, the agent it talks to, and the model id it keys chunks by."""
-
-    llm: Any
-    agent: Agent
-    model_id: str
-    port: int
-
-    @property
-    def client(self) -> AgentClient:
-        return AgentClient(self.agent.api_url)
-
-    def generate(self, tokens: list[int], salt: str | None = None) -> list[int]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        prompt = TokensPrompt(prompt_token_ids=tokens)
-        if salt is not None:
-            prompt["cache_salt"] = salt
-        out = self.llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True),
-                                use_tqdm=False)
-        return list(out[0].outputs[0].token_ids)
-
-    def reference(self, tokens: list[int]) -> list[int]:
-        """Greedy tokens of a full prefill: under a fresh salt, nothing is found in kvpool."""
-        before = self.fetched()
-        out = self.generate(tokens, salt=f"reference-{next(_salts)}")
-        assert self.fetched() == before, "a fresh salt found chunks"
-        return out
-
-    def keys(self, tokens: list[int], salt: str | None = None) -> list[int]:
-        return chunk_keys(self.model_id, tokens, BLOCK, salt=salt)
-
-    def wait_saved(self, tokens: list[int], n: int, salt: str | None = None, timeout: float = 20.0) -> None:
-        """The connector publishes in the background: wait until the agent holds ``n`` leading chunks."""
-        keys = self.keys(tokens, salt)
-        deadline = time.monotonic() + timeout
-        while self.client.lookup(keys)["local"] < n:
-            assert time.monotonic() < deadline, f"the agent never held {n} chunks of the prompt"
-            time.sleep(0.05)
-
-    def fetched(self) -> int:
-        """Chunks the agent answered a fetch with (all from its tiers here)."""
-        return int(self.agent.stats()["agent"]["fetch_local_hits"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_agent(port: int) -> Agent:
-    agent = Agent(AgentConfig(udp_port=0, api_port=port, log_level="WARNING"))
-    agent.start()
-    return agent
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
-    _tiny_llama(path)
+    tiny_llama(path)
     return path
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def rig(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[Rig]:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
     dtype: Any = request.param
-    port = _free_port()
-    agent = _start_agent(port)
+    port = free_port()
     model_id = f"tiny-llama-test-{dtype}"
-    transfer = KVTransferConfig(
-        kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector", kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"agent_url": f"http://127.0.0.1:{port}", "model_id": model_id,
-                                   "lookup_timeout_s": 0.5, "fetch_timeout_s": 2.0, "retry_after_s": 0.0})
-    llm = LLM(model=str(model_dir), dtype=dtype, enforce_eager=True, block_size=BLOCK, enable_prefix_caching=False,
-              max_model_len=1024, seed=0, kv_transfer_config=transfer)
-    r = Rig(llm, agent, model_id, port)
+    r = Rig(None, start_agent(port), model_id, port)
     try:
+        r.llm = engine(model_dir, dtype, port, model_id, lookup_timeout_s=0.5, fetch_timeout_s=2.0,
+                       retry_after_s=0.0)
         yield r
     finally:
-        r.agent.stop()
-        del llm, r
-        gc.collect()
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (n,), generator=gen).tolist()
+        close(r)
 
 
 def test_many_chunks_and_a_partial_last_one(rig: Rig) -> None:
@@ -242,7 +141,7 @@ def test_agent_slow_then_down_then_restarted(rig: Rig) -> None:
     assert time.monotonic() - t0 < 20
 
     # Restarted (empty): a miss, then the prompt's chunks are saved again and load.
-    rig.agent = _start_agent(rig.port)
+    rig.agent = start_agent(rig.port)
     assert rig.generate(prompt) == ref
     rig.wait_saved(prompt, 4)
     assert rig.generate(prompt) == ref
@@ -279,52 +178,3 @@ def test_loaded_kv_is_what_the_engine_attends_to(rig: Rig) -> None:
     assert rig.generate(prompt) != ref
     assert rig.fetched() - before == 4
 
-
-def test_with_vllm_prefix_cache_and_two_block_chunks(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's own prefix cache on, chunks of 2 blocks: a local hit of one block is completed from
-    kvpool, whose first chunk then overlaps the local hit (its first block is left alone)."""
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    from hostagent.vllm_connector import KvpoolConnector, LoadSpec
-
-    loads: list[LoadSpec] = []
-    real_load = KvpoolConnector._load
-
-    def spy(self: KvpoolConnector, load: LoadSpec) -> bool:
-        loads.append(load)
-        return real_load(self, load)
-
-    monkeypatch.setattr(KvpoolConnector, "_load", spy)
-
-    port = _free_port()
-    agent = _start_agent(port)
-    model_id = "tiny-llama-test-prefix-cache"
-    transfer = KVTransferConfig(
-        kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector", kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"agent_url": f"http://127.0.0.1:{port}", "model_id": model_id, "chunk_blocks": 2})
-    llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, block_size=BLOCK, enable_prefix_caching=True,
-              max_model_len=1024, seed=0, kv_transfer_config=transfer)
-    rig = Rig(llm, agent, model_id, port)
-    try:
-        target = _prompt(10, 5 * BLOCK + 3)
-        ref = rig.generate(target, salt="reference")
-        assert rig.generate(target) == ref  # a prefill: saves chunks of 2 blocks
-        keys = chunk_keys(model_id, target, 2 * BLOCK)
-        deadline = time.monotonic() + 20
-        while rig.client.lookup(keys)["local"] < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        before = rig.fetched()
-        assert rig.generate(target) == ref  # vLLM's own cache answers
-        assert rig.fetched() == before
-        llm.reset_prefix_cache()
-        rig.generate(target[:BLOCK] + _prompt(11, 2 * BLOCK))  # vLLM now holds the first block only
-        assert rig.generate(target) == ref
-        assert rig.fetched() - before == 2
-        assert [(len(x.keys), len(x.block_ids), x.skip) for x in loads] == [(2, 4, 1)]
-    finally:
-        agent.stop()
-        del llm, rig
-        gc.collect()
