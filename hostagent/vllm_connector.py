@@ -208,7 +208,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # Worker half.
         self._layers: list[torch.Tensor] = []
         self._failed_blocks: set[int] = set()
-        self._failed_reqs: set[str] = set()
+        self._load_failed = False
         self._saver: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         log.info("KvpoolConnector (%s) for %s: agent %s, chunks of %d tokens", role.name, self.model_id,
@@ -357,7 +357,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Fetch this step's matched chunks through the agent and write them into every layer."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvpoolConnectorMetadata)
-        self._failed_reqs = {load.req_id for load in meta.loads if not self._load(load)}
+        results = [self._load(load) for load in meta.loads]
+        self._load_failed = not all(results)
 
     def _load(self, load: LoadSpec) -> bool:
         """One request's chunks; the blocks of every chunk not written go to the load errors.
@@ -415,11 +416,13 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         self._pending = [f for f in self._pending if not f.done()]
         cb = self.settings.chunk_blocks
+        if self._load_failed:
+            # This step attended over blocks that failed to load (vLLM recomputes the requests that
+            # hold them, and any request sharing them): none of its KV is published.
+            self._load_failed = False
+            self._count("saves_dropped", sum(len(save.keys) for save in meta.saves))
+            return
         for save in meta.saves:
-            if save.req_id in self._failed_reqs:
-                # This step computed it over a prefix that failed to load: wrong KV, recomputed next step.
-                self._count("saves_dropped", len(save.keys))
-                continue
             if len(self._pending) >= self.settings.max_pending_saves:
                 self._count("saves_dropped", len(save.keys))
                 continue
