@@ -36,7 +36,7 @@ Endpoints:
     prefix of the keys this agent could answer, without moving a byte: ``{"requested",
     "local", "available"}``, where ``local`` chunks lie in its tiers and ``available`` also
     counts those the controller's directory knows (an agent registered with one).  A hint for
-    an engine's scheduler: a later fetch may still stop shorter.
+    an engine's scheduler: a later fetch may still stop shorter.  At most ``MAX_LOOKUP_KEYS`` keys.
 ``POST /v1/push``
     JSON ``{"keys": [hex, ...], "to": "ip:port"}``: send every fragment of each chunk held
     here to ``to``, unasked.  A holder fills switch pools this way (the controller names
@@ -92,6 +92,8 @@ from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 BUNDLE_COUNT: Final = struct.Struct("<Q")
 BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
+MAX_LOOKUP_KEYS: Final = 1 << 16
+"""Keys one ``/v1/lookup`` may name: a registered agent asks its directory about them."""
 MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
 """Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
@@ -303,6 +305,9 @@ class AgentApi:
     def lookup(self, req: Request) -> Response:
         """``POST /v1/lookup``: how many leading chunks could be had, no bytes moved."""
         keys = _keys_from(req.json())
+        if len(keys) > MAX_LOOKUP_KEYS:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "too_many_keys",
+                           f"a lookup names at most {MAX_LOOKUP_KEYS} keys, got {len(keys)}")
         local, available = self.agent.lookup(keys)
         return Response.json({"requested": len(keys), "local": local, "available": available})
 

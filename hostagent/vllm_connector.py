@@ -52,6 +52,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from hostagent.api import MAX_LOOKUP_KEYS
 from hostagent.chunking import chunk_keys
 from hostagent.client import AgentClient
 from hostagent.layouts import chunks_from_paged, write_chunks_to_paged
@@ -249,7 +250,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         state.computed = num_computed_tokens
         # Chunks vLLM's own prefix cache answered were computed, hence saved, by an earlier request.
         state.saved = max(state.saved, min(num_computed_tokens // self.chunk_tokens, len(state.keys)))
-        usable = state.keys[: (state.prompt_len - 1) // self.chunk_tokens]  # at least one token left to compute
+        # At least one token left to compute; no more keys than one lookup may name.
+        usable = state.keys[: min((state.prompt_len - 1) // self.chunk_tokens, MAX_LOOKUP_KEYS)]
         if len(usable) * self.chunk_tokens <= num_computed_tokens:
             return 0, False
         client = self._agent(self.settings.lookup_timeout_s)

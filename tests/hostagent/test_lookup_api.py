@@ -60,6 +60,14 @@ def test_lookup_refuses_bad_arguments(agent: Agent, doc: dict[str, object]) -> N
     assert err.value.status == 400
 
 
+def test_lookup_bounds_its_keys(agent: Agent) -> None:
+    from hostagent.api import MAX_LOOKUP_KEYS
+
+    with pytest.raises(ApiError) as err:
+        AgentClient(agent.api_url).lookup(range(1, MAX_LOOKUP_KEYS + 2))
+    assert err.value.status == 400 and err.value.code == "too_many_keys"
+
+
 def test_lookup_needs_the_token(agent: Agent) -> None:
     with pytest.raises(ApiError) as err:
         AgentClient(agent.api_url, token="not-the-token").lookup([1])
