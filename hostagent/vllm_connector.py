@@ -245,11 +245,13 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond ``num_computed_tokens`` whose KV kvpool holds, in whole chunks, never the last."""
         state = self._state(request)
-        if state is None or not self.settings.load:
+        if state is None:
             return 0, False
         state.computed = num_computed_tokens
         # Chunks vLLM's own prefix cache answered were computed, hence saved, by an earlier request.
         state.saved = max(state.saved, min(num_computed_tokens // self.chunk_tokens, len(state.keys)))
+        if not self.settings.load:
+            return 0, False
         # At least one token left to compute; no more keys than one lookup may name.
         usable = state.keys[: min((state.prompt_len - 1) // self.chunk_tokens, MAX_LOOKUP_KEYS)]
         if len(usable) * self.chunk_tokens <= num_computed_tokens:
