@@ -31,6 +31,12 @@ Endpoints:
     nothing fetched is kept (for experiments that measure every transfer).
     ``502`` when a chunk of the prefix failed its integrity checks on every try (the JSON
     error names the chunk and what failed): wrong bytes are never answered.
+``POST /v1/lookup``
+    JSON ``{"keys": [hex, ...]}`` or ``{"model_id", "token_ids", "block_size"}``: how long a
+    prefix of the keys this agent could answer, without moving a byte: ``{"requested",
+    "local", "available"}``, where ``local`` chunks lie in its tiers and ``available`` also
+    counts those the controller's directory knows (an agent registered with one).  A hint for
+    an engine's scheduler: a later fetch may still stop shorter.  At most ``MAX_LOOKUP_KEYS`` keys.
 ``POST /v1/push``
     JSON ``{"keys": [hex, ...], "to": "ip:port"}``: send every fragment of each chunk held
     here to ``to``, unasked.  A holder fills switch pools this way (the controller names
@@ -86,6 +92,8 @@ from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
 BUNDLE_COUNT: Final = struct.Struct("<Q")
 BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
+MAX_LOOKUP_KEYS: Final = 1 << 16
+"""Keys one ``/v1/lookup`` may name: a registered agent asks its directory about them."""
 MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
 """Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
@@ -117,6 +125,9 @@ class AgentService(Protocol):
                      timings: list[FetchTiming] | None = None) -> tuple[list[Blob], str | None]:
         """The longest prefix of ``keys`` available locally or from ``holder``, and why it stopped;
         each fetched chunk's ``FetchTiming`` appended to ``timings``."""
+
+    def lookup(self, keys: list[int]) -> tuple[int, int]:
+        """Lengths of the prefix of ``keys`` held locally, and held locally or known to the directory."""
 
     def push(self, keys: Sequence[int], to: Address) -> list[int]:
         """Send the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
@@ -197,6 +208,7 @@ class AgentApi:
         r.add("POST", "/v1/publish", self.publish)
         r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True))
         r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False))
+        r.add("POST", "/v1/lookup", self.lookup)
         r.add("POST", "/v1/push", self.push)
         r.add("POST", "/v1/hints", self.hints)
         return r
@@ -289,6 +301,15 @@ class AgentApi:
         if stopped:
             headers["X-Kvpool-Stopped"] = " ".join(stopped.split())[:400]
         return Response.octets(pack_bundle(keys[: len(blobs)], blobs), headers)
+
+    def lookup(self, req: Request) -> Response:
+        """``POST /v1/lookup``: how many leading chunks could be had, no bytes moved."""
+        keys = _keys_from(req.json())
+        if len(keys) > MAX_LOOKUP_KEYS:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "too_many_keys",
+                           f"a lookup names at most {MAX_LOOKUP_KEYS} keys, got {len(keys)}")
+        local, available = self.agent.lookup(keys)
+        return Response.json({"requested": len(keys), "local": local, "available": available})
 
     def push(self, req: Request) -> Response:
         """``POST /v1/push``: send held chunks to an address unasked."""

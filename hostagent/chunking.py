@@ -12,6 +12,12 @@ for the first block).  So equal prefixes give equal keys on every process and ma
 implies its whole prefix: two prompts share block ``i``'s key only if they share every
 token up to the end of block ``i`` (up to 64-bit collisions).  The model id scopes keys
 to one model (and should name anything else that changes the KV: revision, dtype).
+
+A *salt* (a tenant's secret, vLLM's per-request ``cache_salt``) replaces ``ROOT_KEY`` as the
+first block's parent with ``salt_root(model_id, salt)``, so its whole chain differs: prompts
+under different salts (or one salted, one not) never share a key.  This separates tenants
+that do not know each other's salt; it does not stop anyone who knows a key from asking for
+its chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ ROOT_KEY: Final = 0
 """Parent key of a prompt's first block; no chunk has this key (see ``block_key``)."""
 
 _PERSON: Final = b"kvpool-chunk-v1"
+_SALT_PERSON: Final = b"kvpool-salt-v1"
 _MAX_TOKEN: Final = 0xFFFF_FFFF
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
@@ -80,6 +87,16 @@ def _digest(prefix: bytes, parent_key: int, block: bytes) -> int:
     return int.from_bytes(h.digest(), "little") or 1
 
 
+def salt_root(model_id: str, salt: str | None) -> int:
+    """Parent key of a prompt's first block under ``salt`` (``ROOT_KEY`` without one)."""
+    if salt is None:
+        return ROOT_KEY
+    h = hashlib.blake2b(digest_size=8, person=_SALT_PERSON)
+    h.update(_model_prefix(model_id))
+    h.update(salt.encode("utf-8"))
+    return int.from_bytes(h.digest(), "little") or 1
+
+
 def block_key(model_id: str, parent_key: int, block_tokens: TokenIds) -> int:
     """Key of one block given its parent's key (``ROOT_KEY`` for a prompt's first block)."""
     if not 0 <= parent_key < 1 << 64:
@@ -87,15 +104,15 @@ def block_key(model_id: str, parent_key: int, block_tokens: TokenIds) -> int:
     return _digest(_model_prefix(model_id), parent_key, _token_bytes(block_tokens))
 
 
-def chunk_refs(model_id: str, token_ids: TokenIds, block_size: int) -> list[ChunkRef]:
-    """The chunks of every full block of ``token_ids``, in prompt order."""
+def chunk_refs(model_id: str, token_ids: TokenIds, block_size: int, *, salt: str | None = None) -> list[ChunkRef]:
+    """The chunks of every full block of ``token_ids``, in prompt order (``salt``: see the module docstring)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     prefix = _model_prefix(model_id)
     data = _token_bytes(token_ids)
     step = 4 * block_size
     refs: list[ChunkRef] = []
-    parent = ROOT_KEY
+    parent = salt_root(model_id, salt)
     for i in range(len(data) // step):
         key = _digest(prefix, parent, data[i * step : (i + 1) * step])
         refs.append(ChunkRef(key, parent, i, i * block_size, (i + 1) * block_size))
@@ -103,9 +120,9 @@ def chunk_refs(model_id: str, token_ids: TokenIds, block_size: int) -> list[Chun
     return refs
 
 
-def chunk_keys(model_id: str, token_ids: TokenIds, block_size: int) -> list[int]:
-    """Keys of every full block of ``token_ids``, in prompt order."""
-    return [ref.key for ref in chunk_refs(model_id, token_ids, block_size)]
+def chunk_keys(model_id: str, token_ids: TokenIds, block_size: int, *, salt: str | None = None) -> list[int]:
+    """Keys of every full block of ``token_ids``, in prompt order (``salt``: see the module docstring)."""
+    return [ref.key for ref in chunk_refs(model_id, token_ids, block_size, salt=salt)]
 
 
 def full_blocks(num_tokens: int, block_size: int) -> int:

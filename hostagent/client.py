@@ -159,6 +159,11 @@ class AgentClient:
             timing = parsed if isinstance(parsed, dict) else None
         return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped"), timing
 
+    def lookup(self, keys: Sequence[int]) -> dict[str, Any]:
+        """How long a prefix of ``keys`` the agent could answer, no bytes moved:
+        ``{"requested", "local", "available"}`` (``hostagent.api``, ``POST /v1/lookup``)."""
+        return self.http.post("/v1/lookup", {"keys": [format_key(k) for k in keys]})
+
     def push(self, keys: Sequence[int], to: str) -> dict[str, Any]:
         """Have a holder send the chunks to ``to`` unasked (fills switch pools on the way)."""
         return self.http.post("/v1/push", {"keys": [format_key(k) for k in keys], "to": to})

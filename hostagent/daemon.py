@@ -381,6 +381,27 @@ class Agent:
         """Drop a chunk from the local tiers; True if it was held."""
         return self.store.delete(key)
 
+    def lookup(self, keys: list[int]) -> tuple[int, int]:
+        """How long a prefix of ``keys`` is held here, and held here or known to the directory.
+
+        Reads only the tiers' index and (registered agents) one directory query: no chunk
+        bytes move, so an engine's scheduler can ask at every step.  A directory that does
+        not answer counts as knowing nothing.
+        """
+        local = 0
+        while local < len(keys) and keys[local] in self.store:
+            local += 1
+        available = local
+        if available < len(keys) and self.directory is not None:
+            try:
+                known = self.directory.registration.client.generations(keys[local:])
+            except ApiError as exc:
+                log.warning("directory lookup of %d chunks failed: %s", len(keys) - local, exc)
+                return local, local
+            while available < len(keys) and keys[available] in known:
+                available += 1
+        return local, available
+
     def push(self, keys: Sequence[int], to: Address) -> list[int]:
         """Send every fragment of the held chunks of ``keys`` to ``to`` unasked; the keys that were held."""
         held = [k for k in keys if self.store.get(k) is not None]

@@ -24,6 +24,7 @@ fi
 
 "$VENV/bin/python" - <<'PYEOF'
 import importlib
+import importlib.util
 import pkgutil
 import sys
 
@@ -36,7 +37,10 @@ import hostagent  # noqa: E402
 
 major = int(google.protobuf.__version__.split(".")[0])
 assert major == 6, f"expected protobuf 6 in this venv, found {google.protobuf.__version__}"
+# Modules for an engine that kvpool[agent] does not install (their own extra) import only beside it.
+ENGINE_ONLY = {"hostagent.vllm_connector": "vllm"}
 names = sorted(m.name for m in pkgutil.walk_packages(hostagent.__path__, "hostagent."))
+names = [n for n in names if n not in ENGINE_ONLY or importlib.util.find_spec(ENGINE_ONLY[n]) is not None]
 for name in names:
     importlib.import_module(name)
 foreign = sorted({m.split(".")[0] for m in sys.modules} & {"grpc", "p4", "p4runtime_sh", "scapy", "controller",

@@ -2,7 +2,9 @@
 # Set up kvpool from nothing on a Debian machine: system packages, a venv, the project.
 # Idempotent and quick when nothing changed, so every entry point can call it first.
 #   bash scripts/setup.sh            # as root: also installs Debian packages
-# Environment: KVPOOL_VENV (default .venv), KVPOOL_SKIP_APT=1 to skip apt-get.
+# Environment: KVPOOL_VENV (default .venv), KVPOOL_SKIP_APT=1 to skip apt-get,
+# KVPOOL_WITH_VLLM=1 to also set up vLLM with kvpool's connector in its own venv (scripts/setup_vllm.sh;
+# off by default for now: about 3.5 GB and minutes to install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KVPOOL_VENV:-.venv}
@@ -48,5 +50,8 @@ site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 if [[ -d /usr/lib/python3/dist-packages/mininet && ! -e "$site/mininet" ]]; then
   ln -s /usr/lib/python3/dist-packages/mininet "$site/mininet"
   say "linked Debian's mininet module into $VENV"
+fi
+if [[ "${KVPOOL_WITH_VLLM:-0}" == 1 ]]; then
+  bash scripts/setup_vllm.sh
 fi
 say "ready: $VENV"

@@ -9,4 +9,9 @@ VENV=${KVPOOL_VENV:-.venv}
 echo "[test] ruff"; "$VENV/bin/ruff" check .
 echo "[test] mypy"; "$VENV/bin/mypy" kvpool hostagent controller switchmodel bmv2_topologies scripts tests
 echo "[test] agent beside protobuf 6"; bash scripts/check_agent_env.sh
+if [[ "${KVPOOL_WITH_VLLM:-0}" == 1 ]]; then
+  # The main venv cannot hold vLLM (protobuf); there its connector's tests skip with a reason.
+  echo "[test] vLLM connector"
+  "${KVPOOL_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q tests/hostagent/test_vllm_connector.py tests/hostagent/test_vllm_prefix_cache.py
+fi
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hostagent.chunking import ROOT_KEY, ChunkRef, block_key, chunk_keys, chunk_refs, full_blocks
+from hostagent.chunking import ROOT_KEY, ChunkRef, block_key, chunk_keys, chunk_refs, full_blocks, salt_root
 
 MODEL = "Qwen/Qwen2.5-0.5B"
 TOKENS = list(range(1000, 1100))
@@ -100,3 +100,17 @@ def test_bad_input(tokens: list[int], block: int, model: str, message: str) -> N
 def test_bad_parent_key() -> None:
     with pytest.raises(ValueError, match="64-bit"):
         block_key(MODEL, 1 << 64, [1])
+
+
+def test_salts_separate_whole_chains() -> None:
+    tokens = list(range(64))
+    plain = chunk_keys("m", tokens, 16)
+    a = chunk_keys("m", tokens, 16, salt="tenant-a")
+    b = chunk_keys("m", tokens, 16, salt="tenant-b")
+    assert chunk_keys("m", tokens, 16, salt=None) == plain
+    assert a == chunk_keys("m", tokens, 16, salt="tenant-a")  # a salt is as deterministic as no salt
+    assert not set(a) & set(b) and not set(a) & set(plain) and not set(b) & set(plain)
+    assert chunk_keys("m2", tokens, 16, salt="tenant-a")[0] != a[0]  # the model id still scopes
+    assert chunk_keys("m", tokens, 16, salt="")[0] != plain[0]  # an empty salt is a salt
+    refs = chunk_refs("m", tokens, 16, salt="tenant-a")
+    assert refs[0].parent_key == salt_root("m", "tenant-a") != 0 and refs[1].parent_key == a[0]
