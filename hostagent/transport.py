@@ -360,6 +360,8 @@ class _Request:
     what a ``BUSY`` retry asks for again (not the fragments of GETs it admitted, still on their way)."""
     joined: bool = False
     """A switch joined its GET to another requester's answer for the chunk (``Transport._join``)."""
+    reasked_hi: int = 0
+    """Joined: the fragments below this that it lacked have been asked for again (``Transport._join``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -1194,10 +1196,10 @@ class Transport:
         copies = (recs["hdr"]["flags"] & wire.Flag.COALESCED) != 0
         if copies.any():
             self._c.joined_fragments += int(copies.sum())
-            if not r.joined and r.path is GetPath.RANGE:
+            if r.path is GetPath.RANGE:
                 # After the accounting above: copies of fragments it had not asked for yet left
                 # what it counts in flight below zero, which ``_join`` makes whole again.
-                self._join(r, int(recs["hdr"]["frag_index"][copies].min()))
+                self._join(r, int(recs["hdr"]["frag_index"][copies].max()) + 1)
         if r.probe == 1:
             r.probe = 2
         if r.asked_at is not None:
@@ -1230,30 +1232,39 @@ class Transport:
         cfg = self.config
         return max(_JOIN_PATIENCE_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
 
-    def _join(self, r: _Request, first: int) -> None:
-        """``r``'s GET joined another requester's answer for its chunk at a switch, from fragment ``first`` on.
+    def _join(self, r: _Request, seen: int) -> None:
+        """Copies of another requester's answer reached ``r`` (its GET joined that answer in a switch), up to ``seen``.
 
         The switch copies the rest of that answer to ``r`` (p4/include/coalesce.p4), which
         its owner asks for to the chunk's end: ``r`` counts every fragment as asked (its own
         window GETs would only be absorbed) and, outside the shared budget like any transfer
-        whose pace another sets, asks now for what passed before it joined, with RETRANSMIT
-        so a switch sends it to the holder.  Whatever else goes missing (the owner gives up or
+        whose pace another sets, asks now for what it lacks below ``seen`` (the answer is
+        in order: that passed before it joined), once per fragment, with RETRANSMIT so a
+        switch sends it to the holder.  Copies of other joiners' re-asks come too, low
+        fragments out of the answer's order, so it looks again at every copy, not only the
+        first.  Whatever else goes missing (the owner gives up or
         waits, a copy is lost) it asks for after ``_join_patience_s`` of its own silence, not
         the ``_STALL_RTOS`` a request whose holder streams to others waits.
         """
         assert r.reasm is not None
-        r.joined = True
-        self._c.joined_requests += 1
-        # What it counts in flight (asked minus received; below zero when copies came past what
-        # it asked) leaves the shared budget, then the rest of the chunk is counted as asked:
-        # afterwards it counts exactly the fragments still to come, all outside the budget.
-        self._free(r)
+        if not r.joined:
+            r.joined = True
+            r.reasked_hi = 0
+            self._c.joined_requests += 1
+            # What it counts in flight (asked minus received; below zero when copies came past
+            # what it asked) leaves the shared budget, then the rest of the chunk is counted as
+            # asked: afterwards it counts exactly the fragments still to come, all outside it.
+            self._free(r)
         total = r.reasm.frag_count
         if r.asked_hi < total:
             self._account(r, total - r.asked_hi)
             r.asked_hi = total
+        seen = min(seen, total)
+        if seen <= r.reasked_hi:
+            return
         want = np.zeros(total, np.bool_)
-        want[:first] = True
+        want[r.reasked_hi:seen] = True
+        r.reasked_hi = seen
         missed = runs(want & ~r.reasm.received, 64)
         for start, count in missed:
             # COALESCED on a GET: a joiner's re-ask, which the holder may send inside the answer

@@ -1905,3 +1905,29 @@ def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
     lane = t._jobs.by_owner[(a, 1)]
     assert [(j.first, j.count, j.carried) for j in lane] == [(5, 3, True), (0, 5, True), (0, 200, False)]
     assert t.stats()["reasks_carried"] == 8
+
+
+def test_a_joiner_that_first_sees_another_joiners_re_ask_still_asks_for_what_it_missed() -> None:
+    # The first copies a late joiner gets can be another joiner's re-ask riding the answer
+    # (fragments 0..2), the answer's own (20..39) only after: what it lacks below the answer's
+    # fragments (3..19) passed before it joined, and it asks for them then, not a timeout later.
+    payload = os.urandom(40 * wire.FRAG_PAYLOAD)
+    gets: list[wire.Header] = []
+
+    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
+        gets.append(g)
+        if len(gets) == 1:
+            for i in (*range(3), *range(20, 40)):
+                send(wire.data_packet(9, i, payload, request_id=g.request_id, flags=wire.Flag.COALESCED), addr)
+                if i == 2:
+                    time.sleep(0.05)  # the two parts in separate receive batches
+            return
+        for i in range(g.frag_index, min(40, g.frag_index + g.frag_count)):
+            send(wire.data_packet(9, i, payload, request_id=g.request_id), addr)
+
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0)
+    with _fake_holder(on_get) as holder, Transport(cfg) as r:
+        (res,) = r.fetch([9], holder, timeout=20)
+        assert res.ok and bytes(res.data or b"") == payload
+        assert res.retransmit_rounds == 0 and (r._inflight, r._free_inflight) == (0, 0)
+    assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 64), (3, 17)]
