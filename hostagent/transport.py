@@ -49,6 +49,15 @@ past the shared budget, so its requesters ask for each fragment at about the sam
 (``_shared_path``); while its holder refuses, such a burst starts with one GET (``_burst``).
 ``single_fragment_gets`` forces every chunk onto the servable path.
 
+Joining (p4/include/coalesce.p4).  Where the switches merge, a range GET for a chunk whose
+answer is already crossing a switch joins it there: the switch copies the rest of that
+answer (``COALESCED``) to the joiner, which counts the whole chunk as asked, outside the
+shared budget, and asks for what it lacks below the copies it has seen with ``RETRANSMIT |
+COALESCED`` (``_join``).  The holder sends such a re-ask inside the answer it joined, first in
+that answer's lane and once for all joiners (``_carrier``), so the switches copy it to every
+joiner.  A joined request whose copies stop (the owner failed or waits for its own budget)
+asks for the rest itself after ``_join_patience_s`` of its own silence.
+
 Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
 it carries (``hostagent.envelope``, one xxh3 pass, the common case), and where that fails,
