@@ -49,14 +49,15 @@ past the shared budget, so its requesters ask for each fragment at about the sam
 (``_shared_path``); while its holder refuses, such a burst starts with one GET (``_burst``).
 ``single_fragment_gets`` forces every chunk onto the servable path.
 
-Joining (p4/include/coalesce.p4).  Where the switches merge, a range GET for a chunk whose
+Joining (p4/include/coalesce.p4). Where the switches merge, a range GET for a chunk whose
 answer is already crossing a switch joins it there: the switch copies the rest of that
 answer (``COALESCED``) to the joiner, which counts the whole chunk as asked, outside the
 shared budget, and asks for what it lacks below the copies it has seen with ``RETRANSMIT |
-COALESCED`` (``_join``).  The holder sends such a re-ask inside the answer it joined, first in
-that answer's lane and once for all joiners (``_carrier``), so the switches copy it to every
-joiner.  A joined request whose copies stop (the owner failed or waits for its own budget)
-asks for the rest itself after ``_join_patience_s`` of its own silence.
+COALESCED`` (``_join``; a short one: COALESCED only when it is at most a quarter of the
+chunk). The holder sends such a re-ask inside the answer it joined, first in that answer's
+lane and once for all joiners (``_carrier``), so the switches copy it to every joiner. A
+joined request whose copies stop (the owner failed or waits for its own budget) asks for the
+rest itself after ``_join_patience_s`` of its own silence.
 
 Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
@@ -165,6 +166,9 @@ rate in both."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
+_CARRIED_SHARE: Final = 4
+"""A joiner asks for what it missed to ride the answer it joined only when that is at most this
+share of the chunk (``Transport._join``); longer, the holder answers it alone."""
 _JOIN_PATIENCE_RTOS: Final = 1.0
 """Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
 ``_STALL_RTOS``): the answer it joined is another requester's, paced by its windows, and may stop."""
@@ -1275,10 +1279,15 @@ class Transport:
         want[r.reasked_hi:seen] = True
         r.reasked_hi = seen
         missed = runs(want & ~r.reasm.received, 64)
+        # COALESCED on a GET: a joiner's re-ask, which the holder may send inside the answer it
+        # joined, for every requester that joined it (``_carrier``).  Only a short one: the
+        # requesters of a wave join within moments of each other and miss the same few first
+        # fragments, while one that joins mid-answer misses much that the others already have,
+        # and a copy for each of them is work for every switch on the way.
+        short = sum(count for _, count in missed) <= total // _CARRIED_SHARE
+        flags = wire.Flag.RETRANSMIT | (wire.Flag.COALESCED if short else 0)
         for start, count in missed:
-            # COALESCED on a GET: a joiner's re-ask, which the holder may send inside the answer
-            # it joined, for every requester that joined it (``_carrier``).
-            self._send_get(r, start, count, wire.Flag.RETRANSMIT | wire.Flag.COALESCED)
+            self._send_get(r, start, count, flags)
             self._c.join_reasks += count
 
     def _rebind(self, recs: npt.NDArray[np.void]) -> _Request | None:
