@@ -166,12 +166,6 @@ rate in both."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
-_UNSERVED_S: Final = 5.0
-"""Seconds a requester asks for a pooled chunk by range GETs after a fetch of it that switches
-mostly did not answer (``Transport._path``): its single GETs with room were a second packet per
-fragment for nothing, and range GETs are what switches coalesce."""
-_UNSERVED_KEYS: Final = 1 << 14
-"""Most such chunks remembered (the oldest are forgotten first)."""
 _CARRIED_SHARE: Final = 4
 """A joiner asks for what it missed to ride the answer it joined only when that is at most this
 share of the chunk (``Transport._join``); longer, the holder answers it alone."""
@@ -503,8 +497,6 @@ class _Counters:
     """Fragments stored from switches' copies of other requesters' answers (``COALESCED``)."""
     join_reasks: int = 0
     """Fragments a joined request asked for again because they passed before it joined."""
-    unserved_pooled: int = 0
-    """Fetches of pooled chunks that switches mostly did not answer (the chunk goes by range a while)."""
     reasks_carried: int = 0
     """Holder: fragments a joiner missed, sent inside the answer it joined (``_carrier``)."""
     shared_transfers: int = 0
@@ -600,8 +592,6 @@ class Transport:
         self._pushes: collections.deque[tuple[int, Address]] = collections.deque()
         # Holder: queued answers and pushes by chunk (a push's fill watch ends with its last push, ``_job_done``).
         self._jobs_by_key: dict[int, list[_SendJob]] = {}
-        self._unserved: dict[int, float] = {}
-        """Pooled chunks the switches mostly did not answer lately -> until when they are asked by range."""
         self._drain = DrainMeter()
         self._waits = AnswerWaits()  # how long answers waited in the queue (``_note_first_answer``)
         self.pushed_fragments = 0
@@ -873,7 +863,6 @@ class Transport:
             "joined_fragments": c.joined_fragments,
             "join_reasks": c.join_reasks,
             "reasks_carried": c.reasks_carried,
-            "unserved_pooled": c.unserved_pooled,
             "shared_transfers": c.shared_transfers,
             "requests_by_path": dict(c.requests_by_path),
             "hints": self.hints.stats(),
@@ -1054,8 +1043,6 @@ class Transport:
         if self.config.single_fragment_gets:
             return GetPath.SERVABLE
         path = self.hints.path(r.key)
-        if path is GetPath.SERVABLE and self._unserved.get(r.key, 0.0) > time.monotonic():
-            return GetPath.RANGE  # the switches did not answer its last fetch: help only where it pays
         return GetPath.RANGE if path is GetPath.SINGLE else path
 
     def _first_ask(self, r: _Request, ask: int) -> int:
@@ -1767,16 +1754,6 @@ class Transport:
         reasm = r.reasm
         r.result.timing.finish(time.monotonic(), r.result.retransmit_rounds, None if reasm is None else reasm.received,
                                None if reasm is None else reasm.flags)
-        t = r.result.timing
-        if (data is not None and r.path is GetPath.SERVABLE and not self.config.single_fragment_gets
-                and 2 * t.switch_served < t.fragments):
-            # Pooled, and yet mostly answered by the holder (a copy still filling, or gone): the
-            # next fetches of it ask by range for a while (``_path``).
-            self._unserved.pop(r.key, None)
-            self._unserved[r.key] = time.monotonic() + _UNSERVED_S
-            while len(self._unserved) > _UNSERVED_KEYS:
-                self._unserved.pop(next(iter(self._unserved)))
-            self._c.unserved_pooled += 1
         if self.config.share_transfers:
             with self._flight_lock:
                 flight = (r.key, r.holder, r.generation)

@@ -1931,31 +1931,3 @@ def test_a_joiner_that_first_sees_another_joiners_re_ask_still_asks_for_what_it_
         assert res.ok and bytes(res.data or b"") == payload
         assert res.retransmit_rounds == 0 and (r._inflight, r._free_inflight) == (0, 0)
     assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 64), (3, 17)]
-
-
-def test_a_pooled_chunk_the_switches_did_not_serve_is_asked_by_range_next_time() -> None:
-    # Help only where it pays: the hints call chunk 5 pooled, but no switch answers its single
-    # GETs with room (its copy is still filling, or gone), so the holder sends every fragment and
-    # each cost a second packet.  The next fetch of it asks by range; another pooled chunk is
-    # still asked for singly.
-    payload = os.urandom(20 * wire.FRAG_PAYLOAD)
-    gets: list[wire.Header] = []
-
-    def on_get(g: wire.Header, addr: Address, send: Send) -> None:
-        gets.append(g)
-        for i in range(g.frag_index, min(20, g.frag_index + g.frag_count)):
-            send(wire.data_packet(g.chunk_key, i, payload, request_id=g.request_id), addr)
-
-    hints = FabricHints()
-    hints.update(Hints({5: Hint(GetPath.SERVABLE, len(payload)), 6: Hint(GetPath.SERVABLE, len(payload))},
-                       60.0, True))
-    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=5.0, give_up_s=30.0, share_transfers=False)
-    with _fake_holder(on_get) as holder, Transport(cfg, hints=hints) as r:
-        for _ in range(2):
-            (res,) = r.fetch([5], holder, timeout=20)
-            assert res.ok and bytes(res.data or b"") == payload
-        (res,) = r.fetch([6], holder, timeout=20)
-        assert res.ok and r.stats()["unserved_pooled"] == 2
-    by_key = [[(g.frag_index, g.frag_count) for g in gets if g.chunk_key == k] for k in (5, 6)]
-    assert by_key[0] == [(i, 1) for i in range(20)] + [(0, 64)]  # singly, then one range GET
-    assert by_key[1] == [(i, 1) for i in range(20)]
