@@ -72,9 +72,10 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         # crosses the switch after the admission fills its slot (nothing is pushed).  How much
         # of the first wave that is depends on the target's pace: the model's wave outlasts
         # the admission, BMv2 (1.15.5) answers a 140-fragment wave in ~0.15-0.35 s, before its
-        # admission ~0.3 s in.  Either way the second wave fetches each fragment left unfilled
-        # once for all three requesters (coalesced, filling on the way) and the switch serves
-        # the rest; the third is all hits.
+        # admission ~0.3 s in.  The second wave asks for the pooled chunk with single GETs with
+        # reply room: the switch serves what is filled, and each fragment left unfilled goes to
+        # the holder at most once per requester (single GETs are never held in a pending slot:
+        # p4/include/coalesce.p4), filling on the way; the third is all hits.
         bed.workload = build_workload(dataclasses.replace(cfg, waves=3))
         assert (len(bed.workload.requests), bed.workload.blobs) == (9, workload.blobs)
         pool = bed.run_mode("pool")
@@ -92,10 +93,7 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
             return later.gets_in, sent
 
         _, again = sent_in_wave(1)
-        # Once for everyone (all of 20 runs on BMv2), at most once per requester: once, before the
-        # driver's instance check took the lock (a spurious resync in the middle of the wave),
-        # 8 fragments went to all three.  Uncoalesced it would be three times each.
-        assert sum(again.values()) <= len(again) + frags // 5 and max(again.values(), default=1) <= 3, again
+        assert max(again.values(), default=1) <= 3, again  # at most once per requester
         gets_in, last = sent_in_wave(2)
         assert (gets_in, last) == (0, {})  # every fragment filled: the third wave is all hits
         assert pool.switch_served >= 3 * frags + 3 * (frags - len(again)), (pool.switch_served, len(again))

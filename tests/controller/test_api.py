@@ -233,7 +233,7 @@ def test_stats_are_the_switch_counters_by_label(daemon: Daemon, api: ControllerC
     before = api.get("/v1/stats")["switches"]["s1"]
     assert set(before) >= {"drops", "pool", "coalesce", "popularity", "egress", "slots"}
     assert set(before["drops"]) == {m.name.lower() for m in DropReason if m is not DropReason.NONE}
-    daemon.send(H1, H0, wire.get_packet(UNKNOWN, 0, request_id=1))
+    daemon.send(H1, H0, wire.get_packet(UNKNOWN, 0, 2, request_id=1))  # a range GET: coalescable
     daemon.send(H1, H0, b"\x00" * 10)  # too short for a kvpool header
     after = api.get("/v1/stats")["switches"]["s1"]
     assert after["pool"]["lookup_miss"] == before["pool"]["lookup_miss"] + 1

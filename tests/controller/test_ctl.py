@@ -163,7 +163,7 @@ def test_tiers(bare: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_stats_counts_packets_by_label(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
-    daemon.send(H1, H0, wire.get_packet(UNKNOWN, 0, request_id=3))
+    daemon.send(H1, H0, wire.get_packet(UNKNOWN, 0, 2, request_id=3))  # a range GET: coalescable
     code, out, _ = run(daemon, capsys, "stats")
     assert code == 0
     row = next(ln for ln in out.splitlines() if "pool.lookup_miss" in ln)

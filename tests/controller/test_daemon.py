@@ -87,8 +87,8 @@ def test_plain_mode_installs_routes_but_no_coalescing(switch: ModelSwitch) -> No
 def test_multicast_mode_coalesces(switch: ModelSwitch) -> None:
     with controller(switch, Mode.MULTICAST):
         assert switch.state.entry_count(n.WAITER_LOOKUP) == 3
-        first = switch.send(H1, HOLDER, wire.get_packet(KEY, 0, request_id=1))
-        second = switch.send(H2, HOLDER, wire.get_packet(KEY, 0, request_id=2))
+        first = switch.send(H1, HOLDER, wire.get_packet(KEY, 0, 4, request_id=1))  # range GETs: coalesced
+        second = switch.send(H2, HOLDER, wire.get_packet(KEY, 0, 4, request_id=2))
         assert [p for p, _ in first] == [1] and second == []
         # The holder's one answer, addressed to h1, reaches both waiters.
         out = switch.send(HOLDER, H1, wire.data_packet(KEY, 0, CHUNK, request_id=1), sport=wire.KVPOOL_UDP_PORT)

@@ -105,7 +105,7 @@ def test_every_mutating_agent_endpoint_needs_the_token() -> None:
     agent.start()
     try:
         routes = AgentApi(agent).router().routes
-        assert _check_every_mutating_route(agent.api_port, routes, agent.token.value) == 7  # hints too
+        assert _check_every_mutating_route(agent.api_port, routes, agent.token.value) == 8  # hints, lookup too
         assert agent.chunk(1) is None  # nothing refused got through
     finally:
         agent.stop()
