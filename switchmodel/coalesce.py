@@ -111,19 +111,18 @@ class Coalesce(Control):
         elif (meta.has_waiter == 1 and same_chunk and mine and slot_mask
                 and (slot_sub & M32 == 0 or slot_sub & M32 == kv.generation)):
             # DATA or NACK from a writer answering the slot's owner.
-            if kv.opcode == OP_NACK or (kv.frag_index + 1) & 0xFFFF == kv.frag_count:
+            over = kv.opcode == OP_NACK or (kv.frag_index + 1) & 0xFFFF == kv.frag_count
+            if over:
                 self._write(PENDING_WAITERS, meta.pending_idx, 0)  # the answer is over
-            else:
-                self._write(PENDING_TS, meta.pending_idx, now)
-            meta.release = 1
-            meta.release_mask = slot_mask
-            meta.release_dst = meta.waiter_id
-            if slot_mask == me:
-                # Only the owner waits: forwarded, no replica per waiter id to prune.
-                meta.release_unicast = 1
-            else:
+            if slot_mask != me:
+                if not over:
+                    self._write(PENDING_TS, meta.pending_idx, now)
+                meta.release = 1
+                meta.release_mask = slot_mask
+                meta.release_dst = meta.waiter_id
                 meta.mcast_grp = coalesce_group(slot_mask)  # the highest waiter id's group
-            self._count(COALESCE_STATS, CoStat.RELEASE, meta)
+                self._count(COALESCE_STATS, CoStat.RELEASE, meta)
+            # Its owner alone waits: forwarded as any packet, nothing else done.
 
 
 class CoalesceEgress(Control):

@@ -51,10 +51,11 @@
  * asked generation is 0 or the response's (a NACK echoes the generation its GET asked
  * for): multicast to the waiters.  The owner's copy leaves as the holder sent it; every
  * other replica gets its waiter's IPv4/MAC, its recorded request_id and UDP port, and
- * FLAG_COALESCED.  When the owner is the only waiter the response is forwarded instead
- * (release_unicast).  The chunk's last fragment and any NACK free the slot (the answer is
+ * FLAG_COALESCED.  When the owner is the only waiter the response is forwarded as any
+ * packet and nothing else is done (where nothing is shared, the switch does the work of
+ * plain forwarding).  The chunk's last fragment and any NACK free the slot (the answer is
  * over: a BUSY's waiters come back at the holder's booked time and meet again); any other
- * DATA keeps it live.  Answers to a GET of a non-owner (its RETRANSMIT) are forwarded
+ * DATA to a slot with waiters keeps it live.  Answers to a GET of a non-owner (its RETRANSMIT) are forwarded
  * normally.  A writer here is an (ingress port, source) pair (Safety): a switch-served
  * reply coming from the holder's side counts, since switches are trusted; only the pool
  * refuses to store such bytes.
@@ -173,19 +174,17 @@ control Coalesce(inout headers_t hdr,
         } else if (meta.has_waiter == 1 && same_chunk && mine && slot_mask != 0
                    && (slot_sub[31:0] == 0 || slot_sub[31:0] == hdr.kv.generation)) {
             // DATA or NACK from a writer answering the slot's owner.
-            if (hdr.kv.opcode == OP_NACK || hdr.kv.frag_index + 1 == hdr.kv.frag_count) {
+            bool over = hdr.kv.opcode == OP_NACK || hdr.kv.frag_index + 1 == hdr.kv.frag_count;
+            if (over) {
                 pending_waiters.write(meta.pending_idx, 0);  // the answer is over
-            } else {
-                pending_ts.write(meta.pending_idx, now);
             }
-            meta.release = 1;
-            meta.release_mask = slot_mask;
-            meta.release_dst = meta.waiter_id;
-            if (slot_mask == me) {
-                // Nobody else waits here: forward it (Forwarding).  Multicast would make a
-                // replica for every waiter id only to prune all but this one.
-                meta.release_unicast = 1;
-            } else {
+            if (slot_mask != me) {
+                if (!over) {
+                    pending_ts.write(meta.pending_idx, now);
+                }
+                meta.release = 1;
+                meta.release_mask = slot_mask;
+                meta.release_dst = meta.waiter_id;
                 // The group of the highest waiter id in the bitmap (a binary search).
                 waiterMask_t rest = slot_mask;
                 bit<16> top = 0;
@@ -195,8 +194,10 @@ control Coalesce(inout headers_t hdr,
                 if (rest[3:2] != 0)   { top = top + 2;  rest = rest >> 2; }
                 if (rest[1:1] != 0)   { top = top + 1; }
                 standard_metadata.mcast_grp = COALESCE_MCAST_GRP + top;
+                coalesce_stats.count(CO_RELEASE);
             }
-            coalesce_stats.count(CO_RELEASE);
+            // Its owner alone waits: forwarded as any packet, nothing else done (where nothing
+            // is shared, every answer crosses the switch as in plain forwarding).
         }
     }
 }
