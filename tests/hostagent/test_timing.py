@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -133,6 +134,11 @@ def test_a_holder_reports_how_long_its_answers_waited() -> None:
     data = {k: os.urandom(60_000) for k in range(1, 5)}
     with Transport(TransportConfig(port=0), Holder(_store(data))) as h, Transport(TransportConfig(port=0)) as r:
         assert all(res.ok for res in r.fetch(list(data), h.address, timeout=30))
+        # The holder notes an answer's wait on its own thread once the send returns, which can
+        # be after the requester has the whole chunk: wait for the notes, not for a time.
+        deadline = time.monotonic() + 10
+        while h.stats()["answer_wait"]["answers"] < len(data) and time.monotonic() < deadline:
+            time.sleep(0.01)
         wait = h.stats()["answer_wait"]
         assert "answer_wait" in r.stats() and r.stats()["answer_wait"]["answers"] == 0  # it answered nothing
     # One answer per GET run it served (one range GET per chunk here), none of them held.
