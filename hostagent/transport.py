@@ -1941,9 +1941,11 @@ class Transport:
 
         Only a GET that says it is one (``RETRANSMIT | COALESCED``, ``Transport._join``), from a
         requester with no answer of its own for the chunk queued, riding an answer to a range GET
-        (switches coalesce only those) for the generation the other answer's GET asked for: then
-        the requester waits in a switch's pending slot of that answer's owner, and the oldest
-        such answer still sending is the one whose GET opened it.
+        that was not a RETRANSMIT (switches coalesce only those, and a RETRANSMIT opens no slot)
+        for the generation the other answer's GET asked for: then the requester waits in a
+        switch's pending slot of that answer's owner, and the oldest such answer still sending is
+        the one whose GET opened it.  (Riding another joiner's re-ask instead, the fragments went
+        to that joiner alone and the rest waited ``_join_patience_s`` for them.)
         """
         want = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
         if hdr.flags & want != want:
@@ -1954,7 +1956,7 @@ class Transport:
             return None
         for j in jobs:
             if (j.get is not None and j.ranged and j.owner != mine and j.pos < j.count
-                    and j.get.generation == hdr.generation):
+                    and not j.get.flags & wire.Flag.RETRANSMIT and j.get.generation == hdr.generation):
                 return j
         return None
 

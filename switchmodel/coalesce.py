@@ -99,6 +99,10 @@ class Coalesce(Control):
                 self._count(COALESCE_STATS, CoStat.OTHER_GENERATION, meta)
             elif live:
                 self._count(COALESCE_STATS, CoStat.COLLISION, meta)
+            elif kv.flags & FLAG_RETRANSMIT:
+                # It asks for a run, not up to the chunk's last fragment (which ends a slot):
+                # a slot it opened would hold its joiners until the slot timed out.
+                self._count(COALESCE_STATS, CoStat.RETRANSMIT, meta)
             else:
                 if slot_mask != 0:
                     self._count(COALESCE_STATS, CoStat.EXPIRED_REUSED, meta)
@@ -133,23 +137,19 @@ class CoalesceEgress(Control):
         kv = pkt.kv
         if meta.release == 1:
             assert kv is not None and pkt.udp is not None and pkt.ipv4 is not None
-            if meta.release_unicast == 1:
-                # Forwarded to its addressee, already routed: not a replica, no address rewrite.
-                rid = meta.release_dst
-            else:
-                rid = meta.egress_rid
-                if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
-                    mark_to_drop(meta)
-                    self._count(EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
-                    return
-                res = self.state.lookup(WAITER_EGRESS, (rid,), meta.packet_length)
-                if not res.hit:
-                    mark_to_drop(meta)
-                    self._count(EGRESS_STATS, EgStat.NO_WAITER_ENTRY, meta)
-                    return
-                if res.action == REWRITE_WAITER:
-                    pkt.ipv4.dst = res.params["addr"]
-                    pkt.eth_dst = res.params["mac"]
+            rid = meta.egress_rid
+            if rid >= MAX_WAITERS or not meta.release_mask & (1 << (rid & 0xFF)):
+                mark_to_drop(meta)
+                self._count(EGRESS_STATS, EgStat.REPLICA_PRUNED, meta)
+                return
+            res = self.state.lookup(WAITER_EGRESS, (rid,), meta.packet_length)
+            if not res.hit:
+                mark_to_drop(meta)
+                self._count(EGRESS_STATS, EgStat.NO_WAITER_ENTRY, meta)
+                return
+            if res.action == REWRITE_WAITER:
+                pkt.ipv4.dst = res.params["addr"]
+                pkt.eth_dst = res.params["mac"]
             if rid != meta.release_dst:
                 # Another waiter's copy: its own request id and port (the owner's leaves as sent).
                 reply = self._read(PENDING_REPLY, (meta.pending_idx * MAX_WAITERS + rid) & M32)

@@ -67,7 +67,7 @@ class Ingress:
                         meta.drop_reason = Drop.TTL_EXPIRED
                     else:
                         ip.ttl -= 1
-                if meta.drop_reason == Drop.NONE and (meta.release == 0 or meta.release_unicast == 1):
+                if meta.drop_reason == Drop.NONE and meta.release == 0:
                     self.fwd.apply(pkt, meta)
 
         if meta.drop_reason != Drop.NONE:

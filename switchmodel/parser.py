@@ -245,7 +245,6 @@ class Meta:
     release: int = 0
     release_mask: int = 0
     release_dst: int = 0
-    release_unicast: int = 0
     # standard_metadata
     ingress_port: int = 0
     egress_spec: int = 0
@@ -269,6 +268,6 @@ class Meta:
                     self.base_slot, self.pool_frag_count, self.pool_chunk_len, self.pool_generation, self.pool_state,
                     self.pool_placement, self.waiter_addr, self.has_waiter, self.waiter_id, self.pending_idx,
                     self.record_reply, self.absorb, self.release, self.release_mask, self.release_dst,
-                    self.release_unicast, self.ingress_port, self.egress_spec, self.egress_port, self.egress_rid,
+                    self.ingress_port, self.egress_spec, self.egress_port, self.egress_rid,
                     self.mcast_grp, self.ingress_timestamp, self.packet_length, self.hot_threshold, self.cur_epoch,
                     self.pending_timeout)

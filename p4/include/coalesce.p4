@@ -32,7 +32,9 @@
  * single-fragment GET, the pool's, is answered by a pool or the holder, never held here:
  * answers from both come out of order, and a last fragment served early would end a slot):
  *   slot free or timed out  -> open it: key, {me, asked generation}, now, bitmap = {me};
- *                              forward to the holder.
+ *                              forward to the holder.  A RETRANSMIT opens nothing (it
+ *                              asks for a run, not to the chunk's last fragment, which
+ *                              is what ends a slot): forwarded.
  *   slot live, same key and asked generation, I own it
  *                           -> my next window: forward, the slot stays live.
  *   slot live, same key and asked generation, another owns it
@@ -160,6 +162,11 @@ control Coalesce(inout headers_t hdr,
                 coalesce_stats.count(CO_OTHER_GENERATION);
             } else if (live) {
                 coalesce_stats.count(CO_COLLISION);
+            } else if ((hdr.kv.flags & FLAG_RETRANSMIT) != 0) {
+                // It asks for what its sender missed, not up to the chunk's end: a slot it
+                // opened would keep whoever joined it waiting for a last fragment that is
+                // never sent, until the slot times out.
+                coalesce_stats.count(CO_RETRANSMIT);
             } else {
                 if (slot_mask != 0) {
                     coalesce_stats.count(CO_EXPIRED_REUSED);
@@ -232,10 +239,7 @@ control CoalesceEgress(inout headers_t hdr,
         if (meta.release == 1) {
             waiterId_t rid = standard_metadata.egress_rid;
             bool send = true;
-            if (meta.release_unicast == 1) {
-                // Forwarded to its addressee, already routed: not a replica, no address rewrite.
-                rid = meta.release_dst;
-            } else if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << (bit<8>)rid)) == 0) {
+            if (rid >= MAX_WAITERS || (meta.release_mask & ((waiterMask_t)1 << (bit<8>)rid)) == 0) {
                 mark_to_drop(standard_metadata);
                 egress_stats.count(EG_REPLICA_PRUNED);
                 send = false;

@@ -133,7 +133,6 @@ struct metadata_t {
     bit<1>       release;          // DATA/NACK multicast to the waiters in release_mask
     waiterMask_t release_mask;
     waiterId_t   release_dst;      // waiter the holder's response was addressed to
-    bit<1>       release_unicast;  // release_dst is the only waiter: forwarded, not multicast
 }
 
 // Sent to the controller when a missed chunk crosses the hot threshold.

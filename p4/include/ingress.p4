@@ -72,7 +72,7 @@ control MyIngress(inout headers_t hdr,
                         hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
                     }
                 }
-                if (meta.drop_reason == DROP_NONE && (meta.release == 0 || meta.release_unicast == 1)) {
+                if (meta.drop_reason == DROP_NONE && meta.release == 0) {
                     fwd.apply(hdr, meta, standard_metadata);
                 }
             }

@@ -273,6 +273,28 @@ def test_a_retransmit_goes_upstream_and_joins_nothing(target: Target) -> None:
     target.expect_no_other_packets()
 
 
+def test_a_retransmit_opens_no_slot_so_a_later_get_is_not_held_behind_it(target: Target) -> None:
+    # A RETRANSMIT asks for a run (what its sender missed), not up to the chunk's last fragment,
+    # which is what ends a slot.  Had it opened one, a range GET arriving next would join an
+    # answer that never reaches the end of the chunk and wait for the slot's timeout.
+    _setup(target)
+    re = _range_get(2, 2, 40000, first=0, count=2, flags=int(wire.Flag.RETRANSMIT))
+    target.send(2, re)
+    target.expect(HOLDER.port, with_ttl(re, 63))
+    later = _range_get(4, 4, 40004)
+    target.send(4, later)
+    target.expect(HOLDER.port, with_ttl(later, 63))  # it opens its own slot: not absorbed
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RETRANSMIT) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.FIRST) == 1
+    assert target.counter(n.COALESCE_STATS, CoStat.ABSORBED) == 0
+    # The answer to the RETRANSMIT reaches its sender alone and leaves host 4's slot as it was.
+    target.send(HOLDER.port, _answer(2, 2, 40000, frag=1))
+    target.expect(2, with_ttl(_answer(2, 2, 40000, frag=1), 63))
+    target.expect_no_other_packets()
+    assert target.counter(n.COALESCE_STATS, CoStat.RELEASE) == 0
+
+
 def test_requester_without_waiter_id_and_non_writer_answers_are_plain_unicast(target: Target) -> None:
     program.routes(target.sw)
     program.writer(target.sw, HOLDER)

@@ -1907,6 +1907,24 @@ def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
     assert t.stats()["reasks_carried"] == 8
 
 
+def test_a_joiners_re_ask_never_rides_another_joiners_re_ask() -> None:
+    # The owner's answer has left the holder (it may still be crossing a busy switch): the first
+    # joiner's re-ask is answered to it alone.  The second joiner's must not ride that answer:
+    # a RETRANSMIT opens no slot at a switch, so its fragments would reach the first joiner only
+    # and the second would wait its join patience for them.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    t = Transport(TransportConfig(port=0, rate_bytes_per_s=300e3), Holder(_store(chunks)), hints=fabric)
+    b, c = ("127.0.0.1", 5002), ("127.0.0.1", 5003)
+    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+    t._serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
+    t._serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
+    assert [(j.first, j.count, j.carried) for j in t._jobs.by_owner[(b, 2)]] == [(0, 5, False)]
+    assert [(j.first, j.count, j.carried) for j in t._jobs.by_owner[(c, 3)]] == [(0, 8, False)]
+    assert t.stats()["reasks_carried"] == 0
+
+
 def test_a_joiner_that_first_sees_another_joiners_re_ask_still_asks_for_what_it_missed() -> None:
     # The first copies a late joiner gets can be another joiner's re-ask riding the answer
     # (fragments 0..2), the answer's own (20..39) only after: what it lacks below the answer's
