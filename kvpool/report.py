@@ -204,7 +204,7 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1)
 def _render_demo(fig: Mapping[str, Any]) -> str:
     """The demo's table (as ``kvpool demo`` prints it), then the switches that helped."""
     rows = fig["modes"]
-    fabric = bool(fig.get("switches"))
+    fabric = any(r.get("fabric_mb") for r in rows.values())  # a star has no link between switches
     head = ["mode", "deliver p50 ms", "deliver p99 ms", "holder MB", "vs plain", *(["fabric MB"] if fabric else []),
             "ideal MB", "saved of ideal", "switch-served", "peak incast", "failed"]
     body = [[mode, _num(r["deliver_p50_ms"], ".1f"), _num(r["deliver_p99_ms"], ".1f"), _num(r["holder_mb"], ".2f"),
