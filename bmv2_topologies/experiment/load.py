@@ -14,7 +14,7 @@ second of the replay's span (first to last arrival, after ``--time-scale``), and
 over the busiest ``window_s``; both against the capacity of the holder's link (its
 bandwidth in bytes/s).  Above 1 the link cannot keep up and requests queue.
 
-**Overlapping window** (docs/hostagent.md says the same).  Request *i*, arriving at
+**Overlapping window** (docs/guide/experiments.md, "Replaying a trace", says the same).  Request *i*, arriving at
 ``a_i`` and asking for ``b_i`` wire bytes, has the window ``[a_i, a_i + b_i / C]``, ``C``
 the link capacity: the time it would take with the link to itself.  For one chunk, take
 the requests that ask for it in arrival order; a request joins the current group when it
