@@ -11,7 +11,7 @@ it came from, or it is prose that names no number a run can change.
 
 Kinds: ``demo`` (one row per mode; per switch where several helped), ``vs_mooncake`` (one
 row per N and system) and ``table`` (columns and rows as written: results transcribed from
-an older doc, or from a tool that has no reader here yet).
+an older doc, or from a tool that has no reader here yet; ``align`` gives each column's side).
 """
 
 from __future__ import annotations
@@ -193,10 +193,15 @@ def _num(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """A GitHub markdown table: the first ``left`` columns left-aligned, the others right-aligned."""
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join("---" if i < left else "--:" for i in range(len(head))) + "|"]
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, align: str | None = None) -> str:
+    """A GitHub markdown table: the first ``left`` columns left-aligned, the others right-aligned.
+
+    ``align``, one letter a column (``l`` or ``r``), overrides ``left``.
+    """
+    align = align or "l" * left + "r" * (len(head) - left)
+    if len(align) != len(head):
+        raise ReportError("align names a letter per column")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("--:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -238,7 +243,7 @@ def _render_table(fig: Mapping[str, Any]) -> str:
     rows = [[str(c) for c in row] for row in fig["rows"]]
     if any(len(row) != len(fig["columns"]) for row in rows):
         raise ReportError("a row's length differs from the columns'")
-    return _md_table(fig["columns"], rows, left=int(fig.get("left", 1)))
+    return _md_table(fig["columns"], rows, left=int(fig.get("left", 1)), align=fig.get("align"))
 
 
 _RENDER: Final[dict[str, Callable[[Mapping[str, Any]], str]]] = {
