@@ -127,3 +127,24 @@ def test_every_committed_table_is_what_its_results_file_renders() -> None:
     for path in sorted((ROOT / report.RESULTS_DIR).glob("*.json")):
         doc = report.load_result(ROOT, path.stem)
         assert doc["kind"] in report.KINDS, path
+
+
+def test_a_side_by_side_run_renders_per_n_and_system(tmp_path: Path) -> None:
+    from bmv2_topologies.experiment.config import VsConfig
+    from bmv2_topologies.experiment.report import SystemResult, vs_document, vs_table
+
+    by_n = {8: {"mooncake": SystemResult("mooncake", 8, all_done_ms=[5348.0, 5376.0], storage_link_bytes=33_650_000),
+                "kvpool_pool": SystemResult("kvpool_pool", 8, all_done_ms=[204.0, 818.0], storage_link_bytes=1_140_000,
+                                            switch_served_fraction=0.74)}}
+    run = {"commit": "b" * 40, "dirty": True, "date": "2026-12-06T11:00:00+00:00", "machine": {"cpus": 16},
+           "command": "bench_vs_mooncake.py --requesters 8 --json"}
+    out = tmp_path / "vs"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({**vs_document(VsConfig(target="model"), by_n, 786_432), "run": run}))
+    doc = report.from_run_dir(out)
+    assert doc["kind"] == "vs_mooncake" and doc["dirty"] is True
+    text = report.render("vs", doc, "vs.json")
+    assert "on 16 CPUs" in text
+    for line in vs_table(by_n).splitlines()[1:]:  # the script's own rows, figure for figure
+        cells = line.split()
+        assert "| " + " | ".join(cells) + " |" in text
