@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TtftConfig()
     g = parser.add_argument_group("ttft only")
     g.add_argument("--target", choices=["model", "bmv2"],
-                   help="switch target (default model, whatever is installed: docs/research.md says why)")
+                   help="switch target (default model, whatever is installed: docs/research/README.md says why)")
     g.add_argument("--requesters", help=f"comma-separated requester counts (default "
                    f"{','.join(map(str, d.requesters))}; --quick: 1,2)")
     g.add_argument("--holder-mbps", type=float, help=f"holder link bandwidth (default {d.holder_mbps:g})")

@@ -7,7 +7,7 @@ requester, waiting for the first byte, streaming, and, inside those, refused (BU
 waiting out retransmit timeouts; retransmit rounds and BUSY NACKs; the share of fragments
 that came as coalesced replicas or were served by a switch; how long each holder's answers
 waited in its send queue (holds apart); the switches' port backlog; and which component
-dominates.  docs/replay.md ("Where the time goes") says how to read it.
+dominates.  docs/guide/experiments.md ("Where the time goes") says how to read it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ HTTP/JSON, the CLI and shell scripts need nothing beyond the standard library, a
 inside Mininet hosts (other network namespaces, same filesystem) reach it through a Unix
 socket (mode 0660).
 
-Authentication (docs/operations.md, "Threat model"): reads are open; every other call needs
+Authentication (docs/guide/operations.md, "Threat model and authentication"): reads are open; every other call needs
 the operator's token (``Authorization: Bearer``, ``kvpool.auth``), 401 without it. The
 directory calls are the exception for an agent on another host: it registers itself and
 speaks for itself without the token, and is known by its address instead (the peer must
@@ -67,7 +67,7 @@ current generation are offered), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?
 ``{"removed"}``), ``DELETE /v1/nodes/<id>``.
 ``POST /v1/nodes/<id>/versions {"chunks": [{"key", "digest", "nbytes"}, ...]}``
     -> ``{"generations": {hex key: generation}}``: holders only (403 otherwise).  The
-    directory issues a generation per content (docs/correctness.md): the same digest keeps
+    directory issues a generation per content (docs/design/correctness.md): the same digest keeps
     its generation, new bytes get the next one; for a chunk whose content changed, every
     switch is moved off the old bytes (a ``republish`` through the epoch loop) before the
     answer.

@@ -18,7 +18,7 @@ always passes what the request carried.
 The clock is injectable so heartbeat expiry is tested without sleeping. Every method takes
 one short lock: the API's threads call it, and the controller's epoch loop sweeps it.
 
-Generations (docs/correctness.md): the directory issues each chunk's generation per
+Generations (docs/design/correctness.md): the directory issues each chunk's generation per
 content (:meth:`Directory.issue`): the same bytes (the same content digest) keep their
 generation, new bytes get the next one, and a generation is never issued twice for one
 key. So a holder that restarts and publishes its bytes again gets the generation every

@@ -419,7 +419,7 @@ class Agent:
         A holder registered with a controller takes the chunk's generation from the
         directory, per content (``generation`` is then ignored): the same bytes keep their
         generation, new bytes get the next one, and the controller has moved every switch
-        off the old bytes before this returns (docs/correctness.md).
+        off the old bytes before this returns (docs/design/correctness.md).
         """
         if not 0 <= key < 1 << 64:
             raise ValueError(f"chunk key {key} does not fit 64 bits")

@@ -11,7 +11,7 @@ amplification). So a holder answers a GET only when its source is one it can ver
   agent; kept as last known while the controller is away, so a controller restart does not
   stop serving).
 
-Switches enforce the rest of the trust model (docs/correctness.md): a host port drops
+Switches enforce the rest of the trust model (docs/design/correctness.md): a host port drops
 packets whose source is not that host's, so inside a kvpool fabric a requester cannot
 borrow a registered neighbour's address.
 

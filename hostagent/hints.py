@@ -1,6 +1,6 @@
 """Which path a GET takes: what the fabric said of each chunk, kept for a bounded time.
 
-A requester can ask a holder for a chunk two ways (docs/hostagent.md, "Paths"):
+A requester can ask a holder for a chunk two ways (docs/design/transport.md, "Paths"):
 
 * **range** (the default, the cheap path): one GET per window of fragments, answered by
   the holder at once.  A switch that merges coalesces range GETs per chunk: a requester

@@ -2,7 +2,7 @@
 
 The holder agent reads serialized chunks from here and serves them as kvpool packets. The
 store decides what stays in its DRAM (lease, high-watermark eviction); kvpool decides what
-is hot and what the switch holds (docs/mooncake.md). A chunk the store no longer has is a
+is hot and what the switch holds (docs/guide/mooncake.md). A chunk the store no longer has is a
 miss (``get`` returns None), never stale bytes.
 
 The ``mooncake`` extension has no type stubs; everything it is asked goes through

@@ -1,7 +1,7 @@
 """``KvpoolConnector``: vLLM (v1 engine, ``KVConnectorBase_V1``) takes prompt-prefix KV from kvpool.
 
 Needs the ``kvpool[vllm]`` extra; nothing else in kvpool imports this module.  One flag
-turns it on (docs/vllm.md)::
+turns it on (docs/guide/vllm.md)::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvpoolConnector",
         "kv_connector_module_path": "hostagent.vllm_connector", "kv_role": "kv_both",

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "switch": ("switchmodel.cli", "run the reference switch model (P4Runtime server, packet I/O)"),
     "ctl": ("controller.ctl", "operate the pool through the controller daemon's API"),
+    "report": ("kvpool.report", "render the docs' result tables from results/*.json; --check, --add RUN_DIR --as NAME"),
     "mooncake": ("hostagent.mooncake_master", "run a Mooncake Store pool (master + store node) until stopped"),
 }
 

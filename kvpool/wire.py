@@ -65,7 +65,7 @@ computes over a payload); every receiver recomputes it.  It is xxh3-64, so a cor
 fragment (payload or identity) passes with probability about 2^-64, and a fragment
 served as the wrong one (another chunk, generation or index) fails it.  It protects
 against faults, not against a forger: the writer model keeps forgers out of switch
-memory (docs/correctness.md).
+memory (docs/design/correctness.md).
 
 ``request_id`` is chosen by the requester and echoed in DATA/NACK so it can match
 answers to its own transfer; a switch answering many waiters from one response rewrites

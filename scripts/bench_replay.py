@@ -72,9 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bmv2_topologies.experiment.load import saved_of_ideal
 from bmv2_topologies.experiment.report import percentile
 from kvpool import workloads
+from kvpool.report import saved_of_ideal
 from kvpool.trace import shared_trace_path, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +248,7 @@ def judge(doc: dict[str, Any]) -> dict[str, Any]:
         r = doc[m]
         slow = max(r["deliver_p50_ms"] / plain["deliver_p50_ms"], r["deliver_p99_ms"] / plain["deliver_p99_ms"])
         requested, ideal = r["requested_bytes"], r["ideal_bytes"]
-        # DATA bytes, as the ideal counts (``load.saved_of_ideal``); cells run before the demo
+        # DATA bytes, as the ideal counts (``kvpool.report.saved_of_ideal``); cells run before the demo
         # reported them have only the link's bytes, GETs included.
         key = "holder_data_bytes" if r.get("holder_data_bytes") and plain.get("holder_data_bytes") else "holder_bytes"
         saved = saved_of_ideal(r[key], plain[key], ideal)

@@ -1,6 +1,6 @@
 """The simulator's older tables (markdown on stdout), now superseded by ``kvpool experiment``.
 
-docs/research.md answers the questions these tables were for (q1 admission, q4 scale) with one
+docs/research/README.md answers the questions these tables were for (q1 admission, q4 scale) with one
 command each; this script keeps the older layout, computed with the current code.
 
 Parts:

@@ -1,6 +1,6 @@
 """Imports run one way, down, and no module imports itself back through others.
 
-Layers (README's layout table): the foundation ``kvpool`` (wire format, P4 contract,
+Layers (the layout table of docs/design/README.md): the foundation ``kvpool`` (wire format, P4 contract,
 P4Runtime codec, topology, HTTP/JSON and config helpers) <- the three roles
 ``switchmodel``, ``hostagent``, ``controller`` (which never import one another) <- the
 Mininet experiments in ``bmv2_topologies`` <- the umbrella CLI ``kvpool.cli``, scripts and

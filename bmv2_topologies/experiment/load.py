@@ -14,7 +14,7 @@ second of the replay's span (first to last arrival, after ``--time-scale``), and
 over the busiest ``window_s``; both against the capacity of the holder's link (its
 bandwidth in bytes/s).  Above 1 the link cannot keep up and requests queue.
 
-**Overlapping window** (docs/hostagent.md says the same).  Request *i*, arriving at
+**Overlapping window** (docs/guide/experiments.md, "Replaying a trace", says the same).  Request *i*, arriving at
 ``a_i`` and asking for ``b_i`` wire bytes, has the window ``[a_i, a_i + b_i / C]``, ``C``
 the link capacity: the time it would take with the link to itself.  For one chunk, take
 the requests that ask for it in arrival order; a request joins the current group when it
@@ -25,7 +25,8 @@ per window.
 
 **Ideal bytes** per mode: ``plain`` (the switch only forwards) carries every request's
 bytes; ``multicast`` and ``pool`` carry each distinct chunk once per overlapping window.
-``saved_of_ideal`` compares what a mode saved against plain with what the ideal saves against plain.
+``kvpool.report.saved_of_ideal`` compares what a mode saved against plain with what the ideal saves against
+plain.
 """
 
 from __future__ import annotations
@@ -183,25 +184,6 @@ def requested_bytes(requests: Sequence[Timed], chunk_len: Mapping[int, int]) -> 
 def ideal_for_mode(mode: str, requested: int, ideal: int) -> int:
     """The ideal of ``mode``: plain carries everything asked; the modes that merge, ``ideal``."""
     return requested if mode == "plain" else ideal
-
-
-def saved_of_ideal(measured: int, plain_measured: int, ideal: int) -> float | None:
-    """The bytes a mode saved against plain (measured) as a fraction of what the ideal saves against plain.
-
-    ``measured`` and ``plain_measured`` are DATA wire bytes, as the ideal is: the GETs on the
-    link are not the switch's to save, and counted on one side only they dominate where the
-    ideal saves little (the shared conversation trace at 200 requests: the ideal saves 6.3 MB of
-    plain's 1,124 MB of DATA, and plain's GETs and NACKs are another 6.2 MB).
-
-    ``(plain_measured - measured) / (plain_measured - ideal)``: 1 is the ideal, 0 no better than
-    plain, negative worse.  Against plain's measured bytes, not the bytes asked: agents fetch a
-    chunk once for all the requests of a node that want it at the same time, so plain carries
-    less than was asked and only the rest is the switch's to save.  None when the ideal saves
-    less than 1% of plain's bytes (nothing worth saving: the ratio would be noise).
-    """
-    if plain_measured <= 0 or plain_measured - ideal < 0.01 * plain_measured:
-        return None
-    return (plain_measured - measured) / (plain_measured - ideal)
 
 
 def default_deadline_s(total_bytes: int, capacity_bps: float, span_s: float) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 from bmv2_topologies.experiment.backlog import Backlog
 from bmv2_topologies.experiment.config import SYSTEMS, VsConfig
-from bmv2_topologies.experiment.load import saved_of_ideal
+from kvpool.report import saved_of_ideal
 
 
 def percentile(values: list[float], q: float) -> float:

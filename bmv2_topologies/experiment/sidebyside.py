@@ -47,6 +47,7 @@ from bmv2_topologies.experiment.workload import Request, build_workload
 from bmv2_topologies.mooncake_reader import digest
 from bmv2_topologies.network import NetworkError, mininet_available
 from hostagent.mooncake_master import MooncakeProcessError, find_binary
+from kvpool.report import run_info
 from kvpool.topology import Host
 
 log = logging.getLogger("kvpool.vs_mooncake")
@@ -283,7 +284,7 @@ def run_side_by_side(configs: list[VsConfig], print_json: bool = False, prog: st
         return 1
     text = vs_table(by_n)
     print(text)
-    doc = vs_document(base, by_n, prefix_bytes)
+    doc = {**vs_document(base, by_n, prefix_bytes), "run": run_info()}
     (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "results.txt").write_text(text + "\n")
     vs_plot(by_n, out / "vs_mooncake.png")

@@ -58,6 +58,7 @@ from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
 from kvpool.httpjson import ApiError
+from kvpool.report import run_info
 from kvpool.topology import Host, Topology, TopologyError, leaf_spine, star
 from kvpool.topology import load as load_topology
 
@@ -551,7 +552,7 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
                        "capacity_bps": round(off.capacity_bps), "work_s": round(off.work_s, 2)},
            "offered_bytes_by_holder": {o.holder: o.total_bytes for o in bed.offered_by_holder},
            "requested_bytes": bed.requested_bytes, "ideal_bytes": bed.ideal_bytes, "deadline_s": bed.deadline_s,
-           "switch_frames_lost": bed.frames_lost, **summary}
+           "switch_frames_lost": bed.frames_lost, "run": run_info(), **summary}
     (cfg.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (cfg.out / TIMING_FILE).write_text(json.dumps(timing_document(results), indent=1) + "\n")
     (cfg.out / "results.txt").write_text(text + "\n")

@@ -13,7 +13,7 @@ from every switch where demand enters the fabric toward the chunk's holders, tha
 farthest from the holders (``choose_site``).  With requesters behind one leaf that is the
 leaf itself (every link is saved); behind several leaves under one spine, the spine
 (holder and spine-to-holder links saved, each leaf's uplink carries one copy a wave,
-which the leaf multicasts).  The docs walk through it (docs/operations.md).
+which the leaf multicasts).  The docs walk through it (docs/guide/operations.md).
 
 Demand is where the switches saw it: popularity counts a fetch once, at the switch where
 it entered the fabric (p4/README.md, step 4), so the hot-chunk reports name exactly the

@@ -64,20 +64,6 @@ def test_ideal_bytes_carry_each_chunk_once_per_overlapping_window() -> None:
     assert load.ideal_bytes([Request(0.0, 0, (C, C))], LEN, cap) == FRAME
 
 
-def test_saved_of_ideal_compares_measured_savings_with_the_ideal_ones_against_plain() -> None:
-    # Plain carried 1000, the ideal 600: the mode saved 300 of the 400 it could, 0.75 of the ideal.
-    assert load.saved_of_ideal(700, 1000, 600) == pytest.approx(0.75)
-    assert load.saved_of_ideal(1000, 1000, 600) == 0.0
-    assert load.saved_of_ideal(1100, 1000, 600) == pytest.approx(-0.25)  # it cost bytes
-    assert load.saved_of_ideal(600, 1000, 600) == 1.0
-    # Plain already carries less than was asked (each node fetched a shared chunk once): only
-    # what is left between plain and the ideal is the switch's to save.
-    assert load.saved_of_ideal(350, 400, 300) == pytest.approx(0.5)
-    assert load.saved_of_ideal(900, 1000, 995) is None  # nothing worth saving
-    assert load.saved_of_ideal(290, 280, 300) is None  # plain is already at the ideal
-    assert load.saved_of_ideal(900, 0, 50) is None
-
-
 def test_default_deadline_is_far_beyond_the_work_and_within_the_api_limit() -> None:
     assert load.default_deadline_s(0, 1e6, 0.0) == load.MIN_DEADLINE_S
     assert load.default_deadline_s(20_000_000, 1e6, 15.0) == pytest.approx(215.0)  # 10 x 20 s + the span

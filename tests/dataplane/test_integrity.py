@@ -1,6 +1,6 @@
 """Integrity: what a slot holds is exactly what is served, writers are (port, source) pairs, hosts cannot spoof.
 
-docs/correctness.md, "What a switch guarantees", packet by packet: the writer's check is
+docs/design/correctness.md, "What a switch guarantees", packet by packet: the writer's check is
 stored and returned as is; requesters cannot fill, invalidate, poison or aim replies at a
 victim; bytes of an older placement or another fragment are never served; DATA a switch
 built is never stored as a writer's; a NO_CACHE answer repairs a slot; a waiter that pinned

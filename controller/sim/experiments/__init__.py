@@ -4,5 +4,5 @@ Each module here exposes ``run(ctx) -> dict`` (the JSON result), ``table(result)
 ``plot(result, path)``; :mod:`controller.sim.experiments.cli` writes them to
 ``results/<question>/`` (table.txt, result.json, plot.png). ``--quick`` runs a reduced
 version in well under a minute, which the test suite uses. The questions are documented,
-with their measured answers, in docs/research.md.
+with their measured answers, in docs/research/README.md.
 """
