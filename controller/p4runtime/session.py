@@ -2,10 +2,10 @@
 
 :class:`SwitchSession` opens the channel and the stream, wins (or loses) arbitration,
 receives digests and packet-ins, and runs the watcher thread that reconnects with backoff
-for ever and resyncs after a reconnect, a promotion or a foreign pipeline push. Every RPC
-goes through :meth:`SwitchSession._call`, which discards an answer that arrived on another
-session than the call started on: gRPC reconnects a channel by itself, so a call could
-otherwise reach a restarted switch and read its empty state as ours.
+for ever and resyncs after a reconnect, a promotion or a foreign pipeline push. Every
+read goes through :meth:`SwitchSession._call`, which discards an answer that arrived on
+another session than the call started on: gRPC reconnects a channel by itself, so a read
+could otherwise reach a restarted switch and take its empty state for ours.
 
 Switch instances: the pipeline cookie is the pipeline's 40-bit hash plus a nonce drawn at
 each push. On every (re)connect the driver reads the switch's cookie: none (a restarted
