@@ -96,7 +96,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.counters import read_stats
-from controller.daemon import Controller, ControllerError, Override, OverrideRefusedError
+from controller.daemon import Controller
 from controller.directory import (
     BAD_CREDENTIAL,
     BAD_REQUEST,
@@ -108,7 +108,9 @@ from controller.directory import (
     DirectoryError,
     Role,
 )
+from controller.overrides import Override, OverrideRefusedError
 from controller.p4runtime import SwitchUnreachableError
+from controller.settings import ControllerError
 from kvpool import auth, wire
 from kvpool.auth import Token
 from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote
