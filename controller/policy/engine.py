@@ -15,10 +15,8 @@ the two disagree, :mod:`controller.policy.race`). The switch follows the leader 
 (:class:`~controller.policy.image.SwitchImage`): a hand-over writes nothing; what the new
 leader does not hold stays in the switch as leftovers that keep serving until their slots are
 needed, and a chunk it holds that the switch does not is placed by its next fetch (a miss,
-whose DATA fills it on the way past). Writing the new leader's pool at once, as the engine did
-before, threw away chunks that were still being hit and left slots empty until their chunks
-came by: on the held-out conversation trace that cost 1.1 points of hit ratio at 4 GiB and 1.6
-at 24 GiB (docs/research.md).
+whose DATA fills it on the way past). Writing the new leader's pool at once would throw away
+chunks still being hit (docs/design/notes-policy-engine.md).
 
 Besides the half-life, experts differ in what they take from the prefix tree: how much a
 block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
