@@ -5,7 +5,7 @@ HTTP/JSON, the CLI and shell scripts need nothing beyond the standard library, a
 inside Mininet hosts (other network namespaces, same filesystem) reach it through a Unix
 socket (mode 0660).
 
-Authentication (docs/guide/operations.md, "Threat model and authentication"): reads are open; every other call needs
+Authentication (docs/guide/operations.md, "Threat model"): reads are open; every other call needs
 the operator's token (``Authorization: Bearer``, ``kvpool.auth``), 401 without it. The
 directory calls are the exception for an agent on another host: it registers itself and
 speaks for itself without the token, and is known by its address instead (the peer must
@@ -21,68 +21,8 @@ the outcome (at most ``override_timeout_s``). Directory calls touch only the dir
 
 Chunk keys are 64-bit, written as hex strings (``"0x1f..."``; bare hex accepted).
 
-Reads:
+The endpoints, their bodies and answers, and the error codes: docs/design/notes-controller-api.md.
 
-``GET /v1/status``
-    ``{"mode", "epoch", "target", "switches": {name: {"address", "device_id", "connected",
-    "master", "pipeline": {"p4info", "cookie", "installed"}, "slots": {"total", "used",
-    "free"}}}, "pool": {"slots", "used", "chunks"}, "nodes": {"up", "down"}, "catalog"}``.
-``GET /v1/top?sort=value|hits|fetches|estimate&limit=N``
-    ``{"epoch", "sort", "chunks": [{"key", "value", "hits", "fetches", "estimate",
-    "reported", "tier", "holders", "pinned", "base_slot", "slots"}, ...]}`` hottest first.
-``GET /v1/tiers``
-    ``{"tiers": {tier: {"capacity", "used", "chunks", "nodes"}}}`` over live nodes, plus the
-    ``switch`` tier (slots x 1408 bytes per switch).
-``GET /v1/stats``
-    ``{"switches": {name: {"drops": {reason: n}, "pool": {...}, "coalesce": {...},
-    "popularity": {...}, "egress": {...}, "slots": {"hits", "fills", "slots_hit"},
-    "waiter_replicas": {...}} or {"error": "..."}}}`` read from the switches now.
-``GET /v1/switches/<name>``
-    ``{"name", "address", "device_id", "p4info", "bmv2_json"}`` (what ``kvpool-ctl shell`` needs).
-``GET /v1/nodes``
-    ``{"nodes": [{"node_id", "address", "role", "up", "capacities", "used", "chunks",
-    "last_seen_s"}, ...]}``.
-``GET /v1/chunks/<key>``
-    ``{"key", "holders": [{"node_id", "address", "tier", "nbytes", "role"}], "switch": row of top
-    or null}``; 404 for a key neither the catalog nor the directory knows.
-
-Operator overrides (JSON body; answer ``{"op", "key", "admitted": [...], "evicted":
-[...], "base_slot", "epoch"}``):
-
-``POST /v1/admit {"key"}``, ``POST /v1/pin {"key", "tenant"?}``, ``POST /v1/unpin {"key"}``,
-``POST /v1/evict {"key", "action": "demote"|"drop"}``, ``POST /v1/quota {"tenant", "slots"}``
-(``slots`` null lifts the quota), ``POST /v1/republish {"key", "generation", "nbytes"}`` (move
-every switch's entry for the key to a new placement at that generation and length; what a
-holder's ``versions`` call does when the content changed).
-
-Directory (agents; ``hostagent.registration`` is the client):
-
-``POST /v1/nodes/register {"node_id", "address", "role", "tiers": {tier: bytes}}``
-    -> ``{"node_id", "heartbeat_s", "node_credential"}``. Over TCP from a non-loopback peer,
-    the peer address must be the address claimed; a live node id is registered again only
-    with its credential (409 ``node_live`` otherwise).
-``POST /v1/nodes/<id>/heartbeat``, ``POST /v1/nodes/<id>/publish {"keys", "tier",
-"nbytes", "generations"?: {hex key: generation}}`` (-> ``{"new"}``; only copies of the
-current generation are offered), ``POST /v1/nodes/<id>/withdraw {"keys", "tier"?}`` (->
-``{"removed"}``), ``DELETE /v1/nodes/<id>``.
-``POST /v1/nodes/<id>/versions {"chunks": [{"key", "digest", "nbytes"}, ...]}``
-    -> ``{"generations": {hex key: generation}}``: holders only (403 otherwise).  The
-    directory issues a generation per content (docs/design/correctness.md): the same digest keeps
-    its generation, new bytes get the next one; for a chunk whose content changed, every
-    switch is moved off the old bytes (a ``republish`` through the epoch loop) before the
-    answer.
-``GET /v1/generations?keys=hex,hex,...``
-    -> ``{"generations": {hex key: generation}}`` for the keys the directory knows:
-    requesters validate their cached copies with it.
-
-Errors: a JSON body ``{"error": "one line", "code": "..."}`` with status 400 (bad
-argument), 403 (registration refused), 404 (unknown path, key, node or switch), 405
-(wrong method), 409 (override refused: ``code`` is the reason, e.g. ``no_space``,
-``pin_limit``, ``unknown_key``, ``not_resident``, ``pinned``, ``has_children``), 410
-(node marked down: register again), 401 (no token), 403 ``bad_credential`` (a node call
-without that node's credential), 411/413 (body policy), 503 (a switch unreachable),
-504 (the epoch loop did not apply the override in time). The server, the body policy and
-the error type are ``kvpool.httpjson``'s, shared with the agent's API.
 """
 
 from __future__ import annotations
@@ -96,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.counters import read_stats
-from controller.daemon import Controller, ControllerError, Override, OverrideRefusedError
+from controller.daemon import Controller
 from controller.directory import (
     BAD_CREDENTIAL,
     BAD_REQUEST,
@@ -108,7 +48,9 @@ from controller.directory import (
     DirectoryError,
     Role,
 )
+from controller.overrides import Override, OverrideRefusedError
 from controller.p4runtime import SwitchUnreachableError
+from controller.settings import ControllerError
 from kvpool import auth, wire
 from kvpool.auth import Token
 from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote

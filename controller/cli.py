@@ -192,18 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     # Imported once the configuration is known good: --help and a bad flag stay fast.
-    from controller.daemon import (
-        Catalog,
-        Controller,
-        ControllerError,
-        ControllerSettings,
-        HolderPushClient,
-        Mode,
-        SwitchEndpoint,
-    )
+    from controller.catalog import Catalog
+    from controller.daemon import Controller
     from controller.fabric import FabricSettings
     from controller.hints import AgentHintClient
+    from controller.holder_push import HolderPushClient
     from controller.p4runtime import SwitchUnreachableError, WriteError
+    from controller.settings import ControllerError, ControllerSettings, Mode, SwitchEndpoint
     from kvpool.topology import TopologyError, load
 
     assert cfg.topology is not None  # validate() requires it

@@ -2,65 +2,39 @@
 
 Glue only. ``controller.fabric`` says what each switch must hold, ``controller.policy``
 decides which chunks the switch pool admits and evicts, ``controller.p4runtime`` ships the
-writes; this module connects them:
+writes, ``controller.residents`` keeps the chunks the switches hold; this module connects
+them:
 
-* start: connect to every switch over P4Runtime (arbitration), adopt the pool a warm switch
-  still holds (below), push the pipeline where none of ours runs, install the fabric for
-  the chosen mode: ``plain`` (routes, ARP, writers ACL only), ``multicast`` (+ waiter ids
-  and the coalescing multicast group), ``pool`` (+ pool admission);
-* each epoch (``pool`` mode): turn hot-chunk digests and per-slot hit counters into fetch
-  observations, run ``PolicyEngine.step``, place each admitted chunk on one switch of the
-  fabric (``controller.policy.site``: the meeting point of the paths its demand takes to
-  its holders; the switches below it relay its GETs with their reply room), write the
-  ``pool_lookup`` inserts / deletes there; the answers that cross that switch fill it on
-  pass (values never travel through the controller), and the holder is asked to push a
-  chunk to the switch's fill sink where none may come soon (a restarted switch, a moved
-  chunk, every admission with ``push_admitted``); a report of new demand from a switch
-  outside a chunk's site moves it;
+* start: connect to every switch, adopt the pool a warm switch still holds
+  (``controller.residents.adopt``), push the pipeline where none of ours runs, install the
+  fabric for the mode (``controller.settings.Mode``: plain, multicast, pool);
+* each epoch (``pool``): turn hot-chunk digests and per-slot hit counters into
+  observations, run ``PolicyEngine.step``, place each admitted chunk on the switch where
+  the paths of its demand meet its holders (``controller.policy.site``) and write its
+  ``pool_lookup`` entries; the answers that cross that switch fill it on pass (values never
+  travel through the controller); a holder is asked to push a chunk where none may come
+  soon (``controller.holder_push``);
 * each epoch (``multicast`` and ``pool``): tell the agents which chunks are worth asking for
-  one fragment at a time, the hot ones (reported by the switches' digests) and the pooled
-  ones (``controller.hints``); every other chunk takes the cheap range path;
-* every ``epochs_per_sketch_epoch`` epochs, advance the sketch epoch (a default-action
-  write), which ages the data plane's popularity counts without register writes;
-* operator side (served by ``controller.api``): overrides queued with ``submit`` are applied
-  through the policy at the start of the next epoch, the directory of holders is swept for
-  silent nodes, and a snapshot for the API is published at the end of every epoch.
+  one fragment at a time (``controller.hints``), and age the sketch every
+  ``epochs_per_sketch_epoch`` epochs;
+* operator side (``controller.api``): overrides (``controller.overrides``) are applied at
+  the start of the next epoch, silent holders are swept from the directory, and a snapshot
+  for the API is published at the end of every epoch.
 
-The chunk *catalog* (key -> parent, position in its prefix, serialized length) is what
-lets the controller write exact pool entries: a switch fills only writer DATA whose
-generation, fragment count and length equal the entry's; other writer DATA passes and is
-reported (``fill_mismatch_t``), and the controller then re-places the chunk at the
-holder's generation and length (when the directory agrees, or knows nothing newer) or
-ignores the report (a stale holder).
+Invariants: a switch fills only writer DATA whose generation, fragment count and length
+equal its entry's (the catalog, ``controller.catalog``, is what makes entries exact); a
+mismatch report re-places the chunk at the holder's generation when the directory agrees.
+Every placement gets a fresh placement id, so bytes under an older one are never served.
 
-Every placement (admission, re-placement after a republish or a mismatch) gets a fresh
-placement id (``controller.placement``): slots tagged with an older one are never served.
-The ids' high-water mark lives in a reserved ``pool_lookup`` entry that ``start`` reads
-back from switches that still run this pipeline, before it replaces their state.
-
-A switch's trouble never stops the controller. A switch that is down at start, or goes
-away later, is retried by its driver with backoff for ever; writes meanwhile change only
-the driver's intended state, which the resync after the reconnect applies (pipeline,
-tables, multicast groups, digest configs, writers, pool entries). An epoch that fails
-anyway (a read from a switch that just went away, a refused write) is logged and counted
-and the next one runs (:meth:`Controller.run`); ``status`` says per switch whether it is
-up, down since when, resyncing, and its last error. When a switch comes back as a new
-instance (restarted: registers and counters empty), its hit counters start again from
-zero and the holder is asked to push every resident chunk through it, so the pool serves
-again without waiting for demand misses.
-
-A new controller on a warm switch adopts it (``ControllerSettings.adopt``): the pool
-entries a switch running this pipeline holds are read back and kept, chunk by chunk, with
-their base slots, placement ids, generations and states, as long as the catalog knows the
-chunk and the policy has room for it where it is; the policy takes them as residents and
-hits go on without a cold wave. Entries it cannot keep are removed by the resync.
+A switch's trouble never stops the controller: its driver retries for ever and writes
+meanwhile go to the intended state the resync applies; a failed epoch is logged and
+counted and the next one runs. A switch that comes back as a new instance (registers
+empty) counts hits from zero and gets its resident chunks pushed through it again.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
-import json
 import logging
 import queue
 import threading
@@ -68,12 +42,14 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from controller.catalog import Catalog, ChunkActivity, ChunkInfo
 from controller.directory import Directory, Role
-from controller.fabric import FabricSettings, SwitchConfig, sink_addresses, switch_configs
-from controller.hints import HintPublisher, HintSchedule, HintSettings, HintSink, HotChunks, hints_for
+from controller.fabric import SwitchConfig, sink_addresses, switch_configs
+from controller.hints import HintPublisher, HintSchedule, HintSink, HotChunks, hints_for
+from controller.holder_push import FillRequester
+from controller.overrides import Override, OverrideRefusedError
 from controller.p4runtime import Digest, Entry, P4RuntimeError, P4RuntimeSwitch
 from controller.placement import MARK_KEY, Placements
 from controller.policy.changes import Admit, Change, Evict, EvictAction
@@ -83,194 +59,15 @@ from controller.policy.operator import evict as policy_evict
 from controller.policy.operator import set_quota as policy_set_quota
 from controller.policy.quotas import QuotaError
 from controller.policy.site import Site, choose_site
+from controller.residents import Resident, adopt, mark_entry, placement_ids, pool_entry
+from controller.settings import ControllerError, ControllerSettings, Mode, SwitchEndpoint
 from kvpool import contract as n
 from kvpool import wire
-from kvpool.contract import POOL_SLOTS, PoolState
+from kvpool.contract import PoolState
 from kvpool.hints import Hints
-from kvpool.httpjson import ApiError, JsonClient
 from kvpool.topology import Topology
 
 log = logging.getLogger("kvpool.controller")
-
-
-
-class Mode(enum.StrEnum):
-    """How much the switches help: the three ways the demo runs the same stream."""
-
-    PLAIN = "plain"
-    MULTICAST = "multicast"
-    POOL = "pool"
-
-
-class ControllerError(RuntimeError):
-    """The controller cannot do what it was asked (bad catalog, unknown chunk, no space)."""
-
-
-class OverrideRefusedError(ControllerError):
-    """An operator override the pool cannot honour; ``code`` names why (see ``Controller.override``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Override:
-    """One operator override; the epoch loop applies it at the start of its next epoch.
-
-    ``op`` is ``admit``, ``evict`` (``demote`` or drop), ``pin``, ``unpin``, ``quota``
-    (``tenant``, ``slots``; None lifts the quota) or ``republish`` (the directory issued
-    ``generation`` for ``key`` with ``nbytes`` bytes: every switch moves off the old bytes).
-    """
-
-    op: str
-    key: int = 0
-    demote: bool = True
-    tenant: int = 0
-    slots: int | None = None
-    generation: int = 0
-    nbytes: int = 0
-
-
-@dataclass
-class ChunkActivity:
-    """What the controller saw of one chunk: fetches observed, switch hits, last data-plane estimate."""
-
-    fetches: int = 0
-    hits: int = 0
-    reported: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    """What the controller must know of a chunk to admit it."""
-
-    key: int
-    parent: int | None
-    position: int
-    nbytes: int
-
-    @property
-    def frag_count(self) -> int:
-        """Fragments (= switch slots) the chunk occupies."""
-        return wire.fragment_count(self.nbytes)
-
-
-class Catalog:
-    """Chunk key -> ``ChunkInfo``: the chunks holders can serve (a JSON list on disk)."""
-
-    def __init__(self, chunks: Iterable[ChunkInfo] = ()) -> None:
-        self._chunks = {c.key: c for c in chunks}
-
-    def __len__(self) -> int:
-        return len(self._chunks)
-
-    def get(self, key: int) -> ChunkInfo | None:
-        """The chunk's info, or None when unknown."""
-        return self._chunks.get(key)
-
-    def add(self, info: ChunkInfo) -> None:
-        """Add or replace one chunk."""
-        wire.fragment_count(info.nbytes)  # raises for a length no DATA packet can describe
-        self._chunks[info.key] = info
-
-    def to_json(self) -> list[dict[str, Any]]:
-        """JSON form: keys as hex strings (JSON numbers lose precision past 2**53)."""
-        return [{"key": f"{c.key:#x}", "parent": None if c.parent is None else f"{c.parent:#x}",
-                 "position": c.position, "nbytes": c.nbytes} for c in self._chunks.values()]
-
-    def save(self, path: Path) -> None:
-        """Write the catalog as JSON."""
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> Catalog:
-        """Read a catalog written by ``save``; errors name the entry."""
-        try:
-            items = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ControllerError(f"{path}: no such catalog file") from None
-        except json.JSONDecodeError as exc:
-            raise ControllerError(f"{path}: not valid JSON ({exc})") from None
-        cat = cls()
-        for i, item in enumerate(items):
-            try:
-                parent = item.get("parent")
-                cat.add(ChunkInfo(int(item["key"], 16), None if parent is None else int(parent, 16),
-                                  int(item["position"]), int(item["nbytes"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ControllerError(f"{path}: entry {i} is not a chunk ({exc})") from None
-        return cat
-
-
-class FillRequester(Protocol):
-    """Asks a holder to send chunks through the switches so they fill on pass."""
-
-    def push(self, keys: list[int], sink: str | None = None) -> None:
-        """Send every fragment of each chunk in ``keys`` to ``sink`` (an IPv4 address; None: the
-        requester's own default), best effort; errors are logged."""
-
-
-class HolderPushClient:
-    """Asks a holder agent (``POST /v1/push`` of its API) to send chunks to a fill sink through the switches."""
-
-    def __init__(self, api: str, sink: str, sink_port: int = wire.KVPOOL_UDP_PORT, timeout: float = 5.0,
-                 token: str | None = None) -> None:
-        self.http = JsonClient(api, timeout, "holder agent API", token)
-        self.api = api
-        self.sink = sink
-        self.sink_port = sink_port
-        self.failures = 0
-
-    def push(self, keys: list[int], sink: str | None = None) -> None:
-        """Request the push to ``sink`` (default: the one given at construction); a failure is
-        logged and counted (the next demand fetch fills instead)."""
-        to = f"{sink or self.sink}:{self.sink_port}"
-        try:
-            self.http.post("/v1/push", {"keys": [f"{k:#x}" for k in keys], "to": to})
-        except ApiError as exc:  # ApiUnreachableError included
-            self.failures += 1
-            log.warning("holder %s did not accept the push of %d chunk(s): %s", self.api, len(keys), exc)
-
-
-@dataclass(frozen=True)
-class SwitchEndpoint:
-    """Where one switch's P4Runtime server listens."""
-
-    name: str
-    address: str
-    device_id: int = 1
-
-
-@dataclass
-class ControllerSettings:
-    """Everything the controller needs besides the topology and the switches."""
-
-    mode: Mode = Mode.POOL
-    p4info: Path = n.P4INFO_PATH
-    bmv2_json: Path | None = n.BMV2_JSON_PATH
-    epoch_s: float = 0.5
-    pool_slots: int = POOL_SLOTS
-    fabric: FabricSettings = field(default_factory=FabricSettings)
-    epochs_per_sketch_epoch: int = 20
-    max_observations_per_digest: int = 64
-    connect_timeout_s: float = 10.0
-    heartbeat_timeout_s: float = 3.0
-    #: what the switches run ("bmv2", "model"), shown to operators
-    target: str = "unknown"
-    #: keep the pool a warm switch holds (False: start from an empty pool, e.g. a fresh experiment mode)
-    adopt: bool = True
-    #: longest wait between two reconnect attempts to a switch that is down
-    reconnect_backoff_s: float = 1.0
-    #: how long a chunk stays hot and how often agents hear about hot and pooled chunks
-    hints: HintSettings = field(default_factory=HintSettings)
-    #: ask the holder to push each newly admitted chunk (False: the answers that cross its
-    #: switch fill it, as they do anyway).  A push costs the holder's link a copy whether or not
-    #: the chunk is asked for again: replayed agent traffic (200 requests, 4 requesters, 0.25x,
-    #: 100 Mbit/s) moved 571 MB with pushes, 505 MB without (plain 596), and its p50 was 0.62 s
-    #: against 0.54 s; the synthetic waves were the same either way.  Chunks a restarted switch
-    #: held and chunks moved to a new placement are always pushed.
-    push_admitted: bool = False
 
 
 @dataclass
@@ -297,21 +94,6 @@ class EpochReport:
         d["replaced"] = [f"{k:#x}" for k in self.replaced]
         return d
 
-
-@dataclass
-class Resident:
-    """A chunk the switches hold: where, under which placement id, generation and state.
-
-    ``site`` says which switch holds its bytes and which relay its GETs (``controller.policy.site``);
-    ``base_slot`` is the same on all of them (one slot space for the fabric).
-    """
-
-    info: ChunkInfo
-    base_slot: int
-    placement: int = 0
-    generation: int = 0
-    valid: bool = False
-    site: Site = field(default_factory=lambda: Site(""))
 
 
 class Controller:
@@ -398,7 +180,7 @@ class Controller:
         for name, sw in self.switches.items():
             self._install(name, sw)
             if mark is not None:
-                sw.intend([self._mark_entry(mark)])
+                sw.intend([mark_entry(mark)])
             try:
                 # One resync: the pipeline if ours does not run there, then only what differs, so a
                 # warm switch keeps forwarding (and serving what was adopted) throughout.
@@ -422,87 +204,23 @@ class Controller:
 
     def _recover_placements(self, warm: dict[str, list[Entry]]) -> None:
         """Continue placement ids above every placement and mark the warm switches hold (their registers too)."""
-        placements: list[int] = []
-        marks: list[int] = []
-        for entries in warm.values():
-            for e in entries:
-                pid = _int_params(e).get("placement", 0)
-                (marks if _pool_key(e) == MARK_KEY else placements).append(pid)
+        placements, marks = placement_ids(warm)
         self.placements.recover(placements, marks)
         if placements or marks:
             log.info("placement ids continue above %d (read back from %d entries on %d switch(es))",
                      self.placements.last, len(placements) + len(marks), len(warm))
 
     def _adopt(self, warm: dict[str, list[Entry]]) -> None:
-        """Keep the pool entries warm switches hold: residents for the policy, intended entries for the drivers.
-
-        One resident per chunk, at the switch whose entry holds its bytes (FILLING or VALID);
-        where switches disagree, the newest placement wins.  Its site's relays are the
-        switches holding an UPSTREAM entry of that same placement.  Entries that match are
-        kept as they are (filled, no write); a site switch whose entry differs gets it in
-        state FILLING and the holder is asked to push the chunk there; entries outside the
-        adopted sites are removed by the resync.
-        """
-        found: dict[int, tuple[Entry, str]] = {}
-        relays: dict[tuple[int, int], set[str]] = {}
-        for name, entries in warm.items():
-            for e in entries:
-                key, params = _pool_key(e), _int_params(e)
-                if key == MARK_KEY:
-                    continue
-                if params.get("state") == PoolState.UPSTREAM:
-                    relays.setdefault((key, params.get("placement", 0)), set()).add(name)
-                    continue
-                if params.get("state") not in (PoolState.FILLING, PoolState.VALID):
-                    continue
-                if key not in found or params["placement"] > _int_params(found[key][0])["placement"]:
-                    found[key] = (e, name)
-        kept: dict[int, Entry] = {}
-        for key, (e, name) in sorted(found.items(), key=lambda kv: _int_params(kv[1][0])["base_slot"]):
-            params = _int_params(e)
-            info = self.catalog.get(key)
-            if info is None:
-                log.info("switch %s: chunk %#x is not in the catalog: not adopted", name, key)
-                continue
-            info = ChunkInfo(key, info.parent, info.position, params["chunk_len"])
-            if info.frag_count != params["frag_count"] or not self.engine.can_restore(info.nbytes,
-                                                                                      params["base_slot"]):
-                log.info("switch %s: chunk %#x does not fit the pool where it is: not adopted", name, key)
-                continue
-            self.engine.restore(info.key, info.parent, info.position, info.nbytes, params["base_slot"])
-            site = Site(name, frozenset(relays.get((key, params["placement"]), set()) - {name}))
-            self.residents[key] = Resident(info, params["base_slot"], params["placement"], params["generation"],
-                                           params["state"] == PoolState.VALID, site=site)
-            kept[key] = e
-        for name, sw in self.switches.items():
-            held = {_pool_key(e): e for e in warm.get(name, [])}
-            mine: list[Entry] = []
-            for key, e in kept.items():
-                res = self.residents[key]
-                if name == res.site.switch:
-                    if held.get(key) == e:
-                        mine.append(e)  # this switch holds exactly that placement: keep it as it is
-                    else:
-                        mine.append(self._pool_entry(res, PoolState.FILLING))
-                        self._refill.add(key)
-                elif name in res.site.relays:
-                    mine.append(held[key])  # an UPSTREAM entry of the same placement, read back
-            sw.intend(mine)
-        if kept:
-            log.info("adopted %d chunk(s) from the pool of %s: hits go on", len(kept), ", ".join(sorted(warm)))
-
-    def _mark_entry(self, mark: int) -> Entry:
-        """The reserved entry that keeps the placement high-water mark on a switch (never served)."""
-        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: MARK_KEY}, n.POOL_ENTRY,
-                     {"base_slot": 0, "frag_count": 1, "chunk_len": 1, "generation": 0,
-                      "state": PoolState.DISABLED, "placement": mark})
-
+        """Keep the pool entries warm switches hold (``controller.residents.adopt``)."""
+        residents, refill = adopt(warm, self.catalog, self.engine, self.switches)
+        self.residents.update(residents)
+        self._refill.update(refill)
     def _next_placement(self) -> int:
         """A fresh placement id; moves the mark entry on every switch first when a new block starts."""
         pid, mark = self.placements.next()
         if mark is not None:
             for sw in self.switches.values():
-                sw.modify_entries([self._mark_entry(mark)])
+                sw.modify_entries([mark_entry(mark)])
         return pid
 
     def _install(self, name: str, sw: P4RuntimeSwitch) -> None:
@@ -663,9 +381,8 @@ class Controller:
         """Hits on the residents' base slots since the last read, summed over the switches that answer now.
 
         Only those cells are read: a resident's hits on fragment 0 are its fetches, and a
-        read of all 1,024 cells every epoch (0.1 s in the demo) took the model switch's CPU
-        from its packets (replayed agent traffic, pool mode: p99 3.3-4.4 s with it, 1.9-2.2 s
-        without).  A cell read for the first time is a baseline, not hits: a switch that is
+        read of all 1,024 cells every epoch took the model switch's CPU from its packets
+        (docs/design/notes-daemon.md).  A cell read for the first time is a baseline, not hits: a switch that is
         down is skipped (its hits are counted when it answers again), a new controller does
         not count a warm switch's past hits, a restarted one does not count backwards, and a
         slot counts from when its chunk was placed there (``_baseline_slots``).
@@ -766,11 +483,6 @@ class Controller:
             for sink, keys in by_sink.items():
                 self.filler.push(keys, sink)
 
-    def _pool_entry(self, res: Resident, state: int) -> Entry:
-        return Entry(n.POOL_LOOKUP, {n.KEY_CHUNK_KEY: res.info.key}, n.POOL_ENTRY,
-                     {"base_slot": res.base_slot, "frag_count": res.info.frag_count, "chunk_len": res.info.nbytes,
-                      "generation": res.generation, "state": state, "placement": res.placement})
-
     def _generation(self, key: int) -> int:
         """The generation in force for ``key``: the directory's, 0 when it has issued none."""
         version = self.directory.version(key)
@@ -787,7 +499,7 @@ class Controller:
         """Write the entries of ``res``: ``state`` on its switch, UPSTREAM on its relays (MODIFY where ``old`` had)."""
         had = old.switches if old is not None else frozenset()
         for name in sorted(res.site.switches):
-            entry = self._pool_entry(res, state if name == res.site.switch else PoolState.UPSTREAM)
+            entry = pool_entry(res, state if name == res.site.switch else PoolState.UPSTREAM)
             sw = self.switches.get(name)
             if sw is None:
                 continue
@@ -1058,19 +770,6 @@ class Controller:
             })
         self.snapshot = {"time": time.time(), "status": self.status(), "chunks": rows,
                          "policy": dict(self.engine.stats)}
-
-
-def _pool_key(e: Entry) -> int:
-    """The chunk key of a ``pool_lookup`` entry read back from a switch."""
-    key = e.match.get(n.KEY_CHUNK_KEY)
-    if not isinstance(key, int):
-        raise ControllerError(f"pool entry {e.describe()} has no exact chunk key")
-    return key
-
-
-def _int_params(e: Entry) -> dict[str, int]:
-    """The action parameters of an entry read back from a switch (decoded: ints)."""
-    return {k: v for k, v in e.params.items() if isinstance(v, int)}
 
 
 def _default_driver(ep: SwitchEndpoint, settings: ControllerSettings) -> P4RuntimeSwitch:

@@ -4,65 +4,10 @@ An inference engine on the same host talks to its agent through this API (or thr
 ``hostagent.client.AgentClient``, which wraps it).  Keys are 64-bit chunk keys written
 as hex strings (``"0x1f..."`` or bare hex): JSON numbers lose precision past 2**53.
 
-Endpoints:
-
-``GET /v1/health``
-    ``{"ok": true, "pid", "udp": [host, port], "api_url", "tiers"}``.
-``GET /v1/stats``
-    Agent, tier, transport (drops by reason) and API (errors by reason) counters.
-``PUT /v1/chunks/<key>?generation=N``
-    Body: one serialized chunk.  Stores it in the local tiers (publish one chunk).
-``GET /v1/chunks/<key>``
-    The chunk's bytes from the local tiers, or 404.
-``DELETE /v1/chunks/<key>``
-    Forget a chunk: ``{"deleted": bool}``.
-``POST /v1/publish``
-    Body: a *chunk bundle* (below).  Publishes every chunk (a prefix): ``{"published": n,
-    "bytes": total}``.  Header ``X-Kvpool-Generation`` sets their generation.
-``POST /v1/fetch``
-    JSON ``{"keys": [hex, ...]}`` or ``{"model_id", "token_ids", "block_size"}`` (the
-    agent computes the keys of every full block), plus optional ``"holder": "host:port"``
-    (the peer agent's kvpool UDP address), ``"timeout"`` (s) and ``"generation"``.
-    Answers a chunk bundle with the longest prefix found locally or at the holder;
-    ``X-Kvpool-Found`` / ``X-Kvpool-Requested`` count chunks and ``X-Kvpool-Stopped``
-    says why it stopped early; ``X-Kvpool-Timing`` (compact JSON) is where the fetched
-    chunks' transfer time went, summed over them (``hostagent.timing.summarize``).
-    ``"local": false`` bypasses the local tiers: nothing is answered from them and
-    nothing fetched is kept (for experiments that measure every transfer).
-    ``502`` when a chunk of the prefix failed its integrity checks on every try (the JSON
-    error names the chunk and what failed): wrong bytes are never answered.
-``POST /v1/lookup``
-    JSON ``{"keys": [hex, ...]}`` or ``{"model_id", "token_ids", "block_size"}``: how long a
-    prefix of the keys this agent could answer, without moving a byte: ``{"requested",
-    "local", "available"}``, where ``local`` chunks lie in its tiers and ``available`` also
-    counts those the controller's directory knows (an agent registered with one).  A hint for
-    an engine's scheduler: a later fetch may still stop shorter.  At most ``MAX_LOOKUP_KEYS`` keys.
-``POST /v1/push``
-    JSON ``{"keys": [hex, ...], "to": "ip:port"}``: send every fragment of each chunk held
-    here to ``to``, unasked.  A holder fills switch pools this way (the controller names
-    its fill sink as ``to``).  Answers ``{"pushed": n, "missing": [hex, ...]}``.
-``POST /v1/prefetch``
-    Same arguments; fetches into the local tiers and answers JSON ``{"found",
-    "requested", "bytes", "seconds", "stopped", "timing"}`` (no chunk bytes cross the API;
-    ``timing`` as ``X-Kvpool-Timing`` above).
-``POST /v1/hints``
-    The controller's hints (``kvpool.hints``): ``{"ttl_s", "merge", "chunks": [{"key",
-    "path": "single" | "servable", "nbytes"}, ...]}``: whether the switches merge duplicate
-    single GETs, and the chunks worth asking for one fragment at a time (hot, pooled); they
-    replace the previous ones and expire after ``ttl_s``.
-    Answers ``{"chunks": n}``.  ``GET /v1/stats`` shows them under ``transport.hints``.
-
-Chunk bundle (``application/octet-stream``, little-endian): ``u64 n``, then ``n`` pairs
-``u64 key, u64 length``, then the ``n`` chunks back to back.
-
-Bad arguments get ``400`` (``404`` unknown path, ``405`` wrong method, ``411`` no
-Content-Length, ``413`` body too large) with a one-line JSON body ``{"error": "...",
-"code": "..."}`` and are counted in ``stats()["api"]["errors"]`` by code; the body policy
-and the server are ``kvpool.httpjson``'s.  Every call but ``GET`` needs the operator's token
-(``Authorization: Bearer``, ``kvpool.auth``; 401 without it); keep the API on loopback all
-the same.  Bodies are limited to one largest chunk (``MAX_BODY``, refused from the
-Content-Length); a bounded pool of workers serves the requests, and stalled connections time
-out (``kvpool.httpjson``).
+The endpoints, their bodies and answers, the chunk bundle and the error codes:
+docs/design/notes-agent-api.md. Every call but ``GET`` needs the operator's token
+(``Authorization: Bearer``, ``kvpool.auth``); bodies are limited to one largest chunk
+(``MAX_BODY``); the server and the body policy are ``kvpool.httpjson``'s.
 
 The API depends only on ``AgentService`` (below), the few operations it serves;
 ``hostagent.daemon.Agent`` implements it and starts the server.

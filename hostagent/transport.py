@@ -59,7 +59,7 @@ lane and once for all joiners (``_carrier``), so the switches copy it to every j
 joined request whose copies stop (the owner failed or waits for its own budget) asks for the
 rest itself after ``_join_patience_s`` of its own silence.
 
-Integrity.  A chunk is handed out only after it passed its checks (docs/correctness.md):
+Integrity.  A chunk is handed out only after it passed its checks (docs/design/correctness.md):
 once every fragment is in, a serialized chunk is checked as a whole against the checksum
 it carries (``hostagent.envelope``, one xxh3 pass, the common case), and where that fails,
 or the bytes are not a serialized chunk, every fragment is checked against the ``check``

@@ -25,51 +25,13 @@ payload``.  The header is fixed-size, big-endian (network order)::
     |                             check                             |
     +---------------------------------------------------------------+
 
-Field meanings by opcode:
-
-* ``GET``: ask for fragments ``frag_index .. frag_index + frag_count - 1`` of a chunk
-  (``frag_count == 1`` is a single-fragment GET, the only kind a switch can coalesce or
-  serve).  ``payload_len`` is 0.  A GET is either header-only or carries *reply room*:
-  ``FRAG_PAYLOAD`` zero bytes after the header, so the datagram is DATA-sized.  A switch
-  answers a GET from its memory by rewriting it in place, and neither BMv2 (512 bytes of
-  headroom) nor a switch ASIC can grow a packet by 1408 bytes: only a GET with room can be
-  served by the switch.  A switch that does not answer one strips the room before passing
-  it on.  A range GET (``frag_count > 1``) asks the holder for up to the chunk's end.
-* ``DATA``: one fragment.  ``frag_count`` is the number of fragments of the whole chunk,
-  ``chunk_len`` the chunk's serialized length in bytes, ``payload_len`` how many of the
-  ``FRAG_PAYLOAD`` payload bytes are valid.  The payload is always padded to exactly
-  ``FRAG_PAYLOAD`` bytes so a switch parser can extract it as fixed-width slices.
-* ``INVALIDATE``: a writer says the chunk's content changed; ``generation`` is the new
-  generation.  No payload.
-* ``NACK``: the answer to a GET that cannot be served; ``status`` says why.  It echoes
-  the GET's ``frag_index``, ``frag_count``, ``request_id`` and ``generation`` (the one the
-  GET asked for, 0 for "current"), so a switch that coalesced identical GETs can match it.
-  A ``BUSY`` NACK (the holder pushes back) may carry a retry hint in ``chunk_len``:
-  microseconds after which the GET is worth sending again (0: no hint); ``chunk_len`` is 0
-  on every other NACK and switches neither read nor change it.  A ``BUSY`` answering a
-  range GET echoes its range when the holder's queue is full, or names the part of it past
-  the requester's budget (two fragments or more; the rest is answered).  A switch
-  coalesces GETs per chunk: a NACK to the GET that opened a chunk's pending slot reaches
-  every requester whose GET joined it (each re-asks as its own NACK says), and ends the slot.
-
-A holder's DATA carries ``NO_CACHE`` when it answers a GET that had it: the requester
-distrusted a cached copy, and a switch that holds the fragment rewrites it with these
-bytes (repair).
-
-``check`` (DATA only; 0 on every other opcode, where receivers ignore it) is the
-*writer's* integrity check of the fragment: ``fragment_check`` of the fields that say
-which fragment this is (``chunk_key``, ``generation``, ``frag_index``, ``frag_count``,
-``chunk_len``, ``payload_len``) and the ``payload_len`` valid payload bytes.  The holder
-computes it; a switch stores it with the slot and returns it as it is (a switch never
-computes over a payload); every receiver recomputes it.  It is xxh3-64, so a corrupted
-fragment (payload or identity) passes with probability about 2^-64, and a fragment
-served as the wrong one (another chunk, generation or index) fails it.  It protects
-against faults, not against a forger: the writer model keeps forgers out of switch
-memory (docs/design/correctness.md).
-
-``request_id`` is chosen by the requester and echoed in DATA/NACK so it can match
-answers to its own transfer; a switch answering many waiters from one response rewrites
-it per replica.
+Opcodes: ``GET`` asks for a range of fragments (single-fragment GETs with *reply room* are
+the only ones a switch can coalesce or serve); ``DATA`` is one fragment, its payload padded
+to ``FRAG_PAYLOAD``; ``INVALIDATE`` announces a new generation; ``NACK`` answers a GET that
+cannot be served and echoes it, so a switch that coalesced GETs can match it. ``check``
+(DATA only) is the writer's xxh3-64 over the fragment's identity and valid payload: a
+switch stores and returns it, every receiver recomputes it. ``request_id`` is the
+requester's and echoed. Field by field, and why: docs/design/notes-wire.md.
 """
 
 from __future__ import annotations

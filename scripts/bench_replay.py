@@ -2,11 +2,9 @@
 
 Runs ``kvpool demo --trace`` (all three modes on one Mininet star) for every cell of a grid:
 
-* traces: ``conversation`` (the shared Mooncake conversation trace), ``tool`` (agent and
-  tool traffic from ``kvpool workload tool``: bursts of sessions re-sending long system
-  prompts, each agent step extending the previous prompt) and ``sysprompt`` (``kvpool workload
-  sysprompt``: a few long system prompts, each request one of them plus a short question,
-  arriving one by one);
+* traces: ``conversation`` (the shared Mooncake conversation trace), ``tool`` (``kvpool
+  workload tool``: agent sessions re-sending long prompts) and ``sysprompt`` (``kvpool
+  workload sysprompt``: a few long system prompts, each plus a short question);
 * ``--requests`` 48 and 200; ``--requesters`` 4 and 8; ``--time-scales`` 0.25 and 1;
   ``--mbps`` (holder link) 10 and 100; ``--target`` model.
 
@@ -20,36 +18,22 @@ back to back on the same network).
 ``--repeats K`` replays each cell K times and judges the K runs together: each mode's p50
 and p99 are taken over the delivery times of all K replays, its bytes and failures summed.
 A 48-request p50 is one request, and where a trace's delivery times have a gap it moves
-with whichever request lands on either side: on the conversation trace (4 requesters,
-0.25x, 100 Mbit/s) plain's own p50 was 3.13-3.44 s in four runs, multicast's 3.01-3.64 s,
-while per request multicast was the faster at the median.  Each run's own slowdowns are
-kept in the cell's JSON (``runs``).
+with whichever request lands on either side (docs/design/notes-bench_replay.md).  Each
+run's own slowdowns are kept in the cell's JSON (``runs``).
 
 One row per cell, then a last line::
 
     worst_slowdown_vs_plain=<x> failed=<n> bytes_saved_of_ideal=<f>
 
-``code``: the commit the cell ran on (``git describe --always --dirty`` of this checkout;
-``-dirty``: with uncommitted changes), kept in each result as ``code``.
-
-``pair``: request by request, the median of a mode's delivery time over plain's for the
-same request (the same trace request in the same replay): where a p50 sits at a gap in the
-delivery times it moves by one request, while this moves only if most requests do.  It is
-shown beside the judged slowdown, not instead of it.
-
-``sw MB``: the largest median backlog at a switch's ports in any mode of the cell (MB);
-over about 1 MB that mode ran at the software switch's CPU, not at the links' pace, and its
-latencies include that queue (``bmv2_topologies/experiment/backlog.py``).
+The columns (``code``, ``pair``, ``sw MB``): docs/design/notes-bench_replay.md.
 
 ``worst_slowdown_vs_plain``: the largest p50 or p99 delivery time of multicast or pool over
 plain's in the same cell; ``failed``: requests failed in any mode of any cell;
 ``bytes_saved_of_ideal``: the smallest, over cells and the two modes, of the DATA bytes saved
 against plain as a fraction of what the ideal saves against plain (each chunk once per
 overlapping window, ``bmv2_topologies/experiment/load.py``; DATA because the ideal counts no
-GETs), among cells where the ideal saves at least 1% of plain's DATA bytes (``nan`` when no
-cell of the run has such a saving to judge, as in the conversation cells at 200 requests and
-10 Mbit/s, where plain already sends within 1% of the ideal's DATA).
-Done when the first is at most 1.05, the second 0 and the third at least 0.5.
+GETs), among cells where the ideal saves at least 1% of plain's DATA bytes (``nan`` when none
+does).  Done when the first is at most 1.05, the second 0 and the third at least 0.5.
 
     sudo .venv/bin/python scripts/bench_replay.py --lock /tmp/kvpool-netns.lock            # the grid
     sudo .venv/bin/python scripts/bench_replay.py --traces tool --requests 48 --requesters 4 \\

@@ -36,7 +36,8 @@ ROLLBACK_ON_ERROR/DATAPLANE_ATOMIC batches. Also left out here: meters and actio
 clone sessions, named roles. RECONCILE_AND_COMMIT keeps the state (BMv2's fails with
 counters in the program). Capabilities says "1.4.1" (PI says "1.3.0"); the device config
 is stored without checking that it is BMv2 JSON; replicas are read back with
-``egress_port`` even when written with ``port``.
+``egress_port`` even when written with ``port``. One concern, kept in one module over 800
+lines: its checks run in PI's order, so a reader compares them with PI's source top to bottom.
 """
 
 from __future__ import annotations

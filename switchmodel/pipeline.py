@@ -22,12 +22,9 @@ egress                      :mod:`~switchmodel.egress`
 hash algorithms (BMv2)      :mod:`~switchmodel.hashes`
 ==========================  ==================================
 
-Every table, counter, register, digest and multicast group is the one in
-:class:`switchmodel.state.SwitchState`, addressed by its P4Info name (:mod:`kvpool.contract`),
-so a controller programs the model and BMv2 with the same P4Runtime messages.
-``switchmodel/DIFFERENCES.md`` lists where the model knowingly differs from BMv2, and
-``tests/switchmodel/test_model_vs_build.py`` checks its hashes and geometry against the compiled
-``p4/build/kvpool.json``.
+Tables, counters, registers, digests and groups live in :class:`switchmodel.state.SwitchState`
+by P4Info name, so a controller programs the model and BMv2 with the same messages;
+``switchmodel/DIFFERENCES.md`` lists the known differences from BMv2.
 
 v1model details reproduced on purpose (they decide which packets come out):
 
@@ -37,10 +34,9 @@ v1model details reproduced on purpose (they decide which packets come out):
 * a non-zero ``mcast_grp`` wins over ``egress_spec``; each replica carries a copy of the
   headers and user metadata and its own ``egress_rid``; an unknown group replicates to
   nothing;
-* register reads out of range leave the destination unchanged (0 for a fresh local),
-  writes and counter updates out of range do nothing (BMv2 logs and skips them);
-* ``hash`` is ``base + algo(bytes) % max`` on the MSB-first packed field list, with
-  BMv2's CRC definitions (:mod:`switchmodel.hashes`);
+* out-of-range register reads leave the destination unchanged; out-of-range writes and
+  counter updates do nothing (BMv2 logs and skips them);
+* ``hash`` is ``base + algo(bytes) % max`` over the MSB-first packed fields (BMv2's CRCs);
 * the deparser emits the valid headers, then the bytes the parser did not consume.
 """
 

@@ -9,7 +9,8 @@ The P4Runtime server (:mod:`switchmodel.p4rt_server`) writes it from requests de
 :mod:`kvpool.p4rt.codec`, whose value types (``TableEntry``, ``FieldMatch``, ``Replica``...)
 it stores; the packet pipeline reads tables and groups, adds to counters, reads/writes
 registers and emits digests. Everything is addressed by P4Info names (qualified or alias), never ids. All
-methods take one lock, so the gRPC threads and the packet thread can share a state.
+methods take one lock, so the gRPC threads and the packet thread can share a state. One
+concern, kept in one module over 800 lines: the switch's control state under that one lock.
 """
 
 from __future__ import annotations

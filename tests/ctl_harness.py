@@ -81,7 +81,9 @@ class Daemon:
 
     def __init__(self, tmp: Path, heartbeat_timeout_s: float = 3.0, switch: bool = True) -> None:
         from controller.api import ControllerAPI
-        from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, SwitchEndpoint
+        from controller.catalog import Catalog, ChunkInfo
+        from controller.daemon import Controller
+        from controller.settings import ControllerSettings, Mode, SwitchEndpoint
 
         self.switch = ModelSwitch()
         self.state, self.ports, self.server = self.switch.state, self.switch.ports, self.switch.server

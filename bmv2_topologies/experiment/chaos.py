@@ -33,7 +33,7 @@ from typing import Any
 from bmv2_topologies.experiment.config import DemoConfig
 from bmv2_topologies.experiment.testbed import Testbed
 from bmv2_topologies.experiment.workload import Workload, build_workload
-from controller.daemon import Catalog, ChunkInfo
+from controller.catalog import Catalog, ChunkInfo
 from controller.p4runtime import NotMasterError, P4RuntimeError, P4RuntimeSwitch
 from hostagent.client import AgentClient
 from kvpool import contract as n

@@ -50,18 +50,13 @@ from bmv2_topologies.experiment.config import MODES
 from bmv2_topologies.experiment.testbed import StarHosts, fresh_network
 from bmv2_topologies.network import EmulatedNetwork, default_target
 from controller.api import ControllerAPI
-from controller.daemon import (
-    Catalog,
-    ChunkInfo,
-    Controller,
-    ControllerSettings,
-    HolderPushClient,
-    Mode,
-    Override,
-    SwitchEndpoint,
-)
+from controller.catalog import Catalog, ChunkInfo
+from controller.daemon import Controller
 from controller.directory import Directory, Role
 from controller.fabric import FabricSettings
+from controller.holder_push import HolderPushClient
+from controller.overrides import Override
+from controller.settings import ControllerSettings, Mode, SwitchEndpoint
 from hostagent.client import AgentClient
 from hostagent.serialize import serialize
 from kvpool import auth, contract, wire

@@ -39,18 +39,13 @@ from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plo
 from bmv2_topologies.experiment.why import TIMING_FILE, request_row, timing_document
 from bmv2_topologies.experiment.workload import Request, Workload, build_workload
 from bmv2_topologies.network import EmulatedNetwork, NetworkError, default_target, mininet_available
-from controller.daemon import (
-    Catalog,
-    ChunkInfo,
-    Controller,
-    ControllerSettings,
-    HolderPushClient,
-    Mode,
-    SwitchEndpoint,
-)
+from controller.catalog import Catalog, ChunkInfo
+from controller.daemon import Controller
 from controller.fabric import FabricSettings, sink_addresses
 from controller.hints import AgentHintClient
+from controller.holder_push import HolderPushClient
 from controller.policy.site import edge_switches
+from controller.settings import ControllerSettings, Mode, SwitchEndpoint
 from hostagent import timing as fetch_timing
 from hostagent.client import AgentClient
 from kvpool import auth, wire

@@ -15,10 +15,8 @@ the two disagree, :mod:`controller.policy.race`). The switch follows the leader 
 (:class:`~controller.policy.image.SwitchImage`): a hand-over writes nothing; what the new
 leader does not hold stays in the switch as leftovers that keep serving until their slots are
 needed, and a chunk it holds that the switch does not is placed by its next fetch (a miss,
-whose DATA fills it on the way past). Writing the new leader's pool at once, as the engine did
-before, threw away chunks that were still being hit and left slots empty until their chunks
-came by: on the held-out conversation trace that cost 1.1 points of hit ratio at 4 GiB and 1.6
-at 24 GiB (docs/research.md).
+whose DATA fills it on the way past). Writing the new leader's pool at once would throw away
+chunks still being hit (docs/design/notes-policy-engine.md).
 
 Besides the half-life, experts differ in what they take from the prefix tree: how much a
 block's position in its prefix adds to its value (``tilt``: deep blocks sit under long
@@ -33,7 +31,7 @@ Another asks what none of the others does, *when* a chunk comes back
 (:class:`~controller.policy.nextfetch.NextFetchPool`: Belady with the next fetch predicted
 from the chunk's own gaps); on session traffic in small pools it beat them all. The
 expert grid and the leader's thresholds were chosen on the four generated workload families
-(tool, docqa, chat, synthetic) with the Mooncake conversation trace held out; docs/research.md
+(tool, docqa, chat, synthetic) with the Mooncake conversation trace held out; docs/research/README.md
 has the leave-one-family-out table.
 """
 
@@ -167,7 +165,7 @@ class PolicyConfig:
     #: half-life (fetches) of the experts' hit scores, and the margin a challenger must win by.
     #: 10,000 rather than the 40,000 of the eager switch: with leftovers serving, a hand-over costs
     #: less, and a quicker race was at least as good in each of three draws of the generated
-    #: families (cells below the best baseline and share of Belady; docs/research.md)
+    #: families (cells below the best baseline and share of Belady; docs/research/README.md)
     leader_half_life: float = 10_000.0
     leader_margin: float = 0.0
     #: ... and by this many standard deviations of its lead, counted over the fetches where the two
@@ -176,12 +174,12 @@ class PolicyConfig:
     #: ... and by this many hits per chunk the hand-over must fill (a chunk the new leader holds and
     #: the switch does not is a miss at its next fetch, which places it). 0: the race ignores
     #: the refill, which the leave-one-family-out selection preferred on the generated families by
-    #: a hair; the conversation trace alone would have chosen 0.25 (docs/research.md)
+    #: a hair; the conversation trace alone would have chosen 0.25 (docs/research/README.md)
     leader_fill_cost: float = 0.0
     #: fetches between the race's decisions (fold the hits into the scores, maybe hand over). 128
     #: rather than 512: the race acts on a lead as soon as it clears the threshold instead of up to
     #: 511 fetches later, which counts most while the experts first diverge (leave-one-family-out
-    #: choice on the generated families, docs/research.md)
+    #: choice on the generated families, docs/research/README.md)
     epoch_fetches: int = 128
     demote_min_hits: float = 1.0
     sketch_width: int = 1 << 16

@@ -2,7 +2,7 @@
 
 Why a classic among the value experts: the leader race is only as good as its best expert,
 and on bursty agent traffic (a few long prompts re-sent by many sessions) S3-FIFO's quick
-demotion of one-hit chunks beats every decayed-count pool the engine ran (docs/research.md).
+demotion of one-hit chunks beats every decayed-count pool the engine ran (docs/research/README.md).
 Rather than approximate it with probation knobs, :class:`FifoPool` is S3-FIFO itself:
 
 - a first sighting enters the **small** FIFO (a tenth of the slots); leaving it unhit, the

@@ -13,11 +13,11 @@ differs from what the switch holds, and there are two ways to get there:
   fetch that misses on it fills it, exactly as for any admission), and it takes the slots of the
   oldest leftover when the switch is full (leftovers line up in the order the switch placed
   them, and one that is fetched goes to the back of the line; ranking them by the experts'
-  votes instead moved no cell, docs/research.md). The switch converges to the leader
+  votes instead moved no cell, docs/research/README.md). The switch converges to the leader
   at the pace of the fetches, and a hit on a leftover is a hit the eager switch would have
   thrown away.
 
-Over the 30 cells of the leave-one-family-out runs (docs/research.md: same experts, same race)
+Over the 30 cells of the leave-one-family-out runs (docs/research/README.md: same experts, same race)
 the lazy switch is never behind the eager one; on the held-out conversation trace it is worth
 1.1 points of hit ratio at 4 GiB and 1.6 at 24 GiB. A chunk the leader itself evicts is
 a leftover too, for the same reason (it goes when the slots are needed, usually at once).

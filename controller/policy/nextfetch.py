@@ -17,7 +17,7 @@ predicts it from the chunk's own history:
   the score changes with time, so no heap can keep it in order), and the fetched chunk is
   not admitted at all when its own time left is at least the victim's.
 
-Where it pays (docs/research.md, the leave-one-family-out runs): small pools on session
+Where it pays (docs/research/README.md, the leave-one-family-out runs): small pools on session
 traffic, tool at 16 and 64 MiB and chat from 256 MiB to 4 GiB, where decayed counts keep
 chunks that were popular rather than chunks about to be fetched. On docqa and synthetic
 traffic (independent draws from fixed popularities) it trails the frequency experts, and the

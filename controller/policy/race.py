@@ -16,7 +16,7 @@ about 15 hits and a lead of a few dozen is decisive, where the old test asked fo
 Over three draws of the generated families (72 cells of scripts/policy_loo.py) the paired test
 left 8 cells below the best baseline instead of 11 and raised the mean share of Belady from
 0.4625 to 0.4638, and from 0.406 to 0.424 on the held-out conversation trace
-(docs/research.md). It hands over about twice as often; with the switch following the leader
+(docs/research/README.md). It hands over about twice as often; with the switch following the leader
 lazily (image.py) a hand-over writes nothing, which is what made that affordable.
 
 Tallies are decayed by epoch (``half_life`` in fetches), so the race follows a workload that

@@ -47,7 +47,7 @@
  * plain GET the switch could otherwise answer counts as POOL_NO_ROOM and goes on.
  *
  * Across a fabric the controller gives a chunk's bytes to one switch (the one nearest the
- * requesters that all their GETs for it cross, docs/operations.md) and installs the
+ * requesters that all their GETs for it cross, docs/guide/operations.md) and installs the
  * chunk in state UPSTREAM on the switches between the requesters and that one: there a
  * GET keeps its room (POOL_UPSTREAM) for the switch above to answer, and nothing is filled
  * or served.  The first switch without an UPSTREAM entry strips the room as above.

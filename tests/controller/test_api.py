@@ -209,7 +209,7 @@ def test_quota_evicts_the_tenants_chunks_from_the_switch(daemon: Daemon, api: Co
 
 
 def test_overrides_need_the_pool_mode(bare: Daemon) -> None:
-    from controller.daemon import Mode
+    from controller.settings import Mode
 
     bare.controller.settings.mode = Mode.MULTICAST
     e = _refused(ControllerClient(bare.url), "/v1/admit", {"key": f"{SMALL:#x}"})

@@ -11,24 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from controller.daemon import (
-    Catalog,
-    ChunkInfo,
-    Controller,
-    ControllerError,
-    ControllerSettings,
-    EpochReport,
-    Mode,
-    Override,
-    SwitchEndpoint,
-)
+from controller.catalog import Catalog, ChunkInfo
+from controller.daemon import Controller, EpochReport
 from controller.fabric import FabricSettings
+from controller.overrides import Override
 from controller.placement import MARK_KEY
+from controller.settings import ControllerError, ControllerSettings, Mode, SwitchEndpoint
 from kvpool import contract as n
 from kvpool import hints as kh
 from kvpool import wire
@@ -185,19 +177,6 @@ def test_unknown_digest_keys_are_counted_not_admitted(switch: ModelSwitch) -> No
 def test_missing_switch_address_is_an_error() -> None:
     with pytest.raises(ControllerError, match="no P4Runtime address"):
         Controller(TOPO, [], ControllerSettings(p4info=P4INFO))
-
-
-def test_catalog_round_trip_and_errors(tmp_path: Path) -> None:
-    cat = Catalog([ChunkInfo(KEY, None, 0, 5000), ChunkInfo(KEY + 1, KEY, 1, 1408)])
-    path = tmp_path / "chunks.json"
-    cat.save(path)
-    again = Catalog.load(path)
-    assert again.get(KEY + 1) == ChunkInfo(KEY + 1, KEY, 1, 1408)
-    path.write_text('[{"key": "zz"}]')
-    with pytest.raises(ControllerError, match="entry 0"):
-        Catalog.load(path)
-    with pytest.raises(ControllerError, match="no such catalog"):
-        Catalog.load(tmp_path / "none.json")
 
 
 def test_each_epoch_reads_only_the_residents_base_slot_counters(switch: ModelSwitch) -> None:

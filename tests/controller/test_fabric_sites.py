@@ -14,9 +14,12 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, Override, SwitchEndpoint
+from controller.catalog import Catalog, ChunkInfo
+from controller.daemon import Controller
 from controller.fabric import FabricSettings
+from controller.overrides import Override
 from controller.policy.site import Site
+from controller.settings import ControllerSettings, Mode, SwitchEndpoint
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import PoolState

@@ -25,9 +25,11 @@ from typing import Any
 
 import pytest
 
-from controller.daemon import Catalog, ChunkInfo, Controller, ControllerSettings, Mode, SwitchEndpoint
+from controller.catalog import Catalog, ChunkInfo
+from controller.daemon import Controller
 from controller.fabric import FabricSettings
 from controller.placement import MARK_KEY
+from controller.settings import ControllerSettings, Mode, SwitchEndpoint
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.tcp import free_port
