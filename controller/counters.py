@@ -9,11 +9,15 @@ operator's view.
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from kvpool import contract as n
 from kvpool.contract import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
 from kvpool.p4rt.codec import CounterValue
+
+log = logging.getLogger("kvpool.controller")
 
 #: Labelled counter -> (section name in the stats document, its enum).
 LABELLED: dict[str, tuple[str, type[enum.IntEnum]]] = {
@@ -30,6 +34,30 @@ class CounterReader(Protocol):
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, CounterValue]:
         """Cells of an indexed counter, index -> value."""
+
+
+class CellReader(Protocol):
+    """What is needed of a switch driver: ``P4RuntimeSwitch.read_counter_cells``."""
+
+    def read_counter_cells(self, name: str, indices: Iterable[int]) -> dict[int, CounterValue]:
+        """The given cells of an indexed counter, index -> value."""
+
+
+def summed_cells(switches: Iterable[tuple[str, CellReader]], counter: str, indices: list[int]) -> dict[int, int] | None:
+    """Packets of the given cells of ``counter``, summed over ``switches``; None if one read failed.
+
+    None rather than a partial sum: a sum that drops a switch reads as that switch's counts reset.
+    """
+    total: dict[int, int] = {}
+    for name, sw in switches:
+        try:
+            cells = sw.read_counter_cells(counter, indices)
+        except Exception as exc:
+            log.info("switch %s: %s not read this epoch (%s)", name, counter, str(exc).splitlines()[0])
+            return None
+        for idx, v in cells.items():
+            total[idx] = total.get(idx, 0) + v.packets
+    return total
 
 
 def read_stats(sw: CounterReader) -> dict[str, Any]:

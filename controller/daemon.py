@@ -45,8 +45,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controller.catalog import Catalog, ChunkActivity, ChunkInfo
+from controller.counters import summed_cells
 from controller.directory import Directory, Role
 from controller.fabric import SwitchConfig, sink_addresses, switch_configs
+from controller.fills import FillWatch
 from controller.hints import HintPublisher, HintSchedule, HintSink, HotChunks, hints_for
 from controller.holder_push import FillRequester
 from controller.overrides import Override, OverrideRefusedError
@@ -130,6 +132,7 @@ class Controller:
         # Per switch: slot hit counters as last read, and the switch instance they belong to
         # (a restarted switch counts from zero again).
         self._hits_seen: dict[str, dict[int, int]] = {}
+        self._fills = FillWatch()
         self._instance_seen: dict[str, int] = {}
         #: Epochs that failed (and the controller ran on), and the last one's error.
         self.failed_epochs = 0
@@ -365,7 +368,7 @@ class Controller:
         """Send agents the hot and pooled chunks when they changed (or a refresh is due)."""
         if not self.hints.sinks:
             return
-        pooled = set(self.residents)
+        pooled = self._filled()
         hot = self.hot.live(now) - pooled
 
         def nbytes(key: int) -> int:
@@ -405,6 +408,12 @@ class Controller:
                 if delta > 0:
                     total[idx] = total.get(idx, 0) + delta
         return total
+
+    def _filled(self) -> set[int]:
+        """The resident chunks whose last slot was written since their placement (``controller.fills``)."""
+        last = {k: r.base_slot + r.info.frag_count - 1 for k, r in self.residents.items()}
+        ready = [(name, sw) for name, sw in self.switches.items() if sw.ready]
+        return self._fills.update(last, summed_cells(ready, n.SLOT_FILLS, sorted(set(last.values()))) if last else {})
 
     def _baseline_slots(self, slots: list[int]) -> None:
         """Read the hit counters of slots just given to chunks, so their hits count from now."""

@@ -7,7 +7,8 @@ price of a request packet per fragment.  Every other chunk, hot ones included, i
 for with range GETs, which switches coalesce per chunk (p4/include/coalesce.p4).  Each
 epoch the controller turns both sets into hints (``kvpool.hints``):
 
-* a chunk the pool holds (an admitted entry, filling or valid): ``servable``;
+* a chunk the pool holds and has filled (its last slot written since its admission,
+  ``controller.fills``): ``servable``; before that, single GETs would all miss;
 * a chunk reported hot within the last ``hot_ttl_s``: ``single`` (hot: agents ask for it
   by range, as for any chunk not named, and may read it as a sign that it is shared);
 * anything else: no hint, the range path.
