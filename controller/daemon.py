@@ -413,7 +413,8 @@ class Controller:
         """The resident chunks whose last slot was written since their placement (``controller.fills``)."""
         last = {k: r.base_slot + r.info.frag_count - 1 for k, r in self.residents.items()}
         ready = [(name, sw) for name, sw in self.switches.items() if sw.ready]
-        return self._fills.update(last, summed_cells(ready, n.SLOT_FILLS, sorted(set(last.values()))) if last else {})
+        slots = self._fills.unfilled(last)
+        return self._fills.update(last, summed_cells(ready, n.SLOT_FILLS, slots) if slots else {})
 
     def _baseline_slots(self, slots: list[int]) -> None:
         """Read the hit counters of slots just given to chunks, so their hits count from now."""
@@ -456,6 +457,7 @@ class Controller:
             return []
         held = [k for k, r in self.residents.items() if r.site.switch == name]
         self._refill.update(held)  # only the chunks it holds: a relay keeps no bytes
+        self._fills.reset(held)
         return held
 
     def _apply(self, changes: list[Change], report: EpochReport) -> None:

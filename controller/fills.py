@@ -10,15 +10,17 @@ it with range GETs, which the switches coalesce, and whose answers fill it.
 
 Pure: :class:`FillWatch` takes the counts the controller read and says which chunks are
 filled.  Counts are summed over the switches (one slot space for the fabric, so a slot index
-names one chunk everywhere).  A count that went down means a switch restarted with empty
-registers (or stopped answering): the chunk counts as unfilled again until its next pass.
-A fill seen before the first read of a chunk's slot is missed (it becomes the baseline): the
-chunk stays on range GETs, which cost nothing extra, until the next pass.
+names one chunk everywhere).  Only unfilled chunks need reading (``unfilled``): every
+P4Runtime read takes the model switch's CPU from its packets.  A filled chunk stays filled
+until it leaves the pool or ``reset`` (a switch that restarted has empty registers); a count
+that went down before the fill was seen is read as such a restart too.  A fill before the
+first read of a chunk's slot is missed (it becomes the baseline): the chunk stays on range
+GETs, which cost nothing extra, until its next pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -55,3 +57,13 @@ class FillWatch:
             elif count > w.base:
                 w.filled = True
         return {k for k, w in self._watch.items() if w.filled}
+
+    def unfilled(self, last_slots: Mapping[int, int]) -> list[int]:
+        """The last slots worth reading now: those of the chunks not yet seen filled."""
+        return sorted({slot for key, slot in last_slots.items()
+                       if not ((w := self._watch.get(key)) is not None and w.slot == slot and w.filled)})
+
+    def reset(self, keys: Iterable[int]) -> None:
+        """Forget what is known of ``keys`` (their switch lost its registers): unfilled, new baseline."""
+        for key in keys:
+            self._watch.pop(key, None)

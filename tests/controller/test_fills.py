@@ -35,3 +35,17 @@ def test_a_slot_not_read_keeps_the_chunk_unfilled_until_it_is() -> None:
     assert w.update({1: 13}, {}) == set()
     assert w.update({1: 13}, {13: 3}) == set()
     assert w.update({1: 13}, {13: 4}) == {1}
+
+
+def test_only_unfilled_chunks_are_read_and_a_reset_makes_a_chunk_unfilled() -> None:
+    w = FillWatch()
+    last = {1: 13, 2: 20}
+    assert w.unfilled(last) == [13, 20]
+    w.update(last, {13: 0, 20: 0})
+    assert w.update(last, {13: 1, 20: 0}) == {1}
+    assert w.unfilled(last) == [20]  # a filled chunk is not read again
+    assert w.update(last, {20: 0}) == {1}  # and stays filled without a read
+    w.reset([1])  # its switch restarted: empty registers
+    assert w.unfilled(last) == [13, 20]
+    assert w.update(last, {13: 0, 20: 0}) == set()
+    assert w.update(last, {13: 1, 20: 0}) == {1}
