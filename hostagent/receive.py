@@ -98,18 +98,9 @@ class DataRing:
                 log.debug("recvfrom failed: %s", exc)
                 break
             self._c.datagrams_received += 1
-            if n > _L:
-                self._c.drop("oversize")
-                continue
-            try:
-                hdr = wire.parse(buf[:n])
-            except wire.WireError as err:
-                self._c.drop(err.reason)
-                continue
-            if hdr.opcode != wire.Opcode.GET:
-                self._c.drop("unexpected_opcode")
-                continue
-            gets.append((hdr, addr))
+            hdr = self._parse(buf, n, wire.Opcode.GET)
+            if hdr is not None:
+                gets.append((hdr, addr))
         return gets
 
     def _process_batch(self, n: int) -> None:
@@ -144,17 +135,21 @@ class DataRing:
 
     def _slow_packet(self, i: int) -> None:
         """One datagram that is not a plain DATA of the right size: name the reason and drop it, or hand a NACK over."""
-        n = self._lens[i]
-        view = self._slots[i][: min(n, _L)]
+        hdr = self._parse(self._slots[i], self._lens[i], wire.Opcode.NACK)
+        if hdr is not None:
+            self._on_nack(hdr)
+
+    def _parse(self, buf: memoryview, n: int, opcode: wire.Opcode) -> wire.Header | None:
+        """The header of ``buf[:n]`` if it is a well-formed ``opcode`` datagram; else None, its drop counted."""
         if n > _L:
             self._c.drop("oversize")
-            return
+            return None
         try:
-            hdr = wire.parse(view)
+            hdr = wire.parse(buf[:n])
         except wire.WireError as err:
             self._c.drop(err.reason)
-            return
-        if hdr.opcode != wire.Opcode.NACK:
+            return None
+        if hdr.opcode != opcode:
             self._c.drop("unexpected_opcode")
-            return
-        self._on_nack(hdr)
+            return None
+        return hdr
