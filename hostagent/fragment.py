@@ -26,7 +26,7 @@ stored and never marks as received a fragment whose record failed validation.  I
 each stored fragment's ``check`` (and flags); ``bad_fragments`` recomputes the checks
 and ``forget`` un-stores the fragments that failed, so a receiver can ask for exactly
 those again.  Content integrity is checked by the receiver once the chunk is complete
-(``hostagent.transport``): the whole serialized chunk against its own checksum, and
+(``hostagent.transfer``): the whole serialized chunk against its own checksum, and
 fragment by fragment where that fails or the chunk is not a serialized one.
 """
 

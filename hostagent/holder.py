@@ -2,9 +2,9 @@
 
 A holder looks the chunk up in a ``ChunkSource`` (the agent's ``TieredStore``, which
 promotes on access and may front a remote store as its lowest tier) and either returns
-the DATA records to send or the ``Status`` of the NACK to send instead.  Sockets,
-pacing and queueing belong to ``hostagent.transport``; this module is pure so it can be
-tested without a network.
+the DATA records to send or the ``Status`` of the NACK to send instead.  Sockets belong
+to ``hostagent.transport``, admission to ``hostagent.serving``, pacing and queueing to
+``hostagent.send_queue``; this module is pure so it can be tested without a network.
 
 Range rule: a GET whose range *starts* inside the chunk but runs past its end is served
 up to the chunk's last fragment, so a requester that does not know a chunk's length yet

@@ -175,7 +175,7 @@ class Testbed(StarHosts):
             default=load.MIN_DEADLINE_S)
         #: How long an accepted GET waits for its answer: the holder's full queue.
         self.answer_wait_s = cfg.max_queue_ms / 1000
-        #: The longest: a booked return is admitted up to twice the queue bound (hostagent/transport.py).
+        #: The longest: a booked return is admitted up to twice the queue bound (hostagent/serving.py).
         self.longest_answer_s = 2 * cfg.max_queue_ms / 1000
 
     # -------------------------------------------------------------- lifecycle

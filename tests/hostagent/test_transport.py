@@ -21,7 +21,7 @@ from hostagent.gate import RequesterGate
 from hostagent.hints import FabricHints
 from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
-from hostagent.transport import Address, DrainMeter, FetchResult, Transport, TransportConfig, merge_gets
+from hostagent.transport import Address, DrainMeter, FetchResult, Transport, TransportConfig
 from kvpool import wire
 from kvpool.hints import GetPath, Hint, Hints
 
@@ -330,15 +330,15 @@ def test_a_backlogged_holder_makes_up_for_a_late_loop_but_an_idle_one_starts_sha
         hsock, a = (stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) for _ in range(2))
         for s in (hsock, a):
             s.bind(("127.0.0.1", 0))
-        t._hsock = hsock
+        t._queue.sock = hsock
         clock[0] += 1.0  # idle a second: the bucket is as full as it gets
-        t._serve_get(wire.parse(wire.get_packet(1, 0, 1000, request_id=1)), 0, 1000, a.getsockname())
-        t._send_jobs()
+        t._server.serve_get(wire.parse(wire.get_packet(1, 0, 1000, request_id=1)), 0, 1000, a.getsockname())
+        t._queue.send()
         first = t._c.datagrams_sent
         assert first == int(cfg.pace_depth_bytes // wire.DATA_DATAGRAM_LEN)  # 15: 2 ms of sending
         for _ in range(10):
             clock[0] += 0.006
-            t._send_jobs()
+            t._queue.send()
     owed = rate * 0.060 / wire.DATA_DATAGRAM_LEN  # 466 datagrams in the 60 ms
     assert t._c.datagrams_sent - first >= 0.95 * owed  # with the bucket's 2 ms alone: 150
     assert t._c.datagrams_sent - first <= owed + 1  # and never faster than the rate
@@ -466,7 +466,7 @@ def test_an_overtaken_get_waits_out_the_holders_queue_bound_first() -> None:
 
     t = Transport(TransportConfig(port=0, retransmit_timeout_s=0.2, max_queue_s=1.0))
     sent: list[tuple[int, int, int]] = []
-    t._send_get = lambda r, first, count, flags: sent.append((first, count, flags))  # type: ignore[method-assign]
+    t._transfers.send_get = lambda r, first, count, flags: sent.append((first, count, flags))  # type: ignore[method-assign]
     r = _Request(rid=1, key=7, holder=("127.0.0.1", 1), generation=0, result=FetchResult(7),
                  done=threading.Event(), deadline=1e9)
     r.reasm = Reassembler(7, 10 * wire.FRAG_PAYLOAD)
@@ -476,29 +476,12 @@ def test_an_overtaken_get_waits_out_the_holders_queue_bound_first() -> None:
     r.reasm.received[5:] = True  # 5..9 came at 100.2; 0..4 did not
     r.answered_ask = float(r.asked_at[9])
     r.overtaken.append((100.2, r.answered_ask))
-    t._resend_overtaken(r, 100.9)  # past half the timeout, within the queue bound
+    t._transfers.resend_overtaken(r, 100.9)  # past half the timeout, within the queue bound
     assert sent == []
-    t._resend_overtaken(r, 101.3)
+    t._transfers.resend_overtaken(r, 101.3)
     assert sent == [(0, 5, wire.Flag.RETRANSMIT)] and t.stats()["overtaken_retransmits"] == 5
-    t._resend_overtaken(r, 102.0)  # nothing new arrived: nothing asked twice
+    t._transfers.resend_overtaken(r, 102.0)  # nothing new arrived: nothing asked twice
     assert len(sent) == 1
-
-
-def test_merge_gets_joins_adjacent_gets_of_one_request_and_kind() -> None:
-    a, b = ("127.0.0.1", 1000), ("127.0.0.1", 2000)
-
-    def g(idx: int, count: int = 1, rid: int = 1, key: int = 5) -> wire.Header:
-        return wire.Header(wire.Opcode.GET, key, idx, count, rid)
-
-    gets = [(g(0), a), (g(1), a), (g(2, 3), a), (g(5, 2), a), (g(7), a), (g(5), b), (g(6, rid=2), a),
-            (g(7, rid=2), a), (g(9, rid=2), a), (g(10, key=6, rid=2), a)]
-    merged = [(h.request_id, first, count, addr) for h, first, count, addr in merge_gets(gets, cap=100)]
-    # Singles with singles, ranges with ranges: never a single into a range (a conversion
-    # cancels a range's answers; a single's may be what a switch's pending slot waits for).
-    assert merged == [(1, 0, 2, a), (1, 2, 5, a), (1, 7, 1, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a),
-                      (2, 10, 1, a)]
-    capped = [(first, count) for _, first, count, _ in merge_gets([(g(i), a) for i in range(10)], cap=4)]
-    assert capped == [(0, 4), (4, 4), (8, 2)]
 
 
 # ------------------------------------------------------------------ integrity
@@ -1265,12 +1248,12 @@ def test_a_holder_bounds_its_queue_by_the_rate_it_drains_at_not_only_the_rate_it
     assert m.rate == pytest.approx(0.7 * 1e6 + 0.3 * 5e5)
     # A holder paced at 10 MB/s whose host sends 1 MB/s: one second of queue is 1 MB, not 10.
     t = Transport(TransportConfig(port=0, rate_bytes_per_s=10e6, max_queue_s=1.0))
-    unmeasured = t._queue_limit()
+    unmeasured = t._server.queue_limit()
     assert unmeasured == int(10e6 / wire.DATA_DATAGRAM_LEN)
-    t._drain.rate = 1e6
-    assert t._queue_limit() == int(1e6 / wire.DATA_DATAGRAM_LEN)
-    t._drain.rate = 1e3  # never below a twentieth of the pacing rate
-    assert t._queue_limit() == int(0.5e6 / wire.DATA_DATAGRAM_LEN)
+    t._queue.drain.rate = 1e6
+    assert t._server.queue_limit() == int(1e6 / wire.DATA_DATAGRAM_LEN)
+    t._queue.drain.rate = 1e3  # never below a twentieth of the pacing rate
+    assert t._server.queue_limit() == int(0.5e6 / wire.DATA_DATAGRAM_LEN)
 
 
 _TOGETHER = {7: 300_000, 8: 50_000, 9: 20_000}
@@ -1439,7 +1422,7 @@ def test_where_switches_merge_a_full_holder_books_one_return_per_chunk_and_space
         t_a, hint_a = refused(socks[1], 2, 20)
         t_b, hint_b = refused(socks[2], 2, 21)  # another requester, the same chunk
         t_c, hint_c = refused(socks[2], 3, 30)  # another chunk
-        bookings = dict(h._rendezvous)
+        bookings = dict(h._server._rendezvous)
     # Every requester refused for chunk 2 comes back at the same instant (where the switch
     # merges their GETs again): one booking of its four fragments, not one per requester.
     back_a, back_b, back_c = t_a + hint_a / 1e6, t_b + hint_b / 1e6, t_c + hint_c / 1e6
@@ -1472,7 +1455,7 @@ def test_where_switches_merge_a_chunk_refused_in_two_batches_is_booked_whole() -
         refuse(socks[1], 2, range(4, 6), 20)
         refuse(socks[2], 2, range(2, 6), 21)  # another requester, the same fragments: nothing new
         refuse(socks[2], 3, range(2, 4), 30)
-        bookings = dict(h._rendezvous)
+        bookings = dict(h._server._rendezvous)
     assert bookings[2][1:] == (2, 6) and bookings[3][1:] == (2, 4), bookings
     assert bookings[3][0] - bookings[2][0] >= 4 * wire.DATA_DATAGRAM_LEN / 1e6 - 1e-6, bookings
 
@@ -1723,13 +1706,14 @@ def test_answers_to_single_gets_that_waited_the_queue_bound_go_before_the_round(
         for s in (hsock, a, b):
             s.bind(("127.0.0.1", 0))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        t._hsock = hsock
-        t._serve_get(wire.parse(wire.get_packet(1, 1, 1, request_id=1)), 1, 40, a.getsockname())  # a run of singles
+        t._queue.sock = hsock
+        singles = wire.parse(wire.get_packet(1, 1, 1, request_id=1))
+        t._server.serve_get(singles, 1, 40, a.getsockname())  # a run of singles
         for rid in range(10, 20):  # ten other requests' ranges, queued after it
-            t._serve_get(wire.parse(wire.get_packet(2, 0, 8, request_id=rid)), 0, 8, b.getsockname())
+            t._server.serve_get(wire.parse(wire.get_packet(2, 0, 8, request_id=rid)), 0, 8, b.getsockname())
         now = time.monotonic()
-        t._send_lanes(t._jobs, 40, now)  # a round: the singles' request gets one turn of 4
-        t._send_lanes(t._jobs, 40, now + 1.5)  # they have waited past the bound: all of them first
+        t._queue._send_lanes(t._queue.lanes, 40, now)  # a round: the singles' request gets one turn of 4
+        t._queue._send_lanes(t._queue.lanes, 40, now + 1.5)  # they have waited past the bound: all of them first
 
         def count(s: socket.socket) -> int:
             s.setblocking(False)
@@ -1816,7 +1800,8 @@ def _joined_fetch(payload: bytes, joined_at: int, stop_at: int,
                           give_up_s=30.0)
     with _fake_holder(on_get) as holder, Transport(cfg) as r:
         (res,) = r.fetch([9], holder, timeout=20)
-        assert (r._inflight, r._free_inflight) == (0, 0)
+        budget = r._transfers.budget
+        assert (budget.inflight, budget.free_inflight) == (0, 0)
         return res, gets, r.stats()
 
 
@@ -1890,41 +1875,6 @@ def test_a_joiners_re_ask_rides_the_answer_it_joined(flags: int) -> None:
             assert h.stats()["reasks_carried"] == 0
 
 
-def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
-    # Two requesters joined a's answer and ask for what they missed, 0..4 and 0..7, before any of
-    # it went out: the holder queues 0..7 once inside a's answer, not 0..4 twice.
-    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
-    fabric = FabricHints()
-    fabric.update(Hints({}, 60.0, True))
-    t = Transport(TransportConfig(port=0, rate_bytes_per_s=300e3), Holder(_store(chunks)), hints=fabric)
-    a, b, c = ("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.1", 5003)
-    t._serve_get(wire.parse(wire.get_packet(1, 0, 200, request_id=1)), 0, 200, a)
-    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
-    t._serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
-    t._serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
-    lane = t._jobs.by_owner[(a, 1)]
-    assert [(j.first, j.count, j.carried) for j in lane] == [(5, 3, True), (0, 5, True), (0, 200, False)]
-    assert t.stats()["reasks_carried"] == 8
-
-
-def test_a_joiners_re_ask_never_rides_another_joiners_re_ask() -> None:
-    # The owner's answer has left the holder (it may still be crossing a busy switch): the first
-    # joiner's re-ask is answered to it alone.  The second joiner's must not ride that answer:
-    # a RETRANSMIT opens no slot at a switch, so its fragments would reach the first joiner only
-    # and the second would wait its join patience for them.
-    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
-    fabric = FabricHints()
-    fabric.update(Hints({}, 60.0, True))
-    t = Transport(TransportConfig(port=0, rate_bytes_per_s=300e3), Holder(_store(chunks)), hints=fabric)
-    b, c = ("127.0.0.1", 5002), ("127.0.0.1", 5003)
-    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
-    t._serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
-    t._serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
-    assert [(j.first, j.count, j.carried) for j in t._jobs.by_owner[(b, 2)]] == [(0, 5, False)]
-    assert [(j.first, j.count, j.carried) for j in t._jobs.by_owner[(c, 3)]] == [(0, 8, False)]
-    assert t.stats()["reasks_carried"] == 0
-
-
 def test_a_joiner_that_first_sees_another_joiners_re_ask_still_asks_for_what_it_missed() -> None:
     # The first copies a late joiner gets can be another joiner's re-ask riding the answer
     # (fragments 0..2), the answer's own (20..39) only after: what it lacks below the answer's
@@ -1947,5 +1897,6 @@ def test_a_joiner_that_first_sees_another_joiners_re_ask_still_asks_for_what_it_
     with _fake_holder(on_get) as holder, Transport(cfg) as r:
         (res,) = r.fetch([9], holder, timeout=20)
         assert res.ok and bytes(res.data or b"") == payload
-        assert res.retransmit_rounds == 0 and (r._inflight, r._free_inflight) == (0, 0)
+        budget = r._transfers.budget
+        assert res.retransmit_rounds == 0 and (budget.inflight, budget.free_inflight) == (0, 0)
     assert [(g.frag_index, g.frag_count) for g in gets] == [(0, 64), (3, 17)]

@@ -1,0 +1,72 @@
+"""The holder's answer policy on its own: runs of GETs, and where a joiner's re-ask rides."""
+
+from __future__ import annotations
+
+import os
+
+from hostagent.hints import FabricHints
+from hostagent.holder import Holder
+from hostagent.send_queue import SendQueue
+from hostagent.serving import Server, merge_gets
+from hostagent.transport_config import Counters, TransportConfig
+from kvpool import wire
+from kvpool.hints import Hints
+from tests.hostagent.test_transport import _store
+
+
+def _server(chunks: dict[int, bytes]) -> tuple[Server, SendQueue]:
+    """A paced holder's ``Server`` where the switches merge, and its queue (nothing is sent)."""
+    fabric = FabricHints()
+    fabric.update(Hints({}, 60.0, True))
+    cfg = TransportConfig(port=0, rate_bytes_per_s=300e3)
+    c = Counters()
+    queue = SendQueue(cfg, c)
+    return Server(cfg, c, queue, Holder(_store(chunks)), None, fabric), queue
+
+
+def test_merge_gets_joins_adjacent_gets_of_one_request_and_kind() -> None:
+    a, b = ("127.0.0.1", 1000), ("127.0.0.1", 2000)
+
+    def g(idx: int, count: int = 1, rid: int = 1, key: int = 5) -> wire.Header:
+        return wire.Header(wire.Opcode.GET, key, idx, count, rid)
+
+    gets = [(g(0), a), (g(1), a), (g(2, 3), a), (g(5, 2), a), (g(7), a), (g(5), b), (g(6, rid=2), a),
+            (g(7, rid=2), a), (g(9, rid=2), a), (g(10, key=6, rid=2), a)]
+    merged = [(h.request_id, first, count, addr) for h, first, count, addr in merge_gets(gets, cap=100)]
+    # Singles with singles, ranges with ranges: never a single into a range (a conversion
+    # cancels a range's answers; a single's may be what a switch's pending slot waits for).
+    assert merged == [(1, 0, 2, a), (1, 2, 5, a), (1, 7, 1, a), (1, 5, 1, b), (2, 6, 2, a), (2, 9, 1, a),
+                      (2, 10, 1, a)]
+    capped = [(first, count) for _, first, count, _ in merge_gets([(g(i), a) for i in range(10)], cap=4)]
+    assert capped == [(0, 4), (4, 4), (8, 2)]
+
+
+def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
+    # Two requesters joined a's answer and ask for what they missed, 0..4 and 0..7, before any of
+    # it went out: the holder queues 0..7 once inside a's answer, not 0..4 twice.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
+    server, queue = _server(chunks)
+    a, b, c = ("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.1", 5003)
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 200, request_id=1)), 0, 200, a)
+    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
+    lane = queue.lanes.by_owner[(a, 1)]
+    assert [(j.first, j.count, j.carried) for j in lane] == [(5, 3, True), (0, 5, True), (0, 200, False)]
+    assert server._c.reasks_carried == 8
+
+
+def test_a_joiners_re_ask_never_rides_another_joiners_re_ask() -> None:
+    # The owner's answer has left the holder (it may still be crossing a busy switch): the first
+    # joiner's re-ask is answered to it alone.  The second joiner's must not ride that answer:
+    # a RETRANSMIT opens no slot at a switch, so its fragments would reach the first joiner only
+    # and the second would wait its join patience for them.
+    chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
+    server, queue = _server(chunks)
+    b, c = ("127.0.0.1", 5002), ("127.0.0.1", 5003)
+    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(b, 2)]] == [(0, 5, False)]
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(c, 3)]] == [(0, 8, False)]
+    assert server._c.reasks_carried == 0
