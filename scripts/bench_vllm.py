@@ -19,10 +19,11 @@ The model is a randomly initialised Qwen2-architecture config saved with ``save_
   fresh ``cache_salt``: kvpool misses) against a kvpool hit (every full chunk of the shared
   prefix fetched from the holder), interleaved; the first tokens must agree.
 
-The scheduler's lookup is answered by the holder agent (the connector's ``agent_url`` on
-the scheduler's half only): in a deployment the controller's directory tells the requester
-agent that the holder has the chunks, and there is no controller here.  The requester forgets
-fetched chunks after every run, so every hit crosses UDP.  Ratios of one run only: the
+The holder agent answers the scheduler's lookup (the connector's ``lookup_url``): in a
+deployment the controller's directory tells the requester agent that the holder has the
+chunks, and there is no controller here.  ``keep: false``: the requester keeps no fetched
+chunk, so every hit crosses UDP (the raw fetch too).  Saves are off while timing; one run per
+prompt length publishes its chunks first, straight to the holder.  Ratios of one run only: the
 machine's load moves the absolute times.  ``--save`` writes both tables as
 ``results/bench-vllm-{load,ttft}.json`` (``kvpool report``'s ``table`` kind).
 """
@@ -91,7 +92,8 @@ class Bench:
         self.requester = spawn_agent(tmp / "requester", "--log-level", "WARNING")
         self.hc, self.rc = AgentClient(self.holder.api_url), AgentClient(self.requester.api_url)
         self.model_id = f"bench-vllm-qwen2.5-0.5b-shape-{args.layers}l-{args.dtype}"
-        extra = {"agent_url": self.requester.api_url, "holder": self.holder.udp_address, "model_id": self.model_id,
+        extra = {"agent_url": self.requester.api_url, "holder": self.holder.udp_address,
+                 "lookup_url": self.holder.api_url, "keep": False, "model_id": self.model_id,
                  "lookup_timeout_s": 10.0, "fetch_timeout_s": 300.0, "save_timeout_s": 300.0, "save": False}
         transfer = KVTransferConfig(kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector",
                                     kv_role="kv_both", kv_load_failure_policy="recompute",
@@ -103,8 +105,6 @@ class Bench:
                        seed=0, kv_transfer_config=transfer)
         self.worker = get_kv_transfer_group()
         self.scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler.connector
-        # The scheduler asks the holder, standing in for the controller's directory (module docstring).
-        self.scheduler.settings = dataclasses.replace(self.scheduler.settings, agent_url=self.holder.api_url)
         self.chunk_tokens: int = self.worker.chunk_tokens
         self.chunk_shape, self.chunk_bytes = self._chunk_geometry()
 
@@ -122,11 +122,6 @@ class Bench:
         """Stop the agents and let the engine go."""
         self.holder.stop()
         self.requester.stop()
-
-    def forget(self, keys: list[int]) -> None:
-        """Make the requester drop what a fetch left in its tiers, so the next one crosses UDP."""
-        for k in keys:
-            self.rc.delete_chunk(k)
 
     # -------------------------------------------------------------------------------- load
     def bench_load(self) -> tuple[list[list[str]], dict[str, float], list[str]]:
@@ -152,7 +147,7 @@ class Bench:
         _progress(f"load: {n} chunks of {len(blobs[0])} B ({total / MIB:.0f} MiB), {self.args.reps} paired reps")
 
         def raw() -> None:
-            got, _, stopped = self.rc.fetch_chunks(keys, holder, timeout=300)
+            got, _, stopped = self.rc.fetch_chunks(keys, holder, timeout=300, local=False)
             if len(got) != n:
                 raise RuntimeError(f"raw fetch got {len(got)}/{n} chunks: {stopped}")
 
@@ -174,7 +169,6 @@ class Bench:
                 t0 = time.perf_counter()
                 fn()
                 dt = time.perf_counter() - t0
-                self.forget(keys)
                 if rep >= 0:
                     times[name].append(dt)
             if rep >= 0:
@@ -253,7 +247,6 @@ class Bench:
                 loaded = self.worker.counters["loaded_chunks"]
                 t_hit, tok_hit = self.generate(tokens, salt)
                 got = self.worker.counters["loaded_chunks"] - loaded
-                self.forget(keys)
                 if got != len(keys) or tok_hit != tok_pre or tok_pre != first:
                     raise RuntimeError(f"ttft {length}: the hit loaded {got}/{len(keys)} chunks; "
                                        f"first tokens {tok_pre} (prefill), {tok_hit} (hit), {first} (first run)")

@@ -13,6 +13,6 @@ if [[ "${KVPOOL_WITH_VLLM:-1}" != 0 ]]; then
   # The main venv cannot hold vLLM (protobuf): its connector's tests run here, in vLLM's venv
   # (set up by scripts/setup.sh), and skip with a reason in the main venv's run below.
   echo "[test] vLLM connector"
-  "${KVPOOL_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q tests/hostagent/test_vllm_connector.py tests/hostagent/test_vllm_prefix_cache.py
+  "${KVPOOL_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q tests/hostagent/test_vllm_*.py
 fi
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"
