@@ -209,6 +209,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             "lookups": 0, "lookup_hits": 0, "lookup_errors": 0, "loaded_chunks": 0, "load_failed_chunks": 0,
             "saved_chunks": 0, "save_errors": 0, "saves_dropped": 0,
         }
+        self.load_seconds = 0.0
+        """Wall time of every load so far (fetch, check and copy into the paged cache; worker half)."""
         # Scheduler half.
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
@@ -374,6 +376,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         True when every chunk was written."""
         cb = self.settings.chunk_blocks
         written = 0
+        t0 = time.perf_counter()
         # The agent answers within fetch_timeout_s; the socket waits a little longer for that answer.
         client = self._agent(self.settings.fetch_timeout_s + 2.0)
         try:
@@ -397,6 +400,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except (ChunkFormatError, ValueError, RuntimeError) as exc:
             log.warning("kvpool chunk for %s unusable (%s): recomputing", load.req_id, exc)
         self._count("loaded_chunks", written)
+        with self._lock:
+            self.load_seconds += time.perf_counter() - t0
         if written < len(load.keys):
             self._count("load_failed_chunks", len(load.keys) - written)
             self._failed_blocks.update(load.block_ids[max(written * cb, load.skip) :])

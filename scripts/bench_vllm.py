@@ -188,20 +188,23 @@ class Bench:
             copy_times.append((time.perf_counter() - t0) * n / len(fetched))
         times["copy"] = copy_times
         ratios = [r / ld for r, ld in zip(times["raw"], times["load"], strict=True)]
-        med_raw = statistics.median(times["raw"])
-        rows = []
-        for label, key in (("agent's raw fetch (AgentClient.fetch_chunks)", "raw"),
-                           ("connector load path (KvpoolConnector._load)", "load"),
-                           ("  of which check + copy into the paged cache", "copy")):
-            med = statistics.median(times[key])
-            rows.append([label, f"{med * 1e3:.0f}", f"{total / med / 1e6:.0f}", f"{med_raw / med:.2f}"])
+        headline = statistics.median(ratios)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows = [["agent's raw fetch (AgentClient.fetch_chunks)", f"{med['raw'] * 1e3:.0f}",
+                 f"{total / med['raw'] / 1e6:.0f}", "1.00"],
+                ["connector load path (KvpoolConnector._load)", f"{med['load'] * 1e3:.0f}",
+                 f"{total / med['load'] / 1e6:.0f}", f"{headline:.2f}"],
+                ["  of which check + copy into the paged cache", f"{med['copy'] * 1e3:.0f}",
+                 f"{total / med['copy'] / 1e6:.0f}", "-"]]
         notes = [
             f"{n} chunks of {self.chunk_tokens} tokens ({len(blobs[0]) / MIB:.2f} MiB each, {total / MIB:.0f} MiB), "
             f"holder agent -> requester agent over kvpool UDP on 127.0.0.1, {self.args.reps} paired reps (medians)",
-            "load: the fetch plus the integrity check and the copy into every layer's blocks, checked afterwards",
-            f"load/raw per rep (paired): {', '.join(f'{r:.2f}' for r in ratios)}",
+            "load: the fetch plus the integrity check and the copy into every layer's blocks, checked afterwards; "
+            f"the check and copy alone (from chunks already fetched) take {med['copy'] / med['load']:.0%} of it",
+            "goodput vs raw fetch: the median of the paired raw/load time ratios: "
+            + ", ".join(f"{r:.2f}" for r in ratios),
         ]
-        return rows, {"load_vs_raw_fetch": statistics.median(ratios)}, notes
+        return rows, {"load_vs_raw_fetch": headline}, notes
 
     # -------------------------------------------------------------------------------- ttft
     def generate(self, tokens: list[int], salt: str) -> tuple[float, int]:
@@ -288,7 +291,13 @@ def _save(root: Path, name: str, title: str, columns: list[str], rows: list[list
     info = run_info(where=root)
     if description:
         info["machine"]["description"] = description
-    doc = {"kind": "table", "command": info["command"], "commit": info["commit"], "dirty": info["dirty"],
+    # The command that reproduces the table: the script's path and its options, not --save's.
+    argv = [a for a in sys.argv[1:] if a != "--save"]
+    if "--machine" in argv:
+        i = argv.index("--machine")
+        del argv[i : i + 2]
+    command = " ".join(["scripts/bench_vllm.py", *argv])
+    doc = {"kind": "table", "command": command, "commit": info["commit"], "dirty": info["dirty"],
            "date": info["date"], "machine": info["machine"], "note": f"{title}. " + " ".join(notes),
            "figures": {"columns": columns, "rows": rows}}
     path = root / "results" / f"{name}.json"
@@ -308,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-tokens", type=int, default=4096, help="tokens of KV the load section moves (default 4096)")
     p.add_argument("--reps", type=int, default=3, help="timed pairs per measurement (default 3)")
     p.add_argument("--sections", default="load,ttft", help="comma-separated, from load, ttft (default both)")
-    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="VLLM_CPU_KVCACHE_SPACE (default 4)")
+    p.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE, whole GiB (default 4)")
     p.add_argument("--save", action="store_true", help="write results/bench-vllm-{load,ttft}.json")
     p.add_argument("--machine", help="a description of the machine for --save (default: CPUs and arch)")
     return p
@@ -329,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--lengths must be at least one block, --reps and --layers positive")
     # vLLM reads these when imported: one process (no engine-core subprocess), a bounded KV cache.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
     root = Path(__file__).resolve().parent.parent
     results: list[tuple[str, str, list[str], list[list[str]], dict[str, float], list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-vllm-") as tmp:
@@ -337,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runs: list[tuple[str, str, list[str], Callable[[], tuple[list[list[str]], dict[str, float], list[str]]]]]
             runs = [("bench-vllm-load", "load: the connector's load path vs the agent's raw fetch",
-                     ["path", "median ms", "MB/s", "vs raw fetch"], bench.bench_load),
+                     ["path", "median ms", "MB/s", "goodput vs raw fetch"], bench.bench_load),
                     ("bench-vllm-ttft", f"TTFT: kvpool hit vs full prefill (Qwen2.5-0.5B shape, {args.layers} "
                      f"layers, {args.dtype}, random weights)",
                      ["prompt tokens", "from kvpool", "MiB fetched", "prefill ms", "hit ms", "hit / prefill"],
