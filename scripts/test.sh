@@ -13,6 +13,6 @@ if [[ "${KVPOOL_WITH_VLLM:-1}" != 0 ]]; then
   # The main venv cannot hold vLLM (protobuf): its connector's tests run here, in vLLM's venv
   # (set up by scripts/setup.sh), and skip with a reason in the main venv's run below.
   echo "[test] vLLM connector"
-  "${KVPOOL_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q tests/hostagent/test_vllm_*.py
+  "${KVPOOL_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q tests/hostagent/test_vllm_*.py tests/bmv2_topologies/test_vllm_*.py
 fi
 echo "[test] pytest"; exec "$VENV/bin/python" -m pytest "$@"
