@@ -21,7 +21,13 @@ in that request (fetch, integrity check, copy into the paged cache). With ``seri
 takes ``--lock-file`` once its fetch is done (in the first engine step, after the connector's
 load) and holds it until the request ends; the wait is left out of TTFT, so fetches still
 overlap on the network while one host computes at a time. Nothing is published: the holder has
-the prefix. The answer has ``ttft_host``'s fields.
+the prefix. The answer has ``ttft_host``'s fields (``top_logit`` is the first token's log-probability).
+
+``--publish-prefix TOKENS.json --out DIR`` (outside Mininet, before the run) is the other use:
+vLLM prefills the prefix with the connector saving to an agent in this process, and every
+chunk it saved is written to ``DIR/<key>.chunk``: what the holder publishes, computed by the
+engine that will read it (transformers' KV of the same weights differs in the last bits, enough
+to flip a greedy token of a random model now and then).
 """
 
 from __future__ import annotations
@@ -139,6 +145,41 @@ _ANSWERS: TextIO = sys.stdout
 """Where answers go: the process's stdout, which nothing else may write to (``main`` sees to it)."""
 
 
+def publish_prefix(model_dir: Path, model_id: str, block_tokens: int, prefix: list[int], out: Path,
+                   max_model_len: int) -> int:
+    """Prefill ``prefix`` with the connector saving to an in-process agent; write its chunks to ``out``."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.inputs import TokensPrompt
+
+    from hostagent.chunking import chunk_keys
+    from hostagent.daemon import Agent, AgentConfig
+
+    agent = Agent(AgentConfig(udp_port=0, api_port=0, log_level="WARNING"))
+    agent.start()
+    try:
+        extra = {"agent_url": agent.api_url, "model_id": model_id, "load": False, "save": True}
+        transfer = KVTransferConfig(kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector",
+                                    kv_role="kv_both", kv_load_failure_policy="recompute",
+                                    kv_connector_extra_config=extra)
+        llm = LLM(model=str(model_dir), dtype="float32", enforce_eager=True, block_size=block_tokens,
+                  enable_prefix_caching=False, max_model_len=max_model_len, seed=0, kv_transfer_config=transfer)
+        llm.generate([TokensPrompt(prompt_token_ids=prefix)], SamplingParams(temperature=0.0, max_tokens=1),
+                     use_tqdm=False)
+        get_kv_transfer_group().flush()
+        out.mkdir(parents=True, exist_ok=True)
+        keys = chunk_keys(model_id, prefix, block_tokens)
+        for key in keys:
+            blob = agent.chunk(key)
+            if blob is None:
+                raise RuntimeError(f"the connector saved no chunk {key:#018x} of the prefix")
+            (out / f"{key:016x}.chunk").write_bytes(bytes(blob))
+        return len(keys)
+    finally:
+        agent.stop()
+
+
 def _say(obj: object) -> None:
     print(json.dumps(obj), file=_ANSWERS, flush=True)
 
@@ -147,14 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     """Serve ``go`` commands until ``quit``; 2 on bad arguments."""
     ap = argparse.ArgumentParser(prog="python -m bmv2_topologies.vllm_host",
                                  description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--name", required=True, help="this host's name (echoed in the ready line)")
+    ap.add_argument("--publish-prefix", type=Path, metavar="TOKENS_JSON",
+                    help="instead of serving: prefill these tokens, write the chunks to --out, exit")
+    ap.add_argument("--out", type=Path, help="where --publish-prefix writes <key>.chunk files")
+    ap.add_argument("--name", help="this host's name (echoed in the ready line)")
     ap.add_argument("--model-dir", type=Path, required=True, help="the saved model (config, weights, tokenizer)")
     ap.add_argument("--model-id", required=True, help="the model id of the chunk keys (the holder's)")
     ap.add_argument("--block-tokens", type=int, required=True, help="tokens per chunk = vLLM's block size")
-    ap.add_argument("--agent", required=True, help="the local agent's API (unix:/path or http://host:port)")
-    ap.add_argument("--lookup", required=True, help="the API of the agent that answers lookups (the holder's)")
-    ap.add_argument("--holder", required=True, help="the holder's kvpool address host:port")
-    ap.add_argument("--lock-file", type=Path, required=True, help="the machine-wide compute lock for serial requests")
+    ap.add_argument("--agent", help="the local agent's API (unix:/path or http://host:port)")
+    ap.add_argument("--lookup", help="the API of the agent that answers lookups (the holder's)")
+    ap.add_argument("--holder", help="the holder's kvpool address host:port")
+    ap.add_argument("--lock-file", type=Path, help="the machine-wide compute lock for serial requests")
     ap.add_argument("--token-file", type=Path, help="the operator's token file (default: kvpool.auth's)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for this host (default 1)")
     ap.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output (default 2048)")
@@ -162,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.block_tokens < 1 or args.block_tokens % 32 or args.threads < 1:
         ap.error("--block-tokens must be a positive multiple of 32 (vLLM's CPU attention), --threads positive")
+    needed = {"--out": args.out} if args.publish_prefix else {
+        "--name": args.name, "--agent": args.agent, "--lookup": args.lookup, "--holder": args.holder,
+        "--lock-file": args.lock_file}
+    missing = [flag for flag, value in needed.items() if value is None]
+    if missing:
+        ap.error(f"missing {', '.join(missing)}")
     # The answers keep stdout to themselves: vLLM logs to stdout, so everything else written to
     # file descriptor 1 (Python or C) goes to stderr from here on.
     global _ANSWERS
@@ -180,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     from kvpool import auth
 
     torch.set_num_threads(args.threads)
+    if args.publish_prefix is not None:
+        prefix = [int(x) for x in json.loads(args.publish_prefix.read_text())]
+        n = publish_prefix(args.model_dir, args.model_id, args.block_tokens, prefix, args.out, args.max_model_len)
+        _say({"published": n})
+        return 0
     t = time.perf_counter()
     token = auth.secret(args.token_file) if args.token_file else None
     host = VllmHost(args.model_dir, args.model_id, args.block_tokens, args.agent, args.lookup, args.holder, token,

@@ -120,13 +120,36 @@ def publish_workload(spec: ModelSpec, prefix: list[int], block_tokens: int) -> t
     return Workload([], blobs, parents, positions), fingerprint(model)
 
 
+def vllm_workload(cfg: TtftConfig, prefix: list[int], model_dir: Path) -> Workload:
+    """The prefix's KV as vLLM computes it (``vllm_host --publish-prefix``), from the model saved in ``model_dir``."""
+    save_model(cfg.model, model_dir)
+    tokens = model_dir.parent / "prefix.json"
+    tokens.write_text(json.dumps(prefix))
+    out = model_dir.parent / "prefix-chunks"
+    log_path = model_dir.parent / "publish.log"
+    with log_path.open("wb") as err:
+        done = subprocess.run(
+            [str(vllm_python()), "-m", "bmv2_topologies.vllm_host", "--publish-prefix", str(tokens), "--out", str(out),
+             "--model-dir", str(model_dir), "--model-id", cfg.model.model_id, "--block-tokens", str(cfg.block_tokens),
+             "--max-model-len", str(len(prefix) + cfg.block_tokens)],
+            stdout=subprocess.PIPE, stderr=err, timeout=600, check=False)
+    if done.returncode != 0:
+        raise TtftError(f"vLLM could not compute the prefix's KV (exit {done.returncode}; log: {log_path})")
+    keys = chunk_keys(cfg.model.model_id, prefix, cfg.block_tokens)
+    blobs = {k: (out / f"{k:016x}.chunk").read_bytes() for k in keys}
+    parents: dict[int, int | None] = {k: (keys[i - 1] if i else None) for i, k in enumerate(keys)}
+    return Workload([], blobs, parents, {k: i for i, k in enumerate(keys)})
+
+
 # ------------------------------------------------------------------------------ the hosts
 class Hosts:
     """The model process in every requester host, spoken to over its stdin/stdout (one JSON line each way)."""
 
-    def __init__(self, bed: Testbed, cfg: TtftConfig) -> None:
+    def __init__(self, bed: Testbed, cfg: TtftConfig, model_dir: Path | None = None) -> None:
         self.bed = bed
         self.cfg = cfg
+        self.model_dir = model_dir
+        """The saved model vLLM hosts load (``engine="vllm"``)."""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lines: list[queue.Queue[bytes]] = []
         self.ready: list[dict[str, Any]] = []
@@ -139,9 +162,8 @@ class Hosts:
         lock = (bed.run_dir / "compute.lock").resolve()
         assert bed.token is not None  # the testbed is running
         if cfg.engine == "vllm":
-            model_dir = (bed.run_dir / "model").resolve()
-            save_model(cfg.model, model_dir)
-            exe = [str(vllm_python()), "-m", "bmv2_topologies.vllm_host", "--model-dir", str(model_dir),
+            assert self.model_dir is not None
+            exe = [str(vllm_python()), "-m", "bmv2_topologies.vllm_host", "--model-dir", str(self.model_dir.resolve()),
                    "--model-id", cfg.model.model_id, "--lookup", bed.api(bed.holder.name),
                    "--max-model-len", str(cfg.published_tokens + cfg.suffix_tokens + cfg.steps + cfg.block_tokens),
                    "--fetch-timeout", str(cfg.fetch_timeout_s)]
@@ -286,13 +308,20 @@ class TtftRun:
         self.log = log_fn
         self.prompts = Prompts.draw(cfg)
         t = time.perf_counter()
-        self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
-        self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed in {time.perf_counter() - t:.1f} s")
+        model_dir: Path | None = None
+        self.fingerprint: str | None = None
+        if cfg.engine == "vllm":
+            model_dir = out / "model"
+            self.workload = vllm_workload(cfg, self.prompts.prefix, model_dir)
+        else:
+            self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
+        self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed by {cfg.engine} in "
+                 f"{time.perf_counter() - t:.1f} s")
         demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target, modes=cfg.modes,
                           block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, out=out,
                           deadline_s=cfg.fetch_timeout_s, seed=cfg.seed)
         self.bed = Testbed(demo, self.workload)
-        self.hosts = Hosts(self.bed, cfg)
+        self.hosts = Hosts(self.bed, cfg, model_dir)
         self.keys = list(self.workload.blobs)
 
     def fragments(self, prefix_tokens: int) -> int:

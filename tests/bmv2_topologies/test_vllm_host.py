@@ -1,9 +1,9 @@
 """The ttft experiment's vLLM host (``bmv2_topologies.vllm_host``) against real agents on loopback.
 
-Runs in the vLLM venv (``scripts/test.sh`` runs it there; elsewhere it skips): the holder
-publishes the prefix's KV as the experiment does (transformers' forward pass of the same seeded
-model), the host process fetches it through its own agent with ``KvpoolConnector`` and must
-answer a full prefill's greedy tokens.
+Runs in the vLLM venv (``scripts/test.sh`` runs it there; elsewhere it skips): the prefix's
+KV is computed as the experiment computes it (``vllm_host --publish-prefix``) and published on a
+holder agent; the host process fetches it through its own agent with ``KvpoolConnector`` and
+must answer a full prefill's greedy tokens.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ if importlib.util.find_spec("vllm") is None:
 import torch
 
 from bmv2_topologies.experiment.ttft_config import QUICK_MODEL, VLLM_BLOCK_TOKENS
-from bmv2_topologies.ttft_host import build_model, save_model
+from bmv2_topologies.ttft_host import save_model
 from hostagent.chunking import chunk_keys
 from hostagent.client import AgentClient
 from hostagent.daemon import spawn_agent
-from hostagent.layouts import chunks_from_hf
-from hostagent.serialize import serialize
 
 pytestmark = pytest.mark.slow
 
@@ -48,15 +46,21 @@ def test_vllm_host_answers_full_prefill_tokens_from_fetched_kv(tmp_path: Path) -
     save_model(spec, tmp_path / "model")
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, spec.vocab, (4 * block,), generator=gen).tolist()
-    with torch.no_grad():
-        out = build_model(spec)(torch.tensor([prefix]), use_cache=True, logits_to_keep=1)
-    chunks = chunks_from_hf(out.past_key_values, block)
+    (tmp_path / "prefix.json").write_text(json.dumps(prefix))
+    published = subprocess.run(
+        [sys.executable, "-m", "bmv2_topologies.vllm_host", "--publish-prefix", str(tmp_path / "prefix.json"),
+         "--out", str(tmp_path / "chunks"), "--model-dir", str(tmp_path / "model"), "--model-id", spec.model_id,
+         "--block-tokens", str(block), "--max-model-len", "512"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert published.returncode == 0, published.stderr[-2000:]
+    assert json.loads(published.stdout) == {"published": 4}
     keys = chunk_keys(spec.model_id, prefix, block)
+    blobs = [(tmp_path / "chunks" / f"{k:016x}.chunk").read_bytes() for k in keys]
     holder = spawn_agent(tmp_path / "holder", "--log-level", "WARNING")
     requester = spawn_agent(tmp_path / "requester", "--log-level", "WARNING")
     proc: subprocess.Popen[str] | None = None
     try:
-        AgentClient(holder.api_url).publish_chunks(keys, [serialize(chunks[i]) for i in range(len(keys))])
+        AgentClient(holder.api_url).publish_chunks(keys, blobs)
         proc = subprocess.Popen(
             [sys.executable, "-m", "bmv2_topologies.vllm_host", "--name", "h1", "--model-dir", str(tmp_path / "model"),
              "--model-id", spec.model_id, "--block-tokens", str(block), "--agent", requester.api_url,
