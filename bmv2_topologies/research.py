@@ -13,7 +13,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from bmv2_topologies.experiment.ttft_config import SCHEMES, TtftConfig
+from bmv2_topologies.experiment.ttft_config import ENGINES, SCHEMES, VLLM_BLOCK_TOKENS, TtftConfig
 from controller.sim.experiments import cli as sim_cli
 
 TTFT_HELP = "TTFT of a real model on the Mininet star: full prefill vs the prefix's KV fetched through kvpool (root)"
@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    f"{','.join(map(str, d.requesters))}; --quick: 1,2)")
     g.add_argument("--holder-mbps", type=float, help=f"holder link bandwidth (default {d.holder_mbps:g})")
     g.add_argument("--waves", type=int, help=f"waves per requester count and mode (default {d.waves}; --quick: 1)")
+    g.add_argument("--engine", choices=ENGINES, default="transformers",
+                   help="what runs the model on every requester: transformers driven by hand (default) or vLLM "
+                   f"with kvpool's KV connector (the vLLM venv, scripts/setup_vllm.sh; {VLLM_BLOCK_TOKENS}-token "
+                   "chunks)")
     g.add_argument("--schemes", help=f"compute schemes, comma-separated subset of {','.join(SCHEMES)} (default both; "
                    "--quick: serial)")
 
@@ -38,6 +42,11 @@ def ttft_config(args: argparse.Namespace) -> TtftConfig:
     """The ttft configuration the flags ask for, validated (ValueError names the first bad flag)."""
     cfg = TtftConfig.for_quick() if args.quick else TtftConfig()
     changes: dict[str, object] = {"seed": args.seed}
+    engine = getattr(args, "engine", "transformers")
+    if engine != "transformers":
+        changes["engine"] = engine
+        if cfg.block_tokens % VLLM_BLOCK_TOKENS:
+            changes["block_tokens"] = VLLM_BLOCK_TOKENS
     if args.target is not None:
         changes["target"] = args.target
     if args.requesters is not None:

@@ -60,6 +60,18 @@ def build_model(spec: ModelSpec) -> Any:
     return model
 
 
+def save_model(spec: ModelSpec, path: Path) -> None:
+    """``spec``'s model (``build_model``'s weights) and a word-level tokenizer, saved where vLLM loads them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    build_model(spec).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(spec.vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")  # type: ignore[no-untyped-call]
+    fast.save_pretrained(path)
+
+
 def fingerprint(model: Any) -> str:
     """A digest of every weight's bytes: equal on two hosts exactly when their models are."""
     h = hashlib.blake2b(digest_size=8)

@@ -82,6 +82,11 @@ class ConnectorSettings:
     """The local ``kvpool-agent``'s API."""
     holder: str | None = None
     """A holder's kvpool UDP address (``host:port``) to fetch from; None: the agent's directory."""
+    lookup_url: str | None = None
+    """The agent whose ``/v1/lookup`` answers the scheduler; None: ``agent_url``.  Where no controller
+    runs, the holder's API stands in for the directory (what it holds, the local agent fetches)."""
+    keep: bool = True
+    """Keep fetched chunks in the local agent's tiers (False: every load crosses the network)."""
     model_id: str | None = None
     """Scopes the key chain; default: model, revision, dtype and KV-cache dtype of the engine."""
     chunk_blocks: int = 1
@@ -204,6 +209,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             "lookups": 0, "lookup_hits": 0, "lookup_errors": 0, "loaded_chunks": 0, "load_failed_chunks": 0,
             "saved_chunks": 0, "save_errors": 0, "saves_dropped": 0,
         }
+        self.load_seconds = 0.0
+        """Wall time of every load so far (fetch, check and copy into the paged cache; worker half)."""
         # Scheduler half.
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
@@ -217,7 +224,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ the agent
 
-    def _agent(self, timeout: float) -> AgentClient | None:
+    def _agent(self, timeout: float, url: str | None = None) -> AgentClient | None:
         """A client whose every socket operation is bounded by ``timeout``; None while the agent is
         left alone.  A new one per call: threads share no connection, and the token is read afresh
         (an agent started after the engine creates it)."""
@@ -225,7 +232,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if time.monotonic() < self._quiet_until:
                 return None
         try:
-            return AgentClient(self.settings.agent_url, timeout, self.settings.token)
+            return AgentClient(url or self.settings.agent_url, timeout, self.settings.token)
         except (ValueError, OSError) as exc:
             self._agent_failed("connect", exc)
             return None
@@ -256,7 +263,7 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         usable = state.keys[: min((state.prompt_len - 1) // self.chunk_tokens, MAX_LOOKUP_KEYS)]
         if len(usable) * self.chunk_tokens <= num_computed_tokens:
             return 0, False
-        client = self._agent(self.settings.lookup_timeout_s)
+        client = self._agent(self.settings.lookup_timeout_s, self.settings.lookup_url)
         if client is None:
             return 0, False
         self._count("lookups")
@@ -369,13 +376,14 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         True when every chunk was written."""
         cb = self.settings.chunk_blocks
         written = 0
+        t0 = time.perf_counter()
         # The agent answers within fetch_timeout_s; the socket waits a little longer for that answer.
         client = self._agent(self.settings.fetch_timeout_s + 2.0)
         try:
             if client is None:
                 raise _QuietError
             _, blobs, stopped = client.fetch_chunks(load.keys, self.settings.holder,
-                                                    timeout=self.settings.fetch_timeout_s)
+                                                    timeout=self.settings.fetch_timeout_s, local=self.settings.keep)
             for i, blob in enumerate(blobs):
                 chunk = deserialize(bytearray(blob))
                 blocks = self._blocks_of(chunk, cb)
@@ -392,6 +400,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except (ChunkFormatError, ValueError, RuntimeError) as exc:
             log.warning("kvpool chunk for %s unusable (%s): recomputing", load.req_id, exc)
         self._count("loaded_chunks", written)
+        with self._lock:
+            self.load_seconds += time.perf_counter() - t0
         if written < len(load.keys):
             self._count("load_failed_chunks", len(load.keys) - written)
             self._failed_blocks.update(load.block_ids[max(written * cb, load.skip) :])

@@ -3,8 +3,9 @@
 # Idempotent and quick when nothing changed, so every entry point can call it first.
 #   bash scripts/setup.sh            # as root: also installs Debian packages
 # Environment: KVPOOL_VENV (default .venv), KVPOOL_SKIP_APT=1 to skip apt-get,
-# KVPOOL_WITH_VLLM=1 to also set up vLLM with kvpool's connector in its own venv (scripts/setup_vllm.sh;
-# off by default for now: about 3.5 GB and minutes to install).
+# KVPOOL_WITH_VLLM=0 to skip vLLM: by default vLLM with kvpool's connector is set up in its own venv
+# (scripts/setup_vllm.sh, .venv-vllm: about 3.5 GB, a few minutes the first time) so the test command
+# runs the connector's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KVPOOL_VENV:-.venv}
@@ -51,7 +52,7 @@ if [[ -d /usr/lib/python3/dist-packages/mininet && ! -e "$site/mininet" ]]; then
   ln -s /usr/lib/python3/dist-packages/mininet "$site/mininet"
   say "linked Debian's mininet module into $VENV"
 fi
-if [[ "${KVPOOL_WITH_VLLM:-0}" == 1 ]]; then
+if [[ "${KVPOOL_WITH_VLLM:-1}" != 0 ]]; then
   bash scripts/setup_vllm.sh
 fi
 say "ready: $VENV"

@@ -2,7 +2,7 @@
 # A venv for vLLM with kvpool's connector (kvpool[vllm]): what tests/hostagent/test_vllm_connector.py
 # runs in. Its own venv because vLLM needs protobuf >= 5 and the controller's P4Runtime stack < 3.21.
 # Idempotent: reinstalls only when pyproject.toml changed. About 3.5 GB and 2.5-4.5 min on a 2-core
-# machine. scripts/setup.sh calls it when KVPOOL_WITH_VLLM=1.
+# machine. scripts/setup.sh calls it unless KVPOOL_WITH_VLLM=0.
 #   bash scripts/setup_vllm.sh            # KVPOOL_VLLM_VENV (default .venv-vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."

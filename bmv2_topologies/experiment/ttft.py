@@ -16,6 +16,10 @@ the compute lock is left out of TTFT: as if every host had its own processor; fe
 still overlap on the network) and ``shared`` (every host computes at once, one torch
 thread each, and TTFT is plain wall time: what contention does). A sweep of prefix lengths
 at one requester finds where fetching stops paying (the break-even).
+
+``engine="vllm"`` runs vLLM instead on every requester (``bmv2_topologies.vllm_host``, with the
+vLLM venv's Python): the same seeded model, saved once for all hosts, and kvpool's KV connector
+fetching the prefix through the host's agent; TTFT is then vLLM's own request metric.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import queue
 import statistics
 import subprocess
@@ -44,7 +49,7 @@ from bmv2_topologies.experiment.testbed import SINK_ADDRESS, Testbed, reap
 from bmv2_topologies.experiment.ttft_config import ModelSpec, TtftConfig
 from bmv2_topologies.experiment.workload import Workload
 from bmv2_topologies.network import NetworkError, mininet_available
-from bmv2_topologies.ttft_host import build_model, fingerprint
+from bmv2_topologies.ttft_host import build_model, fingerprint, save_model
 from controller.sim.experiments.common import md_table, pyplot
 from hostagent.chunking import chunk_keys
 from hostagent.layouts import chunks_from_hf
@@ -52,6 +57,9 @@ from hostagent.serialize import serialize
 from kvpool import wire
 
 log = logging.getLogger("kvpool.ttft")
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout: the vLLM venv lives at its root by default (scripts/setup_vllm.sh)."""
 
 FRAME_OVERHEAD = wire.ETHERNET_HEADER_LEN + wire.IPV4_HEADER_LEN + wire.UDP_HEADER_LEN
 """Bytes around a kvpool datagram on the wire (Ethernet, IPv4, UDP)."""
@@ -89,6 +97,16 @@ class Prompts:
         return self.prefix[:prefix_tokens] + self._own[key]
 
 
+def vllm_python() -> Path:
+    """The vLLM venv's Python (``KVPOOL_VLLM_VENV``, default ``.venv-vllm`` in the checkout)."""
+    venv = Path(os.environ.get("KVPOOL_VLLM_VENV", REPO / ".venv-vllm"))
+    python = (venv if venv.is_absolute() else REPO / venv) / "bin" / "python"
+    if not python.exists():
+        raise TtftError(f"--engine vllm: no vLLM venv at {python.parent.parent} (bash scripts/setup_vllm.sh, "
+                        "or KVPOOL_VLLM_VENV)")
+    return python
+
+
 def publish_workload(spec: ModelSpec, prefix: list[int], block_tokens: int) -> tuple[Workload, str]:
     """The prefix's KV as the holder publishes it (one serialized chunk per block), and the model's fingerprint."""
     model = build_model(spec)
@@ -102,13 +120,36 @@ def publish_workload(spec: ModelSpec, prefix: list[int], block_tokens: int) -> t
     return Workload([], blobs, parents, positions), fingerprint(model)
 
 
+def vllm_workload(cfg: TtftConfig, prefix: list[int], model_dir: Path) -> Workload:
+    """The prefix's KV as vLLM computes it (``vllm_host --publish-prefix``), from the model saved in ``model_dir``."""
+    save_model(cfg.model, model_dir)
+    tokens = model_dir.parent / "prefix.json"
+    tokens.write_text(json.dumps(prefix))
+    out = model_dir.parent / "prefix-chunks"
+    log_path = model_dir.parent / "publish.log"
+    with log_path.open("wb") as err:
+        done = subprocess.run(
+            [str(vllm_python()), "-m", "bmv2_topologies.vllm_host", "--publish-prefix", str(tokens), "--out", str(out),
+             "--model-dir", str(model_dir), "--model-id", cfg.model.model_id, "--block-tokens", str(cfg.block_tokens),
+             "--max-model-len", str(len(prefix) + cfg.block_tokens)],
+            stdout=subprocess.PIPE, stderr=err, timeout=600, check=False)
+    if done.returncode != 0:
+        raise TtftError(f"vLLM could not compute the prefix's KV (exit {done.returncode}; log: {log_path})")
+    keys = chunk_keys(cfg.model.model_id, prefix, cfg.block_tokens)
+    blobs = {k: (out / f"{k:016x}.chunk").read_bytes() for k in keys}
+    parents: dict[int, int | None] = {k: (keys[i - 1] if i else None) for i, k in enumerate(keys)}
+    return Workload([], blobs, parents, {k: i for i, k in enumerate(keys)})
+
+
 # ------------------------------------------------------------------------------ the hosts
 class Hosts:
     """The model process in every requester host, spoken to over its stdin/stdout (one JSON line each way)."""
 
-    def __init__(self, bed: Testbed, cfg: TtftConfig) -> None:
+    def __init__(self, bed: Testbed, cfg: TtftConfig, model_dir: Path | None = None) -> None:
         self.bed = bed
         self.cfg = cfg
+        self.model_dir = model_dir
+        """The saved model vLLM hosts load (``engine="vllm"``)."""
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lines: list[queue.Queue[bytes]] = []
         self.ready: list[dict[str, Any]] = []
@@ -120,12 +161,19 @@ class Hosts:
         holder = f"{bed.holder.address}:{wire.KVPOOL_UDP_PORT}"
         lock = (bed.run_dir / "compute.lock").resolve()
         assert bed.token is not None  # the testbed is running
+        if cfg.engine == "vllm":
+            assert self.model_dir is not None
+            exe = [str(vllm_python()), "-m", "bmv2_topologies.vllm_host", "--model-dir", str(self.model_dir.resolve()),
+                   "--model-id", cfg.model.model_id, "--lookup", bed.api(bed.holder.name),
+                   "--max-model-len", str(cfg.published_tokens + cfg.suffix_tokens + cfg.steps + cfg.block_tokens),
+                   "--fetch-timeout", str(cfg.fetch_timeout_s)]
+        else:
+            exe = [sys.executable, "-m", "bmv2_topologies.ttft_host", "--model", cfg.model.to_json()]
         try:
             for h in bed.requesters():
-                with (bed.run_dir / f"{h.name}.ttft_host.log").open("wb") as err:
+                with (bed.run_dir / f"{h.name}.{cfg.engine}_host.log").open("wb") as err:
                     proc = bed.popen(h.name, [
-                        sys.executable, "-m", "bmv2_topologies.ttft_host", "--name", h.name,
-                        "--model", cfg.model.to_json(), "--block-tokens", str(cfg.block_tokens),
+                        *exe, "--name", h.name, "--block-tokens", str(cfg.block_tokens),
                         "--agent", bed.api(h.name), "--holder", holder, "--lock-file", str(lock),
                         "--token-file", str(bed.token.path), "--threads", str(cfg.threads)],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
@@ -138,7 +186,7 @@ class Hosts:
                 answer = self._read(i, max(1.0, deadline - time.monotonic()))
                 if "ready" not in answer:
                     raise TtftError(f"model host on {h.name} did not start: {answer.get('error', answer)} "
-                                    f"(log: {bed.run_dir / h.name}.ttft_host.log)")
+                                    f"(log: {bed.run_dir / h.name}.{cfg.engine}_host.log)")
                 self.ready.append(answer)
             yield self
         finally:
@@ -260,13 +308,20 @@ class TtftRun:
         self.log = log_fn
         self.prompts = Prompts.draw(cfg)
         t = time.perf_counter()
-        self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
-        self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed in {time.perf_counter() - t:.1f} s")
+        model_dir: Path | None = None
+        self.fingerprint: str | None = None
+        if cfg.engine == "vllm":
+            model_dir = out / "model"
+            self.workload = vllm_workload(cfg, self.prompts.prefix, model_dir)
+        else:
+            self.workload, self.fingerprint = publish_workload(cfg.model, self.prompts.prefix, cfg.block_tokens)
+        self.log(f"ttft: prefix KV of {cfg.published_tokens} tokens computed by {cfg.engine} in "
+                 f"{time.perf_counter() - t:.1f} s")
         demo = DemoConfig(requesters=max(cfg.requesters), target=cfg.target, modes=cfg.modes,
                           block_tokens=cfg.block_tokens, holder_mbps=cfg.holder_mbps, out=out,
                           deadline_s=cfg.fetch_timeout_s, seed=cfg.seed)
         self.bed = Testbed(demo, self.workload)
-        self.hosts = Hosts(self.bed, cfg)
+        self.hosts = Hosts(self.bed, cfg, model_dir)
         self.keys = list(self.workload.blobs)
 
     def fragments(self, prefix_tokens: int) -> int:
@@ -283,8 +338,9 @@ class TtftRun:
         cfg = self.cfg
         cells: list[Cell] = []
         with self.bed.running(), self.hosts.running():
-            prints = {a["fingerprint"] for a in self.hosts.ready}
-            if prints != {self.fingerprint}:
+            # vLLM hosts all load the one directory saved from this model (nothing to compare).
+            prints = {a["fingerprint"] for a in self.hosts.ready if a["fingerprint"] is not None}
+            if prints - {self.fingerprint}:
                 raise TtftError(f"the hosts' models differ from the holder's ({sorted(prints)} vs {self.fingerprint})")
             self.log(f"ttft: {len(self.hosts.ready)} model hosts ready "
                      f"(load {max(a['load_s'] for a in self.hosts.ready):.1f} s)")
@@ -380,6 +436,7 @@ class TtftRun:
         spec = cfg.model
         return {
             "question": "ttft",
+            "engine": cfg.engine,
             "target": self.bed.cfg.target,
             "model": {**json.loads(spec.to_json()), "model_id": spec.model_id, "kv_bytes_per_token":
                       spec.kv_bytes_per_token, "flops_per_token": spec.flops_per_token,
@@ -445,7 +502,11 @@ def break_even(points: list[dict[str, Any]], prefix_tokens: int) -> dict[str, An
 def table(res: dict[str, Any]) -> str:
     """The cells (per scheme, requester count and mode) and the sweep, as markdown tables."""
     m = res["model"]
-    head = (f"ttft: {res['target']} switch, holder link {res['holder_mbps']:g} Mbit/s; model {m['layers']} layers x "
+    engine = res.get("engine", "transformers")
+    how = ("vLLM with kvpool's KV connector (TTFT: vLLM's request metric)" if engine == "vllm"
+           else "transformers")
+    head = (f"ttft: {how} on every requester; {res['target']} switch, holder link {res['holder_mbps']:g} Mbit/s; "
+            f"model {m['layers']} layers x "
             f"{m['hidden']} (KV {m['kv_bytes_per_token']} B/token, {m['flops_per_kv_byte'] / 1e3:.0f} kFLOP per KV "
             f"byte), fp32, {res['threads_per_host']} torch thread per host; prompts = {res['prefix_tokens']}-token "
             f"shared prefix ({res['prefix_bytes'] / 2**20:.2f} MiB of KV, {res['prefix_fragments']} fragments) + "
@@ -457,11 +518,14 @@ def table(res: dict[str, Any]) -> str:
         ratio = f"{full['ttft_p50_ms'] / c['ttft_p50_ms']:.2f}x" if full and c["ttft_p50_ms"] > 0 else "-"
         rows.append([c["scheme"], str(c["requesters"]), c["mode"], f"{c['ttft_p50_ms']:.0f}", f"{c['ttft_p99_ms']:.0f}",
                      ratio, f"{c['fetch_p50_ms']:.0f}" if c["mode"] != "full" else "-",
+                     f"{c['fetch_p50_ms'] / c['ttft_p50_ms']:.0%}" if c["mode"] != "full" and c["ttft_p50_ms"] > 0
+                     else "-",
                      f"{c['prefill_tokens_per_request']:.0f}", f"{c['saved_tokens_per_request']:.0f}",
                      f"{c['holder_bytes'] / 1e6:.2f}", f"{c['copies_per_wave']:.2f}" if c["mode"] != "full" else "-",
                      f"{c['switch_served_fraction']:.0%}" if c["mode"] != "full" else "-", str(c["failed"])])
     main = md_table(["compute", "N", "mode", "TTFT p50 ms", "TTFT p99 ms", "faster than full", "fetch p50 ms",
-                     "prefill tokens", "tokens saved", "holder MB", "copies / wave", "switch-served", "failed"], rows)
+                     "fetch share", "prefill tokens", "tokens saved", "holder MB", "copies / wave", "switch-served",
+                     "failed"], rows)
     sw = res["sweep"]
     srows = [[p, f"{v['full_ms']:.0f}", f"{v['kvpool_ms']:.0f}", f"{v['fetch_ms']:.0f}", f"{v['rest_ms']:.0f}",
               f"{v['wire_bytes'] / 2**20:.2f}", "kvpool" if v["kvpool_ms"] < v["full_ms"] else "full"]
@@ -530,7 +594,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
     b.grid(True, alpha=0.3)
     b.legend(fontsize=7)
     m = res["model"]
-    fig.suptitle(f"ttft: a {m['layers']}-layer, {m['hidden']}-wide Llama on every host; {res['prefix_tokens']}-token "
+    engine = " (vLLM)" if res.get("engine") == "vllm" else ""
+    fig.suptitle(f"ttft: a {m['layers']}-layer, {m['hidden']}-wide Llama{engine} on every host; "
+                 f"{res['prefix_tokens']}-token "
                  f"shared prefix, {res['holder_mbps']:g} Mbit/s holder link", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -10,10 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bmv2_topologies.experiment.config import MODES
-from bmv2_topologies.network import TARGETS
 
 SCHEMES = ("serial", "shared")
 """How the hosts share this machine's cores: one computes at a time (its wait left out of TTFT), or all at once."""
+ENGINES = ("transformers", "vllm")
+"""What runs the model on a host: ``bmv2_topologies.ttft_host`` (transformers, driven by hand) or
+``bmv2_topologies.vllm_host`` (vLLM with ``KvpoolConnector``, in the vLLM venv)."""
+VLLM_BLOCK_TOKENS = 32
+"""vLLM's CPU attention wants blocks of a multiple of 32 tokens; a chunk is one block."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class TtftConfig:
     fetch_timeout_s: float = 60.0
     seed: int = 0
     quick: bool = False
+    engine: str = "transformers"
+    """One of ``ENGINES``; ``vllm`` needs ``block_tokens`` a multiple of ``VLLM_BLOCK_TOKENS``."""
 
     @classmethod
     def for_quick(cls, **changes: object) -> TtftConfig:
@@ -132,6 +138,10 @@ class TtftConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first nonsensical option."""
+        # Imported here: the network module pulls in the switch model and P4Runtime, which the hosts'
+        # processes (ttft_host, and vllm_host in the vLLM venv) need not have.
+        from bmv2_topologies.network import TARGETS
+
         self.model.validate()
         b = self.block_tokens
         checks = {
@@ -148,12 +158,15 @@ class TtftConfig:
             "settle_s": self.settle_s >= 0,
             "fetch_timeout_s": self.fetch_timeout_s > 0,
             "target": self.target in TARGETS,
+            "engine": self.engine in ENGINES,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"ttft: {name.replace('_', '-')}: invalid value {getattr(self, name)!r}"
                                  + (f" (a multiple of block-tokens {b})" if name in ("prefix_tokens", "sweep_tokens")
                                     else ""))
+        if self.engine == "vllm" and b % VLLM_BLOCK_TOKENS:
+            raise ValueError(f"ttft: block-tokens {b}: vLLM's CPU attention wants a multiple of {VLLM_BLOCK_TOKENS}")
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"ttft: unknown mode {m!r}; choose from {', '.join(MODES)}")

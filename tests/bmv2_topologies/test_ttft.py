@@ -229,3 +229,31 @@ def test_quick_run_on_a_star(tmp_path: Path) -> None:
     points = res["sweep"]["points"]
     assert [p["prefix_tokens"] for p in points] == list(cfg.sweep_tokens)
     assert all(p["saved_tokens"] == p["prefix_tokens"] and p["tokens_identical"] for p in points)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_quick_run_on_a_star_with_vllm(tmp_path: Path) -> None:
+    """``--engine vllm``: vLLM engines with kvpool's connector on the requesters, the same tokens as a prefill."""
+    from bmv2_topologies.network import mininet_available
+
+    reason = mininet_available()
+    if reason:
+        pytest.skip(reason)
+    from bmv2_topologies.experiment.ttft import TtftError, execute, vllm_python
+
+    try:
+        vllm_python()
+    except TtftError as exc:
+        pytest.skip(str(exc))
+    cfg = TtftConfig.for_quick(engine="vllm", block_tokens=32, sweep_tokens=(32, 128))
+    res = execute(cfg, tmp_path)
+    assert res["engine"] == "vllm" and res["errors"] == [] and res["mismatches"] == []
+    cells = {(c["requesters"], c["mode"]): c for c in res["cells"]}
+    assert set(cells) == {(n, m) for n in (1, 2) for m in ("full", "plain", "multicast")}
+    for (n, mode), c in cells.items():
+        assert len(c["ttft_ms"]) == n * cfg.waves and all(t > 0 for t in c["ttft_ms"])
+        assert c["saved_tokens"] == [0 if mode == "full" else cfg.prefix_tokens] * n
+    frags = res["prefix_fragments"]
+    assert frags <= cells[1, "plain"]["holder_data_fragments"] <= 1.5 * frags  # the prefix crossed the switch
+    assert "vLLM" in (tmp_path / "ttft" / "table.txt").read_text()

@@ -16,8 +16,8 @@ import pytest
 if importlib.util.find_spec("vllm") is not None:  # before vLLM reads its environment
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]'; scripts/setup.sh "
-                                   "with KVPOOL_WITH_VLLM=1)")
+pytest.importorskip("vllm", reason="vLLM is not in this venv: scripts/test.sh runs these tests in "
+                                   "scripts/setup.sh's .venv-vllm")
 
 import torch
 
