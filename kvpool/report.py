@@ -253,8 +253,10 @@ _RENDER: Final[dict[str, Callable[[Mapping[str, Any]], str]]] = {
     "demo": _render_demo, "vs_mooncake": _render_vs_mooncake, "table": _render_table}
 
 
-def _machine_words(machine: Mapping[str, Any]) -> str:
+def _machine_words(machine: Mapping[str, Any] | str) -> str:
     """The machine in a few words: its description where the result has one."""
+    if isinstance(machine, str):  # written by hand: the words themselves
+        return machine or "machine not recorded"
     if machine.get("description"):
         return str(machine["description"])
     bits = [f"{machine['cpus']} CPUs" if machine.get("cpus") else "", str(machine.get("arch", ""))]
