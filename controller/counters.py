@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from controller.p4runtime import P4RuntimeError
 from kvpool import contract as n
 from kvpool.contract import CoalesceStat, DropReason, EgressStat, PoolStat, PopularityStat
 from kvpool.p4rt.codec import CounterValue
@@ -52,7 +53,7 @@ def summed_cells(switches: Iterable[tuple[str, CellReader]], counter: str, indic
     for name, sw in switches:
         try:
             cells = sw.read_counter_cells(counter, indices)
-        except Exception as exc:
+        except P4RuntimeError as exc:  # the next epoch reads again
             log.info("switch %s: %s not read this epoch (%s)", name, counter, str(exc).splitlines()[0])
             return None
         for idx, v in cells.items():
