@@ -25,7 +25,7 @@ import collections
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -66,6 +66,8 @@ class SendJob:
     """Monotonic time it was queued, for answers to single GETs (``SendQueue._send_aged``)."""
     carried: bool = False
     """It carries what joiners of its owner's answer missed (``Server._carrier``), not what the owner asked."""
+    reaskers: set[Address] = field(default_factory=set)
+    """Joiners of this answer that re-asked what they missed (``Server._carried``)."""
     stamp: tuple[int, int] | None = None
     """``(request id, flags)`` written into each quantum before it is sent, when ``records``
     are the holder's kept records (shared with other answers of the chunk); None: its own."""

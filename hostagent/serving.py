@@ -17,7 +17,7 @@ rules (why each, with measurements: docs/design/transport.md):
   refused only when range answers alone fill the queue (never past twice the bound).
 * A joiner's re-ask (``RETRANSMIT | COALESCED``) rides only an owner's answer to a range
   GET that was not a RETRANSMIT, for the same generation (``_carrier``), once for all
-  joiners.
+  joiners; a long one (past a quarter of the chunk) only once a second joiner re-asks.
 * Pushes (``push``, fills asked for by the controller) become send jobs on the loop thread
   and go only when no answer can.
 
@@ -51,6 +51,9 @@ _BOOKING_EARLY_S: Final = 0.05
 """A booked GET may come back this early (or late) and still find its room kept."""
 _RESERVE_SLACK_S: Final = 0.1
 """Beyond the queue bound, how long the room kept for a chunk's rest waits for its GETs."""
+_CARRIED_SHARE: Final = 4
+"""A joiner's re-ask reaching past this share of the chunk rides the answer it joined only when
+another joiner of that answer re-asked too (``Server._carried``)."""
 _BOOKED_CHUNKS: Final = 1 << 16
 """Chunks with a booking a holder remembers before it forgets the ones whose time has passed."""
 
@@ -246,7 +249,7 @@ class Server:
             return
         # NO_CACHE goes on in the DATA: a switch holding the fragment rewrites it (repair).
         flags = hdr.flags & wire.Flag.NO_CACHE
-        carrier = self._carrier(hdr, addr) if merging else None
+        carrier = self._carried(hdr, first, count, addr) if merging else None
         if carrier is not None and carrier.get is not None:
             # What a requester missed before it joined another's answer: sent once, inside that
             # answer (to its owner, first in its lane), so the switches copy it to every requester
@@ -277,6 +280,27 @@ class Server:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)
         self._queue.add_job(job)
+
+    def _carried(self, hdr: wire.Header, first: int, count: int, addr: Address) -> SendJob | None:
+        """The answer a joiner's re-ask of ``first..first+count`` rides (``_carrier``), if it should ride one.
+
+        A copy of what rides goes to every requester that joined the answer, its owner too:
+        worth it when others miss it too, switch work for fragments the others have when one
+        joiner came alone mid-answer (9% duplicates on a sysprompt replay when every re-ask
+        rode).  A short one (a head, at most ``1/_CARRIED_SHARE`` of the chunk: the requesters
+        of a wave join within moments of each other and miss the same few fragments) rides
+        always; a longer one once another joiner of the answer re-asked too (five late joiners
+        of one leaf-spine wave re-asked 53 to 102 first fragments each, alone: 429 sent where
+        102 would do).
+        """
+        carrier = self._carrier(hdr, addr)
+        if carrier is None:
+            return None
+        others = any(j.reaskers - {addr} for j in self._queue.jobs_of(hdr.chunk_key) if j.owner == carrier.owner)
+        carrier.reaskers.add(addr)
+        assert self.holder is not None
+        total = self.holder.known_fragments(hdr.chunk_key) or 0
+        return carrier if others or _CARRIED_SHARE * (first + count) <= total else None
 
     def _carrier(self, hdr: wire.Header, addr: Address) -> SendJob | None:
         """The answer in progress that a joiner's re-ask of what it missed can ride, if any.

@@ -24,7 +24,7 @@ NACK (``on_nack``).  Its invariants (the reasons, measured: docs/design/transpor
   while its holder refuses (``_burst``).
 * A request whose GET a switch joined to another's answer (``COALESCED`` copies) counts the
   whole chunk as asked, outside the budget, and re-asks what passed before it joined
-  (``_join``; ``COALESCED`` too when short, so the holder sends it inside that answer).
+  (``_join``, with ``COALESCED``: the holder may send it inside that answer).
 * ``finish`` is the one way out: it returns the budget, lands the flight (``Flights``) and
   wakes the caller.
 """
@@ -63,9 +63,6 @@ _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``resend_overtaken``)."""
-_CARRIED_SHARE: Final = 4
-"""A joiner asks for what it missed to ride the answer it joined only when that is at most this
-share of the chunk (``Transfers._join``); longer, the holder answers it alone."""
 _JOIN_PATIENCE_RTOS: Final = 1.0
 """Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
 ``_STALL_RTOS``): the answer it joined is another requester's, paced by its windows, and may stop."""
@@ -294,12 +291,8 @@ class Transfers:
         r.reasked_hi = seen
         missed = runs(want & ~r.reasm.received, 64)
         # COALESCED on a GET: a joiner's re-ask, which the holder may send inside the answer it
-        # joined, for every requester that joined it (``Server._carrier``).  Only a short one: the
-        # requesters of a wave join within moments of each other and miss the same few first
-        # fragments, while one that joins mid-answer misses much that the others already have,
-        # and a copy for each of them is work for every switch on the way.
-        short = sum(count for _, count in missed) <= total // _CARRIED_SHARE
-        flags = wire.Flag.RETRANSMIT | (wire.Flag.COALESCED if short else 0)
+        # joined, once for every requester that joined it (``Server._carrier`` decides).
+        flags = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
         for start, count in missed:
             self.send_get(r, start, count, flags)
             self._c.join_reasks += count

@@ -70,3 +70,24 @@ def test_a_joiners_re_ask_never_rides_another_joiners_re_ask() -> None:
     assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(b, 2)]] == [(0, 5, False)]
     assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(c, 3)]] == [(0, 8, False)]
     assert server._c.reasks_carried == 0
+
+
+def test_a_long_re_ask_rides_the_answer_only_once_a_second_joiner_re_asks() -> None:
+    # A joiner that came alone mid-answer is answered alone: a copy for every waiter would be
+    # fragments the others have.  A second joiner's long re-ask rides a's answer (what both miss
+    # goes once, copied to both), and a short one always rides.
+    chunks = {1: os.urandom(100 * wire.FRAG_PAYLOAD)}
+    server, queue = _server(chunks)
+    a, b, c, d = (("127.0.0.1", port) for port in (5001, 5002, 5003, 5004))
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 100, request_id=1)), 0, 100, a)
+    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 30, request_id=2, flags=joiner)), 0, 30, b)
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(b, 2)]] == [(0, 30, False)]
+    assert server._c.reasks_carried == 0
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 35, request_id=3, flags=joiner)), 0, 35, c)
+    assert (c, 3) not in queue.lanes.by_owner
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [(0, 35, True), (0, 100, False)]
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 40, request_id=4, flags=joiner)), 0, 40, d)
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [
+        (35, 5, True), (0, 35, True), (0, 100, False)]
+    assert server._c.reasks_carried == 40
