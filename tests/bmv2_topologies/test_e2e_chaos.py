@@ -28,15 +28,15 @@ def test_switch_and_controller_restarts_lose_nothing(tmp_path: Path, capsys: pyt
     result = run_chaos(tmp_path, requesters=3, switch_restarts=3, controller_restarts=2)
     with capsys.disabled():
         print("\n" + result.summary())
+    why = result.summary() + _logs(tmp_path)
     assert result.wrong == 0, result.errors
     assert result.ok > 0, result.errors
-    assert result.controller_alive, "kvpool-controller exited"
-    assert result.adopted, "the restarted controller did not adopt the warm switch"
+    assert result.controller_alive, "kvpool-controller exited\n" + why
+    assert result.adopted, "the restarted controller did not adopt the warm switch\n" + why
     restarts = [r for r in result.restarts if r.what != "first admission"]
     assert [r.what.split()[0] for r in restarts] == ["switch", "controller", "switch", "controller", "switch"]
     for r in restarts:
-        assert r.served_after_s is not None and r.served_after_s <= SERVES_AGAIN_WITHIN_S, \
-            result.summary() + _logs(tmp_path)
+        assert r.served_after_s is not None and r.served_after_s <= SERVES_AGAIN_WITHIN_S, why
 
 
 def _logs(out: Path, lines: int = 40) -> str:
