@@ -37,8 +37,6 @@ LONG_MODULE_OK: dict[str, str] = {
     # One concern: the switch's control state (tables, groups, counters, registers, digests)
     # under one lock, shared by the gRPC threads and the packet thread.
     "switchmodel/state.py": "one concern: the switch's control state under one lock",
-    # The transport's tests follow the transport; split with it.
-    "tests/hostagent/test_transport.py": "split with hostagent/transport.py",
 }
 
 

@@ -11,7 +11,7 @@ from hostagent.serving import Server, merge_gets
 from hostagent.transport_config import Counters, TransportConfig
 from kvpool import wire
 from kvpool.hints import Hints
-from tests.hostagent.test_transport import _store
+from tests.hostagent.transport_kit import _store
 
 
 def _server(chunks: dict[int, bytes]) -> tuple[Server, SendQueue]:

@@ -15,7 +15,7 @@ from hostagent.timing import WAIT_EDGES_S, AnswerWaits, FetchTiming, bucket_quan
 from hostagent.transport import Address, Transport, TransportConfig
 from kvpool import wire
 from kvpool.hints import Hints
-from tests.hostagent.test_transport import Send, _fake_holder, _fetch_through_proxy, _store, _through_proxy
+from tests.hostagent.transport_kit import Send, _fake_holder, _fetch_through_proxy, _store, _through_proxy
 
 
 def _phases_fit(t: FetchTiming) -> None:
