@@ -42,6 +42,7 @@ from kvpool import auth, config, wire
 from kvpool.config import ConfigError
 from kvpool.hints import Hints
 from kvpool.httpjson import ApiError, ApiServer
+from kvpool.metrics import LatencyHistogram
 
 #: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).
 DEFAULT_SOURCE_BUDGET = 100_000.0
@@ -229,6 +230,8 @@ class Agent:
         self.fetch_local_hits = 0
         self.fetch_remote = 0
         self.fetch_failed = 0
+        self.fetch_seconds = LatencyHistogram()
+        """Calls of ``fetch_prefix`` that asked a holder, by how long they took."""
         self.stale_dropped = 0
         self.directory: DirectorySync | None = None
 
@@ -464,6 +467,7 @@ class Agent:
 
         ``timings`` (when given) gets each fetched chunk's ``FetchTiming``, in key order.
         """
+        t0 = time.perf_counter()
         found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
         current = self._current_generations(keys, found)
         missing = [i for i, blob in enumerate(found) if blob is None]
@@ -503,6 +507,8 @@ class Agent:
             self.fetch_remote += remote
             self.fetch_local_hits += len(out) - remote
             self.fetch_failed += sum(1 for r in results.values() if r.data is None)
+        if results:  # a call that went to a holder (all-local answers would only hide the network's tail)
+            self.fetch_seconds.observe(time.perf_counter() - t0)
         if broken is not None:
             raise ChunkIntegrityError(broken.key, reason or "integrity check failed")
         return out, reason
@@ -556,7 +562,7 @@ class Agent:
     def stats(self) -> dict[str, Any]:
         """Agent, tier, transport and API counters."""
         with self._lock:
-            agent = {
+            agent: dict[str, Any] = {
                 "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,
                 "published_chunks": self.published_chunks,
@@ -565,6 +571,7 @@ class Agent:
                 "fetch_failed": self.fetch_failed,
                 "stale_dropped": self.stale_dropped,
             }
+        agent["fetch_seconds"] = self.fetch_seconds.snapshot()
         out: dict[str, Any] = {"agent": agent, "tiers": self.store.stats(), "transport": self.transport.stats()}
         if self._api is not None:
             out["api"] = self._api.counters.snapshot()
