@@ -38,7 +38,7 @@ from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.timing import FetchTiming
 from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
-from kvpool import auth, config, wire
+from kvpool import auth, config, logs, wire
 from kvpool.config import ConfigError
 from kvpool.hints import Hints
 from kvpool.httpjson import ApiError, ApiServer
@@ -124,6 +124,8 @@ class AgentConfig:
     """The token file mutating API calls must present (made at first start; default: kvpool.auth)."""
     log_level: str = "INFO"
     """Logging level name."""
+    log_format: str = "text"
+    """``text`` (people) or ``json`` (one object per line), ``kvpool.logs``."""
     controller: str = ""
     """Controller API (``http://HOST:PORT`` or ``unix:/PATH``) to register with; empty: none."""
     node_id: str = ""
@@ -189,6 +191,8 @@ class AgentConfig:
             raise ConfigError("dram_bytes 0 needs a backend (--backend memory or mooncake)")
         if logging.getLevelName(self.log_level.upper()) not in (10, 20, 30, 40, 50):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
+        if self.log_format not in logs.FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(logs.FORMATS)}, got {self.log_format!r}")
         try:
             self.transport_config()
         except ValueError as exc:

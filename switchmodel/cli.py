@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvpool import logs
 from kvpool.p4rt.p4info import P4Info
 from switchmodel import dataplane
 from switchmodel.p4rt_server import P4RuntimeServer
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-id", type=int, default=1, help="P4Runtime device id (default %(default)s)")
     parser.add_argument("--p4info", type=Path, help="preload this P4Info (text or binary) as the pipeline")
     parser.add_argument("--json", type=Path, help="BMv2 JSON to preload with --p4info (default actions come from it)")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="warning", choices=logs.LEVELS)
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="text (timestamp, level, component, message, key=value) or json (one object per line)")
     dataplane.add_arguments(parser)
 
 
@@ -52,7 +54,7 @@ def make_state(args: argparse.Namespace) -> SwitchState:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(args.log_format, args.log_level)
     if args.json is not None and args.p4info is None:
         print("kvpool-switch: --json needs --p4info", file=sys.stderr)
         return 2
