@@ -79,6 +79,7 @@ def fill(f: Families, doc: dict[str, Any]) -> None:
         f.gauge("kvpool_controller_nodes", "Agents registered with the directory, by state", n, state=state)
     api = doc["api"]
     f.counter("kvpool_api_requests", "API requests answered (refusals included)", api["requests"])
+    f.declare("kvpool_api_errors", "API requests refused, by error code", "code")
     for code, n in sorted(api["errors"].items()):
         f.counter("kvpool_api_errors", "API requests refused, by error code", n, code=code)
 

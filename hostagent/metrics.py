@@ -36,6 +36,7 @@ def fill(f: Families, st: dict[str, Any]) -> None:
         _holder(f, tr)
     if "api" in st:
         f.counter("kvpool_api_requests", "API requests answered (refusals included)", st["api"]["requests"])
+        f.declare("kvpool_api_errors", "API requests refused, by error code", "code")
         for code, n in sorted(st["api"]["errors"].items()):
             f.counter("kvpool_api_errors", "API requests refused, by error code", n, code=code)
     if "directory" in st:
@@ -109,6 +110,7 @@ def _transport(f: Families, tr: dict[str, Any]) -> None:
     f.counter("kvpool_transport_datagrams", "Datagrams, by direction", tr["datagrams_sent"], direction="sent")
     f.counter("kvpool_transport_sent_bytes", "Bytes sent on the UDP socket", tr["bytes_sent"])
     f.counter("kvpool_transport_send_errors", "Datagrams the socket refused to send", tr["send_errors"])
+    f.declare("kvpool_transport_drops", "Datagrams (or records) dropped, by reason", "reason")
     for reason, n in sorted(tr["drops"].items()):  # a reason appears once it has dropped something
         f.counter("kvpool_transport_drops", "Datagrams (or records) dropped, by reason", n, reason=reason)
 

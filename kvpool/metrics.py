@@ -82,6 +82,10 @@ class Families:
             self._by_name[name] = family
         return family
 
+    def declare(self, name: str, doc: str, *labels: str) -> None:
+        """A counter family that may have no sample yet (its reasons appear as they happen): still listed."""
+        self._family(CounterMetricFamily, name, doc, dict.fromkeys(labels, ""))
+
     def counter(self, name: str, doc: str, value: float, **labels: str) -> None:
         """A counter sample (``name`` without ``_total``: prometheus_client appends it)."""
         fam = self._family(CounterMetricFamily, name, doc, labels)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvpool import logs
 from kvpool.p4rt.p4info import P4Info
-from switchmodel import dataplane
+from switchmodel import dataplane, metrics
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.ports import PortError
 from switchmodel.state import SwitchState
@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=logs.LEVELS)
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="text (timestamp, level, component, message, key=value) or json (one object per line)")
+    parser.add_argument("--metrics", metavar="HOST:PORT",
+                        help="serve the model's own counters (ports, impairments) for Prometheus at "
+                        "http://HOST:PORT/metrics (port 0 picks one; the P4 counters are the controller's to export)")
     dataplane.add_arguments(parser)
 
 
@@ -87,6 +90,16 @@ def run(args: argparse.Namespace) -> int:
     host = args.grpc_addr.rsplit(":", 1)[0]
     # One line on stdout so a parent process can learn the port when it asked for port 0.
     print(f"kvpool-switch: device {args.device_id} serving P4Runtime on {host}:{server.port}", flush=True)
+    if args.metrics is not None:
+        try:
+            _, http = metrics.serve(args.metrics, plane.ports)
+        except (OSError, ValueError) as e:
+            plane.stop()
+            server.stop()
+            print(f"kvpool-switch: --metrics {args.metrics}: {e}", file=sys.stderr)
+            return 1
+        print(f"kvpool-switch: metrics on http://{args.metrics.rpartition(':')[0]}:{http.server_port}/metrics",
+              flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
