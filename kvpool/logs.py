@@ -13,8 +13,9 @@ and the same record in JSON::
 
 The component is the logger's name without the ``kvpool.`` prefix (``kvpool.controller.api``
 -> ``controller.api``); other libraries' loggers keep their names. Fields come from
-``extra=kv(name=value, ...)``; a text value with spaces, quotes or ``=`` is JSON-quoted so a
-line always splits back into its fields. Timestamps are UTC, to the millisecond.
+``extra=kv(name=value, ...)``; in text a list of plain values is written comma-joined, any
+other non-string as compact JSON, and a value with spaces, quotes or ``=`` is JSON-quoted so
+a line always splits back into its fields. Timestamps are UTC, to the millisecond.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ def timestamp(created: float) -> str:
 
 
 def _text_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, list | tuple) and all(isinstance(v, str | int | float) for v in value):
+        text = ",".join(map(str, value))  # udp=127.0.0.1,7470
+    else:
+        text = json.dumps(value, default=str, separators=(",", ":"))
     if not text or any(c in text for c in ' "=\n\t'):
         return json.dumps(text)
     return text

@@ -103,3 +103,14 @@ def test_the_prometheus_example_scrapes_the_daemons_default_ports() -> None:
     assert "metrics_path: /metrics" in text
     assert re.search(r"127\.0\.0\.1:7471", text) and re.search(r"127\.0\.0\.1:7480", text)
     assert Path(DASHBOARD).name in (REPO / "deploy" / "README.md").read_text()
+
+
+def test_every_exported_metric_is_in_the_reference(exported: set[str]) -> None:
+    """docs/reference/metrics.md lists each family (histograms by their base name) and nothing that is gone."""
+    doc = (REPO / "docs" / "reference" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(kvpool_[a-z0-9_]+)` \|", doc, re.MULTILINE))
+    families = {re.sub(r"_(bucket|count|sum)$", "", n) if n.endswith(("_bucket", "_count", "_sum")) else n
+                for n in exported}
+    assert families - listed == set(), "exported but not in docs/reference/metrics.md"
+    model = {n for n in listed if n.startswith("kvpool_model_")}  # the model's, checked in tests/switchmodel
+    assert listed - families - model == set(), "in docs/reference/metrics.md but exported by no daemon"

@@ -38,14 +38,16 @@ def _configure(fmt: str, stream: io.StringIO, handlers: list[logging.Handler], l
 def test_text_line_has_timestamp_level_component_message_and_fields(capture: Capture) -> None:
     log, stream, handlers = capture
     _configure("text", stream, handlers)
-    log.info("fetched %d chunks", 3, extra=logs.kv(holder="10.0.0.1:7470", bytes=4096, why="no room left", ok=True))
+    log.info("fetched %d chunks", 3, extra=logs.kv(holder="10.0.0.1:7470", bytes=4096, why="no room left", ok=True,
+                                                 udp=["10.0.0.2", 7470], tiers={"dram": 1}))
     line = stream.getvalue().rstrip("\n")
     m = TEXT_LINE.match(line)
     assert m is not None, line
     assert m.group(2) == "INFO" and m.group(3) == "testcomponent"
     assert m.group(4).startswith("fetched 3 chunks ")
     fields = shlex.split(m.group(4))[3:]  # a quoted value splits back whole
-    assert fields == ["holder=10.0.0.1:7470", "bytes=4096", "why=no room left", "ok=true"]
+    assert fields == ["holder=10.0.0.1:7470", "bytes=4096", "why=no room left", "ok=true", "udp=10.0.0.2,7470",
+                      'tiers={"dram":1}']
 
 
 def test_json_line_is_one_object_with_the_same_parts(capture: Capture) -> None:

@@ -57,3 +57,19 @@ def test_switch_process_serves_metrics_with_flag() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_every_model_metric_is_in_the_reference() -> None:
+    import re
+
+    from tests.paths import REPO
+
+    stats = PortStats(per_port_rx={1: 1}, per_port_tx={1: 1})
+    reg, server = metrics.serve("127.0.0.1:0", cast(PortIO, SimpleNamespace(stats=stats, impairer=_Impairer())))
+    server.shutdown()
+    server.server_close()
+    names = {f.name + ("_total" if f.type == "counter" else "")
+             for f in text_string_to_metric_families(exposition(reg)[0].decode())}
+    doc = (REPO / "docs" / "reference" / "metrics.md").read_text()
+    listed = set(re.findall(r"^\| `(kvpool_model_[a-z0-9_]+)` \|", doc, re.MULTILINE))
+    assert names == listed
