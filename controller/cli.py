@@ -88,9 +88,9 @@ class ControllerConfig:
     heartbeat_timeout: float = 3.0
     """Seconds without a heartbeat before an agent is marked down."""
     log_level: str = "info"
+    """debug, info, warning or error."""
     log_format: str = "text"
     """``text`` or ``json`` (``kvpool.logs``)."""
-    """debug, info, warning or error."""
     token_file: Path | None = None
     """The token file mutating API calls must present, made at first start (default: kvpool.auth's)."""
 
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"kvpool-controller: --api {cfg.api}: cannot serve there ({exc})", file=sys.stderr)
             return 1
         log.info("API on %s%s", api.url, f" and unix:{cfg.api_socket}" if cfg.api_socket else "",
-                 extra=logs.kv(api=api.url, metrics=f"{api.url}/metrics"))
+                 extra=logs.kv(metrics=f"{api.url}/metrics"))
 
     stop = threading.Event()
 

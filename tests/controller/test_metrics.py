@@ -9,6 +9,12 @@ those counts, and the policy's and the driver's own, appears in ``/metrics`` wit
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +22,7 @@ import pytest
 
 from hostagent.registration import ControllerClient
 from kvpool import wire
-from tests.ctl_harness import SMALL, TOPO, UNKNOWN, Daemon, running
+from tests.ctl_harness import P4INFO, SKIP_REASON, SMALL, TOPO, UNKNOWN, Daemon, ModelSwitch, running
 from tests.scrape import scrape, value
 
 H0, H1, H2 = (TOPO.hosts[h] for h in ("h0", "h1", "h2"))
@@ -78,3 +84,40 @@ def test_metrics_are_a_read_open_like_the_stats(daemon: Daemon) -> None:
     for path in ("/v1/stats", "/metrics"):
         with urllib.request.urlopen(daemon.url + path, timeout=10) as reply:  # no Authorization header
             assert reply.status == 200, path
+
+
+def test_kvpool_controller_logs_json_and_serves_metrics(tmp_path: Path) -> None:
+    """The real CLI: ``--log-format json`` lines name where ``/metrics`` is; a scrape there reads the switch."""
+    if not P4INFO.exists():
+        pytest.skip(SKIP_REASON)
+    switch = ModelSwitch()
+    topo = tmp_path / "star.json"
+    topo.write_text(json.dumps(TOPO.to_dict()))
+    log_path = tmp_path / "controller.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "--topology", str(topo),
+                                 "--switch", f"s1={switch.address}@1", "--mode", "pool", "--epoch", "0.1",
+                                 "--p4info", str(P4INFO), "--api", "127.0.0.1:0", "--log-format", "json",
+                                 "--token-file", str(tmp_path / "token")],
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        url: str | None = None
+        api_line: dict[str, str] | None = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+            api_line = next((x for x in lines if "metrics" in x), None)
+            url = None if api_line is None else api_line["metrics"]
+        assert api_line is not None and url is not None, log_path.read_text()[-2000:]
+        assert api_line["component"] == "controller" and api_line["level"] == "info"
+        assert api_line["msg"].startswith("API on http://127.0.0.1:")
+        _, m = scrape(url.removesuffix("/metrics"))
+        assert value(m, "kvpool_switch_up", switch="s1") == 1
+        assert value(m, "kvpool_controller_switch_connected", switch="s1") == 1
+        assert value(m, "kvpool_switch_pool_slots", switch="s1") > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        switch.stop()
+    assert code == 0, log_path.read_text()[-2000:]
