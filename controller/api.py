@@ -22,6 +22,8 @@ the outcome (at most ``override_timeout_s``). Directory calls touch only the dir
 Chunk keys are 64-bit, written as hex strings (``"0x1f..."``; bare hex accepted).
 
 The endpoints, their bodies and answers, and the error codes: docs/design/notes-controller-api.md.
+``GET /metrics`` (open, as every read) answers ``/v1/stats``' counters and the loop's in Prometheus' text
+format (``controller.metrics``, docs/reference/metrics.md).
 
 """
 
@@ -35,6 +37,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from controller import metrics
 from controller.counters import read_stats
 from controller.daemon import Controller
 from controller.directory import (
@@ -54,6 +57,7 @@ from controller.settings import ControllerError
 from kvpool import auth, wire
 from kvpool.auth import Token
 from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote
+from kvpool.metrics import exposition, registry
 
 log = logging.getLogger("kvpool.controller.api")
 
@@ -108,6 +112,8 @@ class ControllerAPI:
         self.unix_path = unix_path
         #: what every call but GET must present (default: the operator's token file, made if missing)
         self.token = token or auth.load_or_create()
+        #: this controller's own Prometheus registry, read at scrape time (``controller.metrics``)
+        self.registry = registry(metrics.collector(self.metrics_snapshot))
         self.server = ApiServer(self.router(), host, port, token=self.token, unix_path=unix_path,
                                 max_body_bytes=MAX_BODY, name="kvpool-controller")
 
@@ -141,6 +147,7 @@ class ControllerAPI:
         r.add("GET", "/v1/status", get(self.status))
         r.add("GET", "/v1/tiers", get(self.tiers))
         r.add("GET", "/v1/stats", get(self.stats))
+        r.add("GET", "/metrics", self._metrics)  # a read, open as /v1/stats is
         r.add("GET", "/v1/nodes", get(lambda: {"nodes": d.nodes()}))
         r.add("GET", "/v1/top", self._top)
         r.add("GET", "/v1/switches/{name}", lambda req: Response.json(self.switch(req.params["name"])))
@@ -159,6 +166,10 @@ class ControllerAPI:
         r.add("POST", "/v1/nodes/{node}/versions", _directory(self._node_call(self._versions)), node)
         r.add("GET", "/v1/generations", _directory(self._generations), Auth.NONE)
         return r
+
+    def _metrics(self, req: Request) -> Response:
+        body, content_type = exposition(self.registry, req.header("Accept"))
+        return Response(HTTPStatus.OK, [body], content_type)
 
     def _top(self, req: Request) -> Response:
         try:
@@ -316,6 +327,24 @@ class ControllerAPI:
             except (SwitchUnreachableError, OSError) as exc:
                 out[name] = {"error": str(exc)}
         return {"switches": out}
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What ``/metrics`` shows (``controller.metrics``): ``/v1/stats``' counters read now, each driver's
+        health, the loop's and the policy's counters, the directory's nodes and the API's own counters."""
+        ctl = self.controller
+        snap = ctl.snapshot
+        health: dict[str, Any] = {}
+        for name in ctl.endpoints:
+            sw = ctl.switches.get(name)
+            health[name] = ({"connected": False, "master": False, "reconnects": 0, "write_errors": 0} if sw is None
+                            else {"connected": sw.connected, "master": sw.is_master, **sw.health()})
+        st = snap.get("status", {})
+        return {"switches": self.stats()["switches"], "health": health,
+                "pool": st.get("pool", {"slots": ctl.settings.pool_slots, "used": 0, "chunks": 0}),
+                "controller": {"epoch": ctl.epoch, "failed_epochs": ctl.failed_epochs,
+                               "catalog": st.get("catalog", len(ctl.catalog))},
+                "policy": snap.get("policy", {}), "nodes": ctl.directory.counts(),
+                "api": self.server.counters.snapshot()}
 
     def switch(self, name: str) -> dict[str, Any]:
         """Where switch ``name`` listens and which P4Info it runs."""

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool import auth, config
+from kvpool import auth, config, logs
 from kvpool.config import ConfigError
 from kvpool.httpjson import connection
 
@@ -89,6 +89,8 @@ class ControllerConfig:
     """Seconds without a heartbeat before an agent is marked down."""
     log_level: str = "info"
     """debug, info, warning or error."""
+    log_format: str = "text"
+    """``text`` or ``json`` (``kvpool.logs``)."""
     token_file: Path | None = None
     """The token file mutating API calls must present, made at first start (default: kvpool.auth's)."""
 
@@ -106,7 +108,7 @@ class ControllerConfig:
         if not self.switch:
             raise ConfigError("--switch is required (or switch in the [controller] table of --config)")
         self.switches()
-        choices = {"mode": MODES, "target": TARGETS, "log_level": LOG_LEVELS}
+        choices = {"mode": MODES, "target": TARGETS, "log_level": LOG_LEVELS, "log_format": logs.FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -165,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float,
                    help="seconds without a heartbeat before an agent is marked down (default 3)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default=None)
+    p.add_argument("--log-format", choices=logs.FORMATS, default=None,
+                   help="text (default: timestamp, level, component, message, key=value) or json (one object per line)")
     p.add_argument("--token-file", type=Path, metavar="PATH",
                    help="token that mutating API calls must present, made on first start (default "
                         "$KVPOOL_TOKEN_FILE, else $XDG_RUNTIME_DIR/kvpool/token or ~/.config/kvpool/token)")
@@ -188,8 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kvpool-controller: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(cfg.log_format, cfg.log_level)
 
     # Imported once the configuration is known good: --help and a bad flag stay fast.
     from controller.catalog import Catalog
@@ -237,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             controller.close()
             print(f"kvpool-controller: --api {cfg.api}: cannot serve there ({exc})", file=sys.stderr)
             return 1
-        log.info("API on %s%s", api.url, f" and unix:{cfg.api_socket}" if cfg.api_socket else "")
+        log.info("API on %s%s", api.url, f" and unix:{cfg.api_socket}" if cfg.api_socket else "",
+                 extra=logs.kv(metrics=f"{api.url}/metrics"))
 
     stop = threading.Event()
 
@@ -256,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tmp.replace(status_file)
 
     log.info("controlling %d switch(es) in mode %s; %d chunks in the catalog", len(endpoints), settings.mode,
-             len(catalog))
+             len(catalog), extra=logs.kv(switches=len(endpoints), mode=str(settings.mode), catalog=len(catalog)))
     try:
         controller.run(stop, on_epoch)
     except (ControllerError, WriteError) as exc:

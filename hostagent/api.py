@@ -5,7 +5,8 @@ An inference engine on the same host talks to its agent through this API (or thr
 as hex strings (``"0x1f..."`` or bare hex): JSON numbers lose precision past 2**53.
 
 The endpoints, their bodies and answers, the chunk bundle and the error codes:
-docs/design/notes-agent-api.md. Every call but ``GET`` needs the operator's token
+docs/design/notes-agent-api.md; ``GET /metrics`` answers the same counters as ``/v1/stats`` in
+Prometheus' text format (docs/reference/metrics.md). Every call but ``GET`` needs the operator's token
 (``Authorization: Bearer``, ``kvpool.auth``); bodies are limited to one largest chunk
 (``MAX_BODY``); the server and the body policy are ``kvpool.httpjson``'s.
 
@@ -24,6 +25,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from hostagent import metrics
 from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
 from hostagent.timing import FetchTiming, summarize
@@ -33,6 +35,7 @@ from kvpool.auth import Token
 from kvpool.hints import HintError, Hints
 from kvpool.hints import parse as parse_hints
 from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
+from kvpool.metrics import exposition, registry
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")
 BUNDLE_ENTRY: Final = struct.Struct("<QQ")
@@ -141,12 +144,15 @@ class AgentApi:
 
     def __init__(self, agent: AgentService) -> None:
         self.agent = agent
+        #: this agent's own Prometheus registry: its stats, read at scrape time (``hostagent.metrics``)
+        self.registry = registry(metrics.collector(agent.stats))
 
     def router(self) -> Router:
         """Every endpoint, routed."""
         r = Router()
         r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}))
         r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()))
+        r.add("GET", "/metrics", self.metrics)  # a read, open as /v1/stats is
         r.add("PUT", "/v1/chunks/{key}", self.put_chunk)
         r.add("GET", "/v1/chunks/{key}", self.get_chunk)
         r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk)
@@ -157,6 +163,11 @@ class AgentApi:
         r.add("POST", "/v1/push", self.push)
         r.add("POST", "/v1/hints", self.hints)
         return r
+
+    def metrics(self, req: Request) -> Response:
+        """``GET /metrics``: the stats in Prometheus' text format (``hostagent.metrics``)."""
+        body, content_type = exposition(self.registry, req.header("Accept"))
+        return Response(HTTPStatus.OK, [body], content_type)
 
     def put_chunk(self, req: Request) -> Response:
         """``PUT /v1/chunks/<key>``: publish one chunk."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from hostagent.daemon import BACKENDS, Agent, AgentConfig, load_config
+from kvpool import logs
 from kvpool.config import ConfigError
 
 _SIZE = re.compile(r"^(\d+)\s*(|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)$", re.IGNORECASE)
@@ -106,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-timeout", dest="api_timeout_s", type=float,
                         help="seconds a request head, a body read or an answer write may stall (default 10)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    parser.add_argument("--log-format", choices=logs.FORMATS,
+                        help="text (default: timestamp, level, component, message, key=value) or json (one object "
+                        "per line), kvpool.logs")
     parser.add_argument("--log-file", type=Path, help="log here instead of stderr")
     parser.add_argument("--ready-file", type=Path, help="write a JSON line with pid and bound addresses here")
 
@@ -118,7 +122,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "record_cache_bytes",
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes",
         "max_queue_s", "window_fragments", "servable_window", "max_inflight_fragments",
-        "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "controller", "node_id", "role",
+        "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "log_format", "controller", "node_id",
+        "role",
         "advertise", "pool_bytes", "single_gets", "share_transfers", "token_file", "api_workers", "api_timeout_s",
         "integrity_retries", "verify_requesters", "allow", "source_budget", "serve_window")}
     if overrides["rate_bytes_per_s"] is not None:
@@ -135,12 +140,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kvpool-agent: {exc}", file=sys.stderr)
         return 2
-    handler: logging.Handler = (logging.FileHandler(args.log_file) if args.log_file
-                                else logging.StreamHandler(sys.stderr))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = logs.configure(cfg.log_format, cfg.log_level, logger="kvpool", path=args.log_file)
     root = logging.getLogger("kvpool")
-    root.addHandler(handler)
-    root.setLevel(cfg.log_level.upper())
     log = logging.getLogger("kvpool.agent")
 
     stop = threading.Event()
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             tmp = args.ready_file.with_suffix(args.ready_file.suffix + ".tmp")
             tmp.write_text(json.dumps(info) + "\n")
             tmp.replace(args.ready_file)  # atomic: a watcher never reads half a line
-        log.info("ready: %s", json.dumps(info))
+        log.info("ready", extra=logs.kv(**info))
         while not stop.wait(1.0):
             pass
     finally:

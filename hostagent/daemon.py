@@ -38,10 +38,11 @@ from hostagent.registration import ControllerClient, Registration
 from hostagent.tiers import Blob, TieredStore, TierError, default_store
 from hostagent.timing import FetchTiming
 from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Transport, TransportConfig
-from kvpool import auth, config, wire
+from kvpool import auth, config, logs, wire
 from kvpool.config import ConfigError
 from kvpool.hints import Hints
 from kvpool.httpjson import ApiError, ApiServer
+from kvpool.metrics import LatencyHistogram
 
 #: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).
 DEFAULT_SOURCE_BUDGET = 100_000.0
@@ -123,6 +124,8 @@ class AgentConfig:
     """The token file mutating API calls must present (made at first start; default: kvpool.auth)."""
     log_level: str = "INFO"
     """Logging level name."""
+    log_format: str = "text"
+    """``text`` (people) or ``json`` (one object per line), ``kvpool.logs``."""
     controller: str = ""
     """Controller API (``http://HOST:PORT`` or ``unix:/PATH``) to register with; empty: none."""
     node_id: str = ""
@@ -188,6 +191,8 @@ class AgentConfig:
             raise ConfigError("dram_bytes 0 needs a backend (--backend memory or mooncake)")
         if logging.getLevelName(self.log_level.upper()) not in (10, 20, 30, 40, 50):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
+        if self.log_format not in logs.FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(logs.FORMATS)}, got {self.log_format!r}")
         try:
             self.transport_config()
         except ValueError as exc:
@@ -229,6 +234,8 @@ class Agent:
         self.fetch_local_hits = 0
         self.fetch_remote = 0
         self.fetch_failed = 0
+        self.fetch_seconds = LatencyHistogram()
+        """Calls of ``fetch_prefix`` that asked a holder, by how long they took."""
         self.stale_dropped = 0
         self.directory: DirectorySync | None = None
 
@@ -464,6 +471,7 @@ class Agent:
 
         ``timings`` (when given) gets each fetched chunk's ``FetchTiming``, in key order.
         """
+        t0 = time.perf_counter()
         found: list[Blob | None] = [self.store.get(k) if local else None for k in keys]
         current = self._current_generations(keys, found)
         missing = [i for i, blob in enumerate(found) if blob is None]
@@ -503,6 +511,8 @@ class Agent:
             self.fetch_remote += remote
             self.fetch_local_hits += len(out) - remote
             self.fetch_failed += sum(1 for r in results.values() if r.data is None)
+        if results:  # a call that went to a holder (all-local answers would only hide the network's tail)
+            self.fetch_seconds.observe(time.perf_counter() - t0)
         if broken is not None:
             raise ChunkIntegrityError(broken.key, reason or "integrity check failed")
         return out, reason
@@ -556,7 +566,7 @@ class Agent:
     def stats(self) -> dict[str, Any]:
         """Agent, tier, transport and API counters."""
         with self._lock:
-            agent = {
+            agent: dict[str, Any] = {
                 "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,
                 "published_chunks": self.published_chunks,
@@ -565,6 +575,7 @@ class Agent:
                 "fetch_failed": self.fetch_failed,
                 "stale_dropped": self.stale_dropped,
             }
+        agent["fetch_seconds"] = self.fetch_seconds.snapshot()
         out: dict[str, Any] = {"agent": agent, "tiers": self.store.stats(), "transport": self.transport.stats()}
         if self._api is not None:
             out["api"] = self._api.counters.snapshot()

@@ -162,6 +162,23 @@ def merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+PATHS: Final = ("holder", "coalesced", "switch")
+"""How a fragment reached a requester: from the holder, as a switch's replica of another requester's
+answer (``Flag.COALESCED``), or from a switch's pool (``Flag.SWITCH_SERVED``)."""
+
+
+def bytes_by_path(flags: npt.NDArray[np.uint16], chunk_len: int) -> tuple[int, int, int]:
+    """A complete chunk's payload bytes by ``PATHS`` (``flags``: each fragment's, as stored)."""
+    n = wire.fragment_count(chunk_len)
+    got = flags[:n]
+    size = np.full(n, wire.FRAG_PAYLOAD, dtype=np.int64)
+    size[-1] = chunk_len - (n - 1) * wire.FRAG_PAYLOAD
+    switch = (got & wire.Flag.SWITCH_SERVED) != 0
+    coalesced = ((got & wire.Flag.COALESCED) != 0) & ~switch
+    s, c = int(size[switch].sum()), int(size[coalesced].sum())
+    return chunk_len - s - c, c, s
+
+
 # ---------------------------------------------------------------------------------- holder
 
 WAIT_EDGES_S: Final = tuple(1e-4 * 2 ** (i / 4) for i in range(81))

@@ -45,6 +45,7 @@ from hostagent import envelope
 from hostagent.fragment import Reassembler, runs
 from hostagent.hints import FabricHints
 from hostagent.request_state import Budget, Flights, Request
+from hostagent.timing import PATHS, bytes_by_path
 from hostagent.transport_config import MAX_RETRY_HINT_US, Address, Counters, TransportConfig
 from kvpool import wire
 from kvpool.hints import GetPath
@@ -239,6 +240,8 @@ class Transfers:
             r.next_retx = now + (min(r.rto, self.join_patience_s) if r.joined else r.rto)
         if reasm.complete and self._verified(r, reasm, now):
             self._c.goodput_bytes += reasm.chunk_len
+            for path, nbytes in zip(PATHS, bytes_by_path(reasm.flags, reasm.chunk_len), strict=True):
+                self._c.bytes_by_path[path] += nbytes
             self._c.requests_completed += 1
             r.result.generation = reasm.generation
             self.finish(r, data=reasm.data)

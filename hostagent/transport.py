@@ -248,6 +248,7 @@ class Transport:
             "requests_active": len(self._transfers.active),
             "requests_waiting": self._fetcher.waiting(),
             "goodput_bytes": c.goodput_bytes,
+            "goodput_bytes_by_path": dict(c.bytes_by_path),
             "integrity": {
                 "chunks_verified": c.chunks_verified,
                 "generation_restarts": c.generation_restarts,

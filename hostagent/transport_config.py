@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Final
 
-from hostagent.timing import FetchTiming
+from hostagent.timing import PATHS, FetchTiming
 from kvpool import wire
 from kvpool.hints import GetPath
 
@@ -215,6 +215,8 @@ class Counters:
     requests_completed: int = 0
     requests_failed: int = 0
     goodput_bytes: int = 0
+    bytes_by_path: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
+    """Goodput by how its fragments came (``hostagent.timing.PATHS``): holder, coalesced, switch."""
     chunks_verified: int = 0
     generation_restarts: int = 0
     chunks_check_failed: int = 0

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvpool import logs
 from kvpool.p4rt.p4info import P4Info
-from switchmodel import dataplane
+from switchmodel import dataplane, metrics
 from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.ports import PortError
 from switchmodel.state import SwitchState
@@ -29,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-id", type=int, default=1, help="P4Runtime device id (default %(default)s)")
     parser.add_argument("--p4info", type=Path, help="preload this P4Info (text or binary) as the pipeline")
     parser.add_argument("--json", type=Path, help="BMv2 JSON to preload with --p4info (default actions come from it)")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="warning", choices=logs.LEVELS)
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="text (timestamp, level, component, message, key=value) or json (one object per line)")
+    parser.add_argument("--metrics", metavar="HOST:PORT",
+                        help="serve the model's own counters (ports, impairments) for Prometheus at "
+                        "http://HOST:PORT/metrics (port 0 picks one; the P4 counters are the controller's to export)")
     dataplane.add_arguments(parser)
 
 
@@ -52,7 +57,7 @@ def make_state(args: argparse.Namespace) -> SwitchState:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(args.log_format, args.log_level)
     if args.json is not None and args.p4info is None:
         print("kvpool-switch: --json needs --p4info", file=sys.stderr)
         return 2
@@ -85,6 +90,16 @@ def run(args: argparse.Namespace) -> int:
     host = args.grpc_addr.rsplit(":", 1)[0]
     # One line on stdout so a parent process can learn the port when it asked for port 0.
     print(f"kvpool-switch: device {args.device_id} serving P4Runtime on {host}:{server.port}", flush=True)
+    if args.metrics is not None:
+        try:
+            _, http = metrics.serve(args.metrics, plane.ports)
+        except (OSError, ValueError) as e:
+            plane.stop()
+            server.stop()
+            print(f"kvpool-switch: --metrics {args.metrics}: {e}", file=sys.stderr)
+            return 1
+        print(f"kvpool-switch: metrics on http://{args.metrics.rpartition(':')[0]}:{http.server_port}/metrics",
+              flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -129,6 +129,8 @@ class SwitchSession:
         self.packet_ins: queue.Queue[PacketIn] = queue.Queue()
         #: Reconnects performed (each followed by a resync).
         self.reconnects = 0
+        #: Table/group updates the switch refused or never got (their Write RPC failed).
+        self.write_errors = 0
         #: Switch instances seen: bumped when the switch runs no pipeline, another one, or ours
         #: pushed by someone else (a restart); its registers and counters started from zero.
         self.instance = 0
@@ -189,8 +191,8 @@ class SwitchSession:
         else:
             state = "down"
         return {"state": state, "down_since": None if state in ("up", "backup") else self._down_since,
-                "last_error": self._last_error, "reconnects": self.reconnects, "instance": self.instance,
-                "adopted": self.adopted}
+                "last_error": self._last_error, "reconnects": self.reconnects, "write_errors": self.write_errors,
+                "instance": self.instance, "adopted": self.adopted}
 
     def runs_our_pipeline(self, cookie: int | None) -> bool:
         """True when ``cookie`` names this driver's pipeline (whoever pushed it)."""

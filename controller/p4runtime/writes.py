@@ -80,8 +80,10 @@ class SwitchWrites(SwitchSession):
                 stub.Write(req, timeout=max(self.timeout_s, 30.0))
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNKNOWN:
+                    self.write_errors += len(chunk)
                     raise self._rpc_error("Write", e) from None
                 errors.extend(self._batch_errors(e, chunk, start))
+        self.write_errors += len(errors)
         return errors
 
     @staticmethod

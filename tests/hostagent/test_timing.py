@@ -6,12 +6,22 @@ import os
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.holder import Holder
-from hostagent.timing import WAIT_EDGES_S, AnswerWaits, FetchTiming, bucket_quantile, merge, summarize, waits_between
+from hostagent.timing import (
+    WAIT_EDGES_S,
+    AnswerWaits,
+    FetchTiming,
+    bucket_quantile,
+    bytes_by_path,
+    merge,
+    summarize,
+    waits_between,
+)
 from hostagent.transport import Address, Transport, TransportConfig
 from kvpool import wire
 from kvpool.hints import Hints
@@ -205,3 +215,11 @@ def test_the_agent_api_answers_the_fetched_chunks_timing() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_bytes_by_path_splits_a_chunk_by_how_its_fragments_came() -> None:
+    p = wire.FRAG_PAYLOAD
+    chunk_len = 3 * p + 10
+    flags = np.array([0, wire.Flag.COALESCED, wire.Flag.SWITCH_SERVED, wire.Flag.SWITCH_SERVED], dtype=np.uint16)
+    assert bytes_by_path(flags, chunk_len) == (p, p, p + 10)
+    assert bytes_by_path(np.zeros(4, dtype=np.uint16), chunk_len) == (chunk_len, 0, 0)
