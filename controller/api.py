@@ -56,7 +56,8 @@ from controller.p4runtime import SwitchUnreachableError
 from controller.settings import ControllerError
 from kvpool import auth, wire
 from kvpool.auth import Token
-from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote
+from kvpool.http_api import ApiError, Auth, Request, Response, Router, is_remote
+from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
 log = logging.getLogger("kvpool.controller.api")

@@ -8,7 +8,7 @@ The endpoints, their bodies and answers, the chunk bundle and the error codes:
 docs/design/notes-agent-api.md; ``GET /metrics`` answers the same counters as ``/v1/stats`` in
 Prometheus' text format (docs/reference/metrics.md). Every call but ``GET`` needs the operator's token
 (``Authorization: Bearer``, ``kvpool.auth``); bodies are limited to one largest chunk
-(``MAX_BODY``); the server and the body policy are ``kvpool.httpjson``'s.
+(``MAX_BODY``); the server and the body policy are ``kvpool.http_server``'s.
 
 The API depends only on ``AgentService`` (below), the few operations it serves;
 ``hostagent.daemon.Agent`` implements it and starts the server.
@@ -34,7 +34,8 @@ from kvpool import wire
 from kvpool.auth import Token
 from kvpool.hints import HintError, Hints
 from kvpool.hints import parse as parse_hints
-from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
+from kvpool.http_api import ApiError, Request, Response, Router
+from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")

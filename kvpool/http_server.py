@@ -1,0 +1,557 @@
+"""The server of kvpool's two APIs: a ``Router`` (``kvpool.http_api``) as a FastAPI app on uvicorn.
+
+``ApiServer`` binds loopback TCP and, optionally, a Unix socket (mode 0660 by default) and
+runs uvicorn on its own event loop in one thread. Handlers are plain functions of a
+``Request``; they run in a bounded pool of daemon threads, so a handler that blocks (a
+fetch waiting on a holder) holds one thread, never the event loop, and never the process's
+exit. What a slow, stalled or hostile client can hold is bounded in three layers:
+
+* ``_Protocol`` (uvicorn's h11 protocol, guarded): a request head must arrive within
+  ``timeout_s`` of its first byte (else 408 ``timeout``); its request line is checked as
+  soon as it is in (garbage, HTTP/0.9, an absolute URL, a lower-case method: 400
+  ``bad_request_line``; HTTP/2.0: 505); a head over ``MAX_HEAD`` bytes is 414 or 431; a
+  header line without a colon or over ``MAX_HEADERS`` lines is 400 ``bad_header``; a
+  ``Transfer-Encoding`` is 411 ``no_length`` and a ``Content-Length`` that is not a decimal
+  number 400 ``bad_length``. h11 only ever sees a head that passed, plus exactly its body; an
+  idle keep-alive connection closes after ``idle_timeout_s``; past ``max_connections`` a new
+  connection is answered 503 ``busy``.
+* ``_Guard`` (ASGI, before the app): the route (404 ``unknown_path``, 405 ``bad_method``),
+  then the token (401 ``unauthorized``), then the body policy from the headers alone (a
+  ``POST``/``PUT`` without ``Content-Length`` is 411, one over ``max_body_bytes`` 413
+  ``body_too_large``), all before a byte of the body is read. The body is then read
+  asynchronously, each read within ``timeout_s`` (408 ``timeout``): a stalled body holds a
+  coroutine, not a thread, so health and small requests are answered whatever the number
+  of stalled uploads. A body that ends early is 400 ``bad_body``. A refused request whose
+  body was not read closes its connection (its bytes cannot be told from a next request).
+* The FastAPI app: one route per ``Router`` route (its OpenAPI schema is served at
+  ``/openapi.json``); each runs its handler in the thread pool and writes the answer's
+  buffers in order, without joining them, each write within ``timeout_s``.
+
+Every refusal is a one-line JSON ``ApiError`` and is counted by code (``counters``); an
+exception a handler did not expect is 500 ``internal`` (logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, ClassVar
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi import Request as FastApiRequest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response as StarletteResponse
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from kvpool.auth import Token
+from kvpool.http_api import (
+    BODY_METHODS,
+    MAX_HEAD,
+    MAX_HEADERS,
+    ApiCounters,
+    ApiError,
+    Request,
+    Response,
+    Route,
+    Router,
+    head_end,
+    parse_request_line,
+)
+
+log = logging.getLogger("kvpool.http")
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What one server allows, shared by its protocol, its guard and its app."""
+
+    name: str
+    router: Router
+    token: Token
+    counters: ApiCounters
+    max_body_bytes: int
+    timeout_s: float
+    idle_timeout_s: float
+    max_connections: int
+
+
+def _raw_refusal(limits: _Limits, exc: ApiError) -> bytes:
+    """A counted one-line JSON refusal that closes its connection, as bytes to write."""
+    limits.counters.error(exc.code)
+    resp = Response.error(exc)
+    return resp.encode_head(limits.name, keep_alive=False) + b"".join(resp.parts)
+
+
+def _checked_head(head: bytes) -> tuple[bytes, int]:
+    """The head as h11 is to see it (CRLF lines, a ``Host`` if none) and its body length; ApiError if refused."""
+    lines = head.split(b"\n")
+    method, target, version = parse_request_line(lines[0])
+    fields = [line.rstrip(b"\r") for line in lines[1:]]
+    fields = [f for f in fields if f]
+    if len(fields) > MAX_HEADERS:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"bad header block: got more than {MAX_HEADERS} headers")
+    has_host = False
+    lengths: set[bytes] = set()
+    for f in fields:
+        name, colon, value = f.partition(b":")
+        if not colon or not name or name != name.strip():
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"bad header block: line {f[:40]!r} is no header")
+        lname = name.lower()
+        if lname == b"host":
+            has_host = True
+        elif lname == b"transfer-encoding":
+            raise ApiError(HTTPStatus.LENGTH_REQUIRED, "no_length",
+                           "send the body with a Content-Length (Transfer-Encoding is not accepted)")
+        elif lname == b"content-length":
+            lengths.add(value.strip())
+    length = 0
+    if lengths:
+        text = lengths.pop()
+        if lengths or not text.isdigit():
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_length",
+                           f"Content-Length {text[:40].decode('latin-1')!r} is not a byte count")
+        length = int(text)
+    if not has_host:
+        fields.append(b"Host: localhost")  # h11 insists on one; a local API has no use for it
+    return b"\r\n".join([f"{method} {target} {version}".encode(), *fields]) + b"\r\n\r\n", length
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's h11 protocol behind a head reader that enforces the module docstring's first layer."""
+
+    limits: ClassVar[_Limits]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Count the connection; refuse it past ``max_connections``; start its idle clock."""
+        super().connection_made(transport)
+        self._pending = bytearray()  # bytes of the next request h11 has not been given
+        self._passing = 0  # body bytes of the current request still to hand to h11
+        self._busy = False  # a head went to h11 and its answer is not complete
+        self._eof = False
+        self._head_clock = False
+        self._clock: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "busy",
+                                  f"{self.limits.max_connections} connections open; try again later"))
+            return
+        self._arm(self.limits.idle_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the clock."""
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._clock = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+            self._clock = None
+
+    def _expired(self) -> None:
+        self._clock = None
+        if self._busy or self.transport.is_closing():
+            return  # a request in progress: the guard's and the app's own timeouts apply
+        if self._pending:
+            self._refuse(ApiError(HTTPStatus.REQUEST_TIMEOUT, "timeout",
+                                  f"request head not complete within {self.limits.timeout_s:g} s"))
+        else:  # an idle keep-alive connection just closes
+            self.transport.close()
+
+    def _refuse(self, exc: ApiError) -> None:
+        self._disarm()
+        self._pending.clear()
+        if not self.transport.is_closing():
+            self.transport.write(_raw_refusal(self.limits, exc))
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """What h11 itself refused (a header it cannot parse): the same one-line JSON as every refusal."""
+        self._refuse(ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"bad header block: {msg}"))
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows True
+        """A body that ends early is answered (400 ``bad_body``); otherwise the connection just closes."""
+        self._eof = True
+        if self._busy and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.more_body = False
+            self.cycle.message_event.set()
+            return True  # keep the transport open for the answer
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        """Hand h11 one checked head and exactly its body; hold what follows until the answer is out."""
+        if self._passing:
+            n = min(self._passing, len(data))
+            self._passing -= n
+            super().data_received(data[:n] if n < len(data) else data)
+            data = data[n:]
+        if not data:
+            return
+        self._pending += data
+        if self._busy:
+            if len(self._pending) > MAX_HEAD:
+                self.flow.pause_reading()  # pipelined requests: wait for this answer first
+            return
+        self._next_head()
+
+    def _next_head(self) -> None:
+        buf = self._pending
+        if not self._head_clock:  # a head's clock starts at its first byte
+            self._head_clock = True
+            self._arm(self.limits.timeout_s)
+        try:
+            first = buf.find(b"\n")
+            if first >= 0:
+                parse_request_line(bytes(buf[: first + 1]))  # garbage is refused now, not at the timeout
+            elif len(buf) > MAX_HEAD:
+                raise ApiError(HTTPStatus.REQUEST_URI_TOO_LONG, "bad_request_line",
+                               f"request line over {MAX_HEAD} bytes")
+            end = head_end(buf)
+            if end < 0 and len(buf) <= MAX_HEAD:
+                return
+            if end < 0 or end > MAX_HEAD:
+                raise ApiError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "bad_header",
+                               f"request head over {MAX_HEAD} bytes")
+            head, length = _checked_head(bytes(buf[:end]))
+        except ApiError as exc:
+            self._refuse(exc)
+            return
+        body = bytes(buf[end : end + length])
+        del buf[: end + len(body)]
+        self._head_clock = False
+        self._disarm()
+        self._busy = True
+        self._passing = length - len(body)
+        super().data_received(head + body)
+
+    def on_response_complete(self) -> None:
+        """Back to reading heads: the idle clock, then any pipelined request."""
+        self._busy = False
+        super().on_response_complete()
+        self._unset_keepalive_if_required()  # our own idle clock instead
+        if self.transport.is_closing():
+            return
+        if self._eof:
+            self.transport.close()
+            return
+        self._arm(self.limits.idle_timeout_s)
+        if self._pending:
+            self._next_head()
+
+
+class _Threads:
+    """At most ``size`` daemon threads running handlers; started as work arrives.
+
+    Daemon threads, unlike ``concurrent.futures``' workers, never hold up the process's
+    exit behind a handler that is still waiting (a fetch on a stopped transport, say).
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self.name = name
+        self.threads: list[threading.Thread] = []
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._queued = 0
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn`` on a pool thread; its future."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._queued += 1
+            if self._queued > self._idle and len(self.threads) < self.size:
+                t = threading.Thread(target=self._run, name=f"{self.name}-{len(self.threads)}", daemon=True)
+                self.threads.append(t)
+                t.start()
+        self._queue.put((fut, fn))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            item = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                self._queued -= 1
+            if item is None:
+                return
+            fut, fn = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the awaiting coroutine
+                fut.set_exception(exc)
+
+    def stop(self) -> None:
+        """Ask every thread to end after its current item (no wait: they are daemons)."""
+        with self._lock:
+            threads = list(self.threads)
+        for _ in threads:
+            self._queue.put(None)
+
+
+def _authenticate(limits: _Limits, headers: Mapping[str, str]) -> None:
+    scheme, _, presented = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not limits.token.matches(presented.strip()):
+        what = "wrong" if scheme else "missing"
+        raise ApiError(HTTPStatus.UNAUTHORIZED, "unauthorized",
+                       f"{what} token: send 'Authorization: Bearer <token>' with the token in "
+                       f"{limits.token.path} (the owner's kvpool token file)")
+
+
+def _body_length(method: str, headers: Mapping[str, str], limit: int) -> int:
+    """The body length the policy allows (the protocol already refused a malformed one)."""
+    text = headers.get("content-length")
+    if text is None:
+        if method in BODY_METHODS:
+            raise ApiError(HTTPStatus.LENGTH_REQUIRED, "no_length", "request needs a Content-Length header")
+        return 0
+    n = int(text.strip())
+    if n > limit:
+        raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body_too_large",
+                       f"body of {n} bytes exceeds max_body_bytes {limit}")
+    return n
+
+
+async def _read_body(receive: Receive, n: int, timeout_s: float) -> memoryview:
+    """``n`` body bytes into one buffer; 408 when a read waits over ``timeout_s``, 400 when the body ends early."""
+    out = bytearray(n)
+    got = 0
+    while got < n:
+        try:
+            message = await asyncio.wait_for(receive(), timeout_s)
+        except TimeoutError:
+            raise ApiError(HTTPStatus.REQUEST_TIMEOUT, "timeout", "the body stopped arriving") from None
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        take = min(len(chunk), n - got)
+        out[got : got + take] = chunk[:take]
+        got += take
+        if not message.get("more_body", False):
+            break
+    if got != n:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_body", f"body ended after {got} of {n} bytes")
+    return memoryview(out)
+
+
+class _Answer(StarletteResponse):
+    """A kvpool ``Response`` as an ASGI answer: its buffers written in order, not joined."""
+
+    def __init__(self, resp: Response, server: str, close: bool, timeout_s: float) -> None:
+        self.status_code = int(resp.status)
+        self.background = None
+        self.resp = resp
+        self.timeout_s = timeout_s
+        size = sum(len(p) for p in resp.parts)
+        headers = [(b"Server", server.encode()), (b"Content-Type", resp.content_type.encode()),
+                   (b"Content-Length", str(size).encode())]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.headers.items()]
+        if close:
+            headers.append((b"Connection", b"close"))
+        self.raw_headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Write the head, then each buffer within ``timeout_s`` (a client that stops reading is dropped)."""
+        await asyncio.wait_for(send({"type": "http.response.start", "status": self.status_code,
+                                     "headers": self.raw_headers}), self.timeout_s)
+        parts = [p for p in self.resp.parts if len(p)] or [b""]
+        for i, part in enumerate(parts):
+            if isinstance(part, memoryview) and isinstance(part.obj, bytes) and part.nbytes == len(part.obj):
+                part = part.obj  # the whole bytes object: h11 passes it on without a copy
+            await asyncio.wait_for(send({"type": "http.response.body", "body": part,
+                                         "more_body": i < len(parts) - 1}), self.timeout_s)
+
+
+class _Guard:
+    """ASGI middleware: route, token and body policy from the headers, then the body, read asynchronously."""
+
+    def __init__(self, app: Any, limits: _Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse or read; a request that passes goes to the app with its ``Request`` in the scope."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        lim = self.limits
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        method = scope["method"]
+        raw_path = scope["raw_path"].decode("latin-1")
+        client = scope.get("client")
+        peer = client[0] if client else None
+        path = raw_path.rstrip("/") or "/"
+        read = False
+        try:
+            route, params = lim.router.resolve(method, path)
+            if route.needs_token(peer):
+                _authenticate(lim, headers)
+            length = _body_length(method, headers, lim.max_body_bytes)
+            body = await _read_body(receive, length, lim.timeout_s) if length else memoryview(b"")
+            read = True
+        except ApiError as exc:
+            lim.counters.error(exc.code)
+            unread = not read and headers.get("content-length", "0").strip() != "0"
+            await _Answer(Response.error(exc), lim.name, unread, lim.timeout_s)(scope, receive, send)
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        target = raw_path + (f"?{query}" if query else "")
+        scope["kvpool.route"] = route
+        scope["kvpool.request"] = Request(method, target, headers, peer, body, params)
+        scope["path"] = urllib.parse.unquote(path)
+        await self.app(scope, receive, send)
+
+
+def build_app(limits: _Limits, threads: _Threads, title: str) -> FastAPI:
+    """The FastAPI app serving ``limits.router`` (behind ``_Guard``, which fills in each request)."""
+    app = FastAPI(title=title, version="1", openapi_url=None, docs_url=None, redoc_url=None)
+
+    async def dispatch(request: FastApiRequest) -> StarletteResponse:
+        route: Route = request.scope["kvpool.route"]
+        req: Request = request.scope["kvpool.request"]
+        try:
+            resp = await asyncio.wrap_future(threads.submit(lambda: route.handler(req)))
+            lim_ok = True
+        except ApiError as exc:
+            limits.counters.error(exc.code)
+            resp = Response.error(exc)
+            lim_ok = False
+        except Exception as exc:  # a bug must answer 500, not drop the connection without a word
+            log.exception("%s: %s %s failed", limits.name, req.method, req.target[:200])
+            limits.counters.error("internal")
+            resp = Response.error(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "internal",
+                                           f"internal error: {exc}"[:400]))
+            lim_ok = False
+        if lim_ok:
+            limits.counters.ok()
+        log.debug("%s %s %s %s -> %d", limits.name, req.peer or "unix", req.method, req.target[:200], resp.status)
+        return _Answer(resp, limits.name, False, limits.timeout_s)
+
+    for route in limits.router.routes:
+        pattern = "/" + "/".join(route.segments)
+        app.add_api_route(pattern, dispatch, methods=[route.method], name=f"{route.method} {pattern}",
+                          summary=(route.handler.__doc__ or "").strip().splitlines()[0] if route.handler.__doc__
+                          else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: FastApiRequest, exc: StarletteHTTPException) -> StarletteResponse:
+        # Only a path the guard resolved but FastAPI did not (an escaped "/" in a segment) ends here.
+        err = ApiError(exc.status_code, "unknown_path" if exc.status_code == 404 else "bad_request", str(exc.detail))
+        limits.counters.error(err.code)
+        return _Answer(Response.error(err), limits.name, False, limits.timeout_s)
+
+    return app
+
+
+class ApiServer:
+    """A ``Router`` served on ``host:port`` (TCP) and, when ``unix_path`` is given, on a Unix socket too.
+
+    See the module docstring for the connection model; ``workers`` bounds the threads that
+    run handlers, whatever the number of connections.
+    """
+
+    def __init__(self, router: Router, host: str, port: int, *, token: Token, max_body_bytes: int, name: str,
+                 unix_path: Path | None = None, unix_mode: int = 0o660, workers: int = 16,
+                 timeout_s: float = 10.0, idle_timeout_s: float = 60.0, max_connections: int = 1024) -> None:
+        if workers < 1 or timeout_s <= 0 or idle_timeout_s <= 0 or max_connections < 1:
+            raise ValueError("workers and max_connections must be >= 1, the timeouts positive")
+        self.router = router
+        self.name = name
+        self.token = token
+        self.max_body_bytes = max_body_bytes
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.counters = ApiCounters()
+        self.host = host
+        self.unix_path = unix_path
+        self._listeners: list[socket.socket] = []
+        try:
+            tcp = socket.create_server((host, port), backlog=128)
+            self._listeners.append(tcp)
+            if unix_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    unix_path.unlink()  # a socket left by a killed daemon would make bind fail
+                unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._listeners.append(unix)
+                unix.bind(str(unix_path))
+                os.chmod(unix_path, unix_mode)
+                unix.listen(128)
+        except OSError:
+            for s in self._listeners:
+                s.close()
+            raise
+        self.port = int(tcp.getsockname()[1])
+        """The TCP port actually bound (useful with port 0)."""
+        self.limits = _Limits(name, router, token, self.counters, max_body_bytes, timeout_s, idle_timeout_s,
+                              max_connections)
+        self._threads = _Threads(workers, f"{name}-worker")
+        self.app = build_app(self.limits, self._threads, name)
+        protocol = type("KvpoolH11Protocol", (_Protocol,), {"limits": self.limits})
+        config = uvicorn.Config(_Guard(self.app, self.limits), http=protocol, lifespan="off", log_config=None,
+                                access_log=False, proxy_headers=False, server_header=False, date_header=False,
+                                h11_max_incomplete_event_size=2 * MAX_HEAD, timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` of the TCP server."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ApiServer:
+        """Serve: uvicorn's event loop in one thread, up to ``workers`` handler threads; returns self."""
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-io", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not self._server.started:
+            raise RuntimeError(f"{self.name}: the HTTP server did not start")
+        return self
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=self._listeners))
+        except Exception:  # a bug here would silently stop the API: say so
+            log.exception("%s: the HTTP server crashed", self.name)
+
+    def stop(self, wait_s: float = 1.0) -> None:
+        """Stop serving: close the listeners and every connection, remove the socket file.
+
+        Handlers still running after ``wait_s`` finish on their own (their answers go nowhere).
+        """
+        self._server.config.timeout_graceful_shutdown = max(0.1, wait_s)  # type: ignore[assignment]
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10 + wait_s)
+            self._thread = None
+        self._threads.stop()
+        for s in self._listeners:
+            s.close()
+        self._listeners.clear()
+        if self.unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.unix_path.unlink()
