@@ -96,8 +96,12 @@ def _raw_refusal(limits: _Limits, exc: ApiError) -> bytes:
     return resp.encode_head(limits.name, keep_alive=False) + b"".join(resp.parts)
 
 
-def _checked_head(head: bytes) -> tuple[bytes, int]:
-    """The head as h11 is to see it (CRLF lines, a ``Host`` if none) and its body length; ApiError if refused."""
+def _checked_head(head: bytes) -> tuple[bytes, int | None]:
+    """The head as h11 is to see it and the body length; ApiError if refused.
+
+    h11 sees CRLF lines, a ``Host`` if none, and no ``Content-Length``: the body goes past it
+    (``_Body``), and the guard finds the real length in the scope's headers.
+    """
     lines = head.split(b"\n")
     method, target, version = parse_request_line(lines[0])
     fields = [line.rstrip(b"\r") for line in lines[1:]]
@@ -106,6 +110,7 @@ def _checked_head(head: bytes) -> tuple[bytes, int]:
         raise ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"bad header block: got more than {MAX_HEADERS} headers")
     has_host = False
     lengths: set[bytes] = set()
+    kept: list[bytes] = []
     for f in fields:
         name, colon, value = f.partition(b":")
         if not colon or not name or name != name.strip():
@@ -118,7 +123,9 @@ def _checked_head(head: bytes) -> tuple[bytes, int]:
                            "send the body with a Content-Length (Transfer-Encoding is not accepted)")
         elif lname == b"content-length":
             lengths.add(value.strip())
-    length = 0
+            continue
+        kept.append(f)
+    length = None
     if lengths:
         text = lengths.pop()
         if lengths or not text.isdigit():
@@ -126,12 +133,91 @@ def _checked_head(head: bytes) -> tuple[bytes, int]:
                            f"Content-Length {text[:40].decode('latin-1')!r} is not a byte count")
         length = int(text)
     if not has_host:
-        fields.append(b"Host: localhost")  # h11 insists on one; a local API has no use for it
-    return b"\r\n".join([f"{method} {target} {version}".encode(), *fields]) + b"\r\n\r\n", length
+        kept.append(b"Host: localhost")  # h11 insists on one; a local API has no use for it
+    return b"\r\n".join([f"{method} {target} {version}".encode(), *kept]) + b"\r\n\r\n", length
 
 
-class _Protocol(H11Protocol):
-    """uvicorn's h11 protocol behind a head reader that enforces the module docstring's first layer."""
+READ_SIZE = 256 << 10
+"""Largest read of a head (and of the early part of a body)."""
+WRITE_BUFFER = 4 << 20
+"""Bytes of an answer queued on a connection before its writer waits: megabyte parts flow without gaps."""
+EARLY_BODY = 64 << 10
+"""Body bytes a connection takes before the guard has checked the request; then it stops reading."""
+
+
+class _Body:
+    """The body of the request in progress, written by the protocol straight into one buffer.
+
+    Until the guard ``open``s it (route, token and length checked), at most ``EARLY_BODY``
+    bytes are kept and the connection then stops reading; after, every byte is copied once,
+    into a buffer of the announced length. Lives on the event loop's thread.
+    """
+
+    def __init__(self, protocol: _Protocol, length: int) -> None:
+        self.protocol = protocol
+        self.length = length
+        self.got = 0
+        self.ended = False  # the client closed its side (or the connection) before the end
+        self.early: bytearray | None = bytearray()
+        self.buf: bytearray | None = None
+        self.event = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        """Every announced byte is in, or no more will come."""
+        return self.got >= self.length or self.ended
+
+    def feed(self, data: bytes) -> None:
+        """Body bytes from the connection (never more than announced)."""
+        if self.buf is None:
+            assert self.early is not None
+            self.early += data
+            self.got += len(data)
+            if len(self.early) >= EARLY_BODY:
+                self.protocol.flow.pause_reading()
+        else:
+            self.buf[self.got : self.got + len(data)] = data
+            self.got += len(data)
+        if self.done:
+            self.event.set()
+
+    def wrote(self, nbytes: int) -> None:
+        """``nbytes`` were read straight into the buffer, past ``got``."""
+        self.got += nbytes
+        if self.done:
+            self.event.set()
+
+    def end(self) -> None:
+        """No more bytes will come."""
+        self.ended = True
+        self.event.set()
+
+    async def read(self, timeout_s: float) -> memoryview:
+        """The whole body; 408 when ``timeout_s`` passes without a byte, 400 when it ends early.
+
+        The timeout is per stretch of ``timeout_s``: a body that keeps arriving is never cut.
+        """
+        self.buf = bytearray(self.length)
+        assert self.early is not None
+        self.buf[: len(self.early)] = self.early
+        self.early = None
+        self.protocol.flow.resume_reading()
+        while not self.done:  # woken at the end only; a wait that saw no byte arrive is a stall
+            before = self.got
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.event.wait(), timeout_s)
+            if not self.done and self.got == before:
+                raise ApiError(HTTPStatus.REQUEST_TIMEOUT, "timeout", "the body stopped arriving")
+        if self.got != self.length:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_body", f"body ended after {self.got} of {self.length} bytes")
+        return memoryview(self.buf)
+
+
+class _Protocol(H11Protocol, asyncio.BufferedProtocol):
+    """uvicorn's h11 protocol behind a head reader that enforces the module docstring's first layer.
+
+    A buffered protocol: once the guard opened a body, the socket reads straight into it.
+    """
 
     limits: ClassVar[_Limits]
 
@@ -139,7 +225,10 @@ class _Protocol(H11Protocol):
         """Count the connection; refuse it past ``max_connections``; start its idle clock."""
         super().connection_made(transport)
         self._pending = bytearray()  # bytes of the next request h11 has not been given
-        self._passing = 0  # body bytes of the current request still to hand to h11
+        self._body: _Body | None = None  # the body of the request in progress, while it arrives
+        self._scratch = bytearray(READ_SIZE)
+        self._into_body = False
+        transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self._busy = False  # a head went to h11 and its answer is not complete
         self._eof = False
         self._head_clock = False
@@ -151,8 +240,10 @@ class _Protocol(H11Protocol):
         self._arm(self.limits.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the clock."""
+        """Stop the clock; a body still arriving never will."""
         self._disarm()
+        if self._body is not None:
+            self._body.end()
         super().connection_lost(exc)
 
     def _arm(self, seconds: float) -> None:
@@ -188,18 +279,39 @@ class _Protocol(H11Protocol):
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows True
         """A body that ends early is answered (400 ``bad_body``); otherwise the connection just closes."""
         self._eof = True
-        if self._busy and self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.more_body = False
-            self.cycle.message_event.set()
+        if self._body is not None:
+            self._body.end()
+        if self._busy:
             return True  # keep the transport open for the answer
         return None
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: into an open body's own buffer, else a scratch buffer."""
+        body = self._body
+        self._into_body = body is not None and body.buf is not None and body.got < body.length
+        if self._into_body:
+            assert body is not None and body.buf is not None
+            return memoryview(body.buf)[body.got : body.length]  # never past the body: a next request waits
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were read into the buffer ``get_buffer`` gave."""
+        if self._into_body:
+            assert self._body is not None
+            self._body.wrote(nbytes)
+            if self._body.done:
+                self._body = None
+        else:
+            self.data_received(bytes(self._scratch[:nbytes]))
+
     def data_received(self, data: bytes) -> None:
-        """Hand h11 one checked head and exactly its body; hold what follows until the answer is out."""
-        if self._passing:
-            n = min(self._passing, len(data))
-            self._passing -= n
-            super().data_received(data[:n] if n < len(data) else data)
+        """Hand h11 one checked head, the body to ``_Body``; hold what follows until the answer is out."""
+        body = self._body
+        if body is not None:
+            n = min(body.length - body.got, len(data))
+            body.feed(data[:n] if n < len(data) else data)
+            if body.got >= body.length:
+                self._body = None
             data = data[n:]
         if not data:
             return
@@ -232,13 +344,22 @@ class _Protocol(H11Protocol):
         except ApiError as exc:
             self._refuse(exc)
             return
-        body = bytes(buf[end : end + length])
-        del buf[: end + len(body)]
+        early = bytes(buf[end : end + (length or 0)])
+        del buf[: end + len(early)]
         self._head_clock = False
         self._disarm()
         self._busy = True
-        self._passing = length - len(body)
-        super().data_received(head + body)
+        self.scope = None  # type: ignore[assignment]
+        super().data_received(head)  # the request task is created, not yet run
+        if self.scope is None or self.transport.is_closing():
+            return
+        if length is not None:
+            self.headers.append((b"content-length", str(length).encode()))  # the scope's own list
+        if length:
+            body = _Body(self, length)
+            self.scope["kvpool.body"] = body  # type: ignore[typeddict-unknown-key]
+            body.feed(early)
+            self._body = None if body.done else body
 
     def on_response_complete(self) -> None:
         """Back to reading heads: the idle clock, then any pipelined request."""
@@ -333,28 +454,6 @@ def _body_length(method: str, headers: Mapping[str, str], limit: int) -> int:
     return n
 
 
-async def _read_body(receive: Receive, n: int, timeout_s: float) -> memoryview:
-    """``n`` body bytes into one buffer; 408 when a read waits over ``timeout_s``, 400 when the body ends early."""
-    out = bytearray(n)
-    got = 0
-    while got < n:
-        try:
-            message = await asyncio.wait_for(receive(), timeout_s)
-        except TimeoutError:
-            raise ApiError(HTTPStatus.REQUEST_TIMEOUT, "timeout", "the body stopped arriving") from None
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        take = min(len(chunk), n - got)
-        out[got : got + take] = chunk[:take]
-        got += take
-        if not message.get("more_body", False):
-            break
-    if got != n:
-        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_body", f"body ended after {got} of {n} bytes")
-    return memoryview(out)
-
-
 class _Answer(StarletteResponse):
     """A kvpool ``Response`` as an ASGI answer: its buffers written in order, not joined."""
 
@@ -408,7 +507,7 @@ class _Guard:
             if route.needs_token(peer):
                 _authenticate(lim, headers)
             length = _body_length(method, headers, lim.max_body_bytes)
-            body = await _read_body(receive, length, lim.timeout_s) if length else memoryview(b"")
+            body = await scope["kvpool.body"].read(lim.timeout_s) if length else memoryview(b"")
             read = True
         except ApiError as exc:
             lim.counters.error(exc.code)
