@@ -12,7 +12,7 @@ back::
     prefix = client.fetch_prefix("llama-tiny", token_ids, block_size=16, holder="10.0.0.1:7470")
     cache = prefix.to_cache()            # DynamicCache of prefix.num_tokens tokens
 
-A refusal raises ``kvpool.httpjson.ApiError`` (HTTP ``status``, ``code``, one-line
+A refusal raises ``kvpool.http_api.ApiError`` (HTTP ``status``, ``code``, one-line
 message); an agent that does not answer raises its subclass ``ApiUnreachableError``.
 """
 
@@ -31,7 +31,8 @@ from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
 from kvpool import auth
-from kvpool.httpjson import ApiError, JsonClient
+from kvpool.http_api import ApiError
+from kvpool.http_client import JsonClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class FetchedPrefix:
 
 
 class AgentClient:
-    """Talks to one agent's local HTTP API (through ``kvpool.httpjson.JsonClient``).
+    """Talks to one agent's local HTTP API (through ``kvpool.http_client.JsonClient``).
 
     ``token`` defaults to the operator's token file (``kvpool.auth``): what the agent checks
     every call but ``GET`` against.

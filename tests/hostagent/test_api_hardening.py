@@ -19,7 +19,7 @@ import pytest
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig, AgentProcess, spawn_agent
 from kvpool import auth, wire
-from kvpool.httpjson import MAX_HEAD, MAX_JSON_DEPTH, ApiError
+from kvpool.http_api import MAX_HEAD, MAX_JSON_DEPTH, ApiError
 
 
 def _answer(sock: socket.socket) -> tuple[int, dict[str, object], bytes]:
