@@ -25,6 +25,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from hostagent import api_models as m
 from hostagent import metrics
 from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
@@ -34,7 +35,7 @@ from kvpool import wire
 from kvpool.auth import Token
 from kvpool.hints import HintError, Hints
 from kvpool.hints import parse as parse_hints
-from kvpool.http_api import ApiError, Request, Response, Router
+from kvpool.http_api import OCTETS, TEXT, ApiError, Doc, Request, Response, Router
 from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
@@ -43,6 +44,10 @@ BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
 MAX_LOOKUP_KEYS: Final = 1 << 16
 """Keys one ``/v1/lookup`` may name: a registered agent asks its directory about them."""
+TITLE: Final = "kvpool agent API"
+DESCRIPTION: Final = ("An inference engine's local API to its kvpool host agent: publish, fetch and look up "
+                      "KV-cache chunks. Chunk bundles: u64 n, n x (u64 key, u64 length), then the chunks "
+                      "(little-endian). Every call but GET needs the operator's token. docs/design/notes-agent-api.md")
 MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
 """Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
@@ -137,7 +142,8 @@ def make_server(agent: AgentService, host: str, port: int, unix_path: Path | Non
                 max_body_bytes: int = MAX_BODY, workers: int = 64, timeout_s: float = 10.0) -> ApiServer:
     """The agent's API bound on ``host:port`` (and ``unix_path``), not yet serving: call ``start``."""
     return ApiServer(AgentApi(agent).router(), host, port, token=token, unix_path=unix_path,
-                     max_body_bytes=max_body_bytes, workers=workers, timeout_s=timeout_s, name="kvpool-agent")
+                     max_body_bytes=max_body_bytes, workers=workers, timeout_s=timeout_s, name="kvpool-agent",
+                     title=TITLE, description=DESCRIPTION)
 
 
 class AgentApi:
@@ -151,18 +157,28 @@ class AgentApi:
     def router(self) -> Router:
         """Every endpoint, routed."""
         r = Router()
-        r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}))
-        r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()))
-        r.add("GET", "/metrics", self.metrics)  # a read, open as /v1/stats is
-        r.add("PUT", "/v1/chunks/{key}", self.put_chunk)
-        r.add("GET", "/v1/chunks/{key}", self.get_chunk)
-        r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk)
-        r.add("POST", "/v1/publish", self.publish)
-        r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True))
-        r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False))
-        r.add("POST", "/v1/lookup", self.lookup)
-        r.add("POST", "/v1/push", self.push)
-        r.add("POST", "/v1/hints", self.hints)
+        r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}),
+              doc=Doc("Alive, and where it listens", answer=m.Health))
+        r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()),
+              doc=Doc("Every counter", answer=m.Stats))
+        r.add("GET", "/metrics", self.metrics, doc=Doc(answer=TEXT))  # a read, open as /v1/stats is
+        generation = {"generation": "the chunk's generation (0..2**32-1, default 0)"}
+        r.add("PUT", "/v1/chunks/{key}", self.put_chunk, doc=Doc(body=OCTETS, answer=m.PutAnswer, query=generation))
+        r.add("GET", "/v1/chunks/{key}", self.get_chunk, doc=Doc(answer=OCTETS))
+        r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk, doc=Doc(answer=m.DeleteAnswer))
+        r.add("POST", "/v1/publish", self.publish, doc=Doc(
+            body=OCTETS, answer=m.PublishAnswer, headers={"X-Kvpool-Generation": "the chunks' generation (default 0)"}))
+        r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True), doc=Doc(
+            "The longest available prefix of the chunks, as a chunk bundle", body=m.FetchRequest, answer=OCTETS,
+            answer_headers={"X-Kvpool-Found": "chunks in the bundle", "X-Kvpool-Requested": "chunks asked for",
+                            "X-Kvpool-Seconds": "the fetch's time", "X-Kvpool-Timing": "where it went (JSON)",
+                            "X-Kvpool-Stopped": "why the prefix stopped short (absent when every chunk came)"}))
+        r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False), doc=Doc(
+            "Fetch the longest available prefix into the local tiers; a summary back", body=m.FetchRequest,
+            answer=m.PrefetchAnswer))
+        r.add("POST", "/v1/lookup", self.lookup, doc=Doc(body=m.KeySpec, answer=m.LookupAnswer))
+        r.add("POST", "/v1/push", self.push, doc=Doc(body=m.PushRequest, answer=m.PushAnswer))
+        r.add("POST", "/v1/hints", self.hints, doc=Doc(body=m.HintsRequest, answer=m.HintsAnswer))
         return r
 
     def metrics(self, req: Request) -> Response:

@@ -184,6 +184,28 @@ def is_remote(peer: str | None) -> bool:
     return peer is not None and not ipaddress.ip_address(peer).is_loopback
 
 
+OCTETS = "octets"
+"""``Doc.body`` / ``Doc.answer``: raw bytes (``application/octet-stream``)."""
+TEXT = "text"
+"""``Doc.answer``: plain text (Prometheus' exposition format)."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    """How a route appears in the OpenAPI schema; the server never reads it (handlers validate themselves).
+
+    ``body`` and ``answer`` are pydantic models of the JSON (or ``OCTETS``, ``TEXT``); ``query``
+    names each query parameter with its meaning; ``headers`` the request headers that matter.
+    """
+
+    summary: str = ""
+    body: Any = None
+    answer: Any = None
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    answer_headers: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Route:
     """``method`` on a path pattern: literal segments, or ``{name}`` capturing one segment."""
@@ -192,6 +214,7 @@ class Route:
     segments: tuple[str, ...]
     handler: Handler
     auth: Auth = Auth.TOKEN
+    doc: Doc = field(default_factory=Doc)
 
     def match(self, parts: Sequence[str]) -> dict[str, str] | None:
         """The captured segments when ``parts`` fits the pattern, else None."""
@@ -216,14 +239,15 @@ class Router:
     def __init__(self) -> None:
         self.routes: list[Route] = []
 
-    def add(self, method: str, pattern: str, handler: Handler, auth: Auth | None = None) -> None:
-        """Serve ``method pattern`` (``"/v1/chunks/{key}"``) with ``handler``.
+    def add(self, method: str, pattern: str, handler: Handler, auth: Auth | None = None,
+            doc: Doc | None = None) -> None:
+        """Serve ``method pattern`` (``"/v1/chunks/{key}"``) with ``handler``, described by ``doc``.
 
         ``auth`` defaults to none for ``GET`` and the token for every other (mutating) method.
         """
         if auth is None:
             auth = Auth.NONE if method == "GET" else Auth.TOKEN
-        self.routes.append(Route(method, tuple(pattern.strip("/").split("/")), handler, auth))
+        self.routes.append(Route(method, tuple(pattern.strip("/").split("/")), handler, auth, doc or Doc()))
 
     def resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         """The route for a request and its captured segments; ApiError 404 or 405 if none."""

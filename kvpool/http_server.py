@@ -52,6 +52,9 @@ from typing import Any, ClassVar
 import uvicorn
 from fastapi import FastAPI
 from fastapi import Request as FastApiRequest
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response as StarletteResponse
 from starlette.types import Receive, Scope, Send
@@ -62,8 +65,12 @@ from kvpool.http_api import (
     BODY_METHODS,
     MAX_HEAD,
     MAX_HEADERS,
+    OCTETS,
+    TEXT,
     ApiCounters,
     ApiError,
+    Auth,
+    Doc,
     Request,
     Response,
     Route,
@@ -522,36 +529,119 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-def build_app(limits: _Limits, threads: _Threads, title: str) -> FastAPI:
+class ErrorAnswer(BaseModel):
+    """Every refusal: one line of JSON, with a machine-readable code."""
+
+    error: str
+    code: str
+
+
+_BINARY = {"type": "string", "format": "binary"}
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    """The OpenAPI fields FastAPI cannot know from ``dispatch``: parameters, request body, security."""
+    doc = route.doc
+    extra: dict[str, Any] = {}
+    params = [{"name": seg[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+              for seg in route.segments if seg.startswith("{")]
+    params += [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}, "description": d}
+               for n, d in doc.query.items()]
+    params += [{"name": n, "in": "header", "required": False, "schema": {"type": "string"}, "description": d}
+               for n, d in doc.headers.items()]
+    if params:
+        extra["parameters"] = params
+    if doc.body == OCTETS:
+        extra["requestBody"] = {"required": True, "content": {"application/octet-stream": {"schema": _BINARY}}}
+    elif doc.body is not None:
+        extra["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{doc.body.__name__}"}}}}
+    if route.auth is Auth.TOKEN:
+        extra["security"] = [{"bearer": []}]
+    elif route.auth is Auth.LOCAL_TOKEN:  # a caller on another host is known by its address instead
+        extra["security"] = [{"bearer": []}, {}]
+    return extra
+
+
+def _answers(doc: Doc) -> dict[int | str, dict[str, Any]]:
+    """The documented answers: the success (unless a model says it) and the one-line refusals."""
+    out: dict[int | str, dict[str, Any]] = {"4XX": {"model": ErrorAnswer, "description": "refused"},
+                                            "5XX": {"model": ErrorAnswer, "description": "failed"}}
+    ok: dict[str, Any] = {"description": "OK"}
+    if doc.answer == OCTETS:
+        ok["content"] = {"application/octet-stream": {"schema": _BINARY}}
+    elif doc.answer == TEXT:
+        ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    if doc.answer_headers:
+        ok["headers"] = {n: {"description": d, "schema": {"type": "string"}} for n, d in doc.answer_headers.items()}
+    out[200] = ok
+    return out
+
+
+def _summary(docstring: str) -> str | None:
+    """A handler docstring's first line without its ````METHOD /path``: ```` prefix."""
+    line = (docstring.strip().splitlines() or [""])[0]
+    if line.startswith("``") and "``: " in line:
+        line = line.split("``: ", 1)[1]
+    return line.rstrip(".")[:1].upper() + line.rstrip(".")[1:] or None
+
+
+def build_app(limits: _Limits, threads: _Threads, title: str, description: str = "") -> FastAPI:
     """The FastAPI app serving ``limits.router`` (behind ``_Guard``, which fills in each request)."""
-    app = FastAPI(title=title, version="1", openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title=title, version="1", description=description, openapi_url=None, docs_url=None,
+                  redoc_url=None)
 
     async def dispatch(request: FastApiRequest) -> StarletteResponse:
         route: Route = request.scope["kvpool.route"]
         req: Request = request.scope["kvpool.request"]
         try:
             resp = await asyncio.wrap_future(threads.submit(lambda: route.handler(req)))
-            lim_ok = True
+            served = True
         except ApiError as exc:
             limits.counters.error(exc.code)
             resp = Response.error(exc)
-            lim_ok = False
+            served = False
         except Exception as exc:  # a bug must answer 500, not drop the connection without a word
             log.exception("%s: %s %s failed", limits.name, req.method, req.target[:200])
             limits.counters.error("internal")
             resp = Response.error(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "internal",
                                            f"internal error: {exc}"[:400]))
-            lim_ok = False
-        if lim_ok:
+            served = False
+        if served:
             limits.counters.ok()
         log.debug("%s %s %s %s -> %d", limits.name, req.peer or "unix", req.method, req.target[:200], resp.status)
         return _Answer(resp, limits.name, False, limits.timeout_s)
 
     for route in limits.router.routes:
         pattern = "/" + "/".join(route.segments)
+        model = route.doc.answer if isinstance(route.doc.answer, type) else None
+        summary = route.doc.summary or _summary(route.handler.__doc__ or "")
+        op_id = "_".join([route.method.lower(), *(seg.strip("{}").replace(".", "_") for seg in route.segments)])
         app.add_api_route(pattern, dispatch, methods=[route.method], name=f"{route.method} {pattern}",
-                          summary=(route.handler.__doc__ or "").strip().splitlines()[0] if route.handler.__doc__
-                          else None)
+                          operation_id=op_id,
+                          summary=summary, response_model=model, responses=_answers(route.doc),
+                          openapi_extra=_operation(route),
+                          response_class=StarletteResponse if route.doc.answer in (OCTETS, TEXT) else JSONResponse)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=title, version=app.version, description=description, routes=app.routes)
+        components = schema.setdefault("components", {})
+        schemas = components.setdefault("schemas", {})
+        for route in limits.router.routes:
+            body = route.doc.body
+            if isinstance(body, type) and issubclass(body, BaseModel):
+                js = body.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(js.pop("$defs", {}))
+                schemas[body.__name__] = js
+        components["securitySchemes"] = {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "the operator's token (kvpool.auth): every call but GET, unless the route says otherwise"}}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: FastApiRequest, exc: StarletteHTTPException) -> StarletteResponse:
@@ -563,6 +653,20 @@ def build_app(limits: _Limits, threads: _Threads, title: str) -> FastAPI:
     return app
 
 
+def with_openapi(router: Router, schema: Callable[[], dict[str, Any]]) -> Router:
+    """``router`` plus ``GET /openapi.json`` answering ``schema()``."""
+    served = Router()
+    served.routes = [*router.routes, Route("GET", ("openapi.json",), lambda _req: Response.json(schema()), Auth.NONE,
+                                           Doc(summary="This API's OpenAPI schema"))]
+    return served
+
+
+def openapi_schema(router: Router, title: str, description: str = "") -> dict[str, Any]:
+    """The OpenAPI schema that a server of ``router`` answers at ``/openapi.json`` (no server needed)."""
+    limits = _Limits(title, with_openapi(router, dict), Token("", Path("/dev/null")), ApiCounters(), 0, 1.0, 1.0, 1)
+    return build_app(limits, _Threads(1, "openapi"), title, description).openapi()
+
+
 class ApiServer:
     """A ``Router`` served on ``host:port`` (TCP) and, when ``unix_path`` is given, on a Unix socket too.
 
@@ -572,7 +676,8 @@ class ApiServer:
 
     def __init__(self, router: Router, host: str, port: int, *, token: Token, max_body_bytes: int, name: str,
                  unix_path: Path | None = None, unix_mode: int = 0o660, workers: int = 16,
-                 timeout_s: float = 10.0, idle_timeout_s: float = 60.0, max_connections: int = 1024) -> None:
+                 timeout_s: float = 10.0, idle_timeout_s: float = 60.0, max_connections: int = 1024,
+                 title: str | None = None, description: str = "") -> None:
         if workers < 1 or timeout_s <= 0 or idle_timeout_s <= 0 or max_connections < 1:
             raise ValueError("workers and max_connections must be >= 1, the timeouts positive")
         self.router = router
@@ -604,10 +709,12 @@ class ApiServer:
             raise
         self.port = int(tcp.getsockname()[1])
         """The TCP port actually bound (useful with port 0)."""
-        self.limits = _Limits(name, router, token, self.counters, max_body_bytes, timeout_s, idle_timeout_s,
+        served = with_openapi(router, lambda: self.app.openapi())
+        self.limits = _Limits(name, served, token, self.counters, max_body_bytes, timeout_s, idle_timeout_s,
                               max_connections)
         self._threads = _Threads(workers, f"{name}-worker")
-        self.app = build_app(self.limits, self._threads, name)
+        self.app = build_app(self.limits, self._threads, title or name, description)
+        """The FastAPI app (its ``openapi()`` is what ``GET /openapi.json`` answers)."""
         protocol = type("KvpoolH11Protocol", (_Protocol,), {"limits": self.limits})
         config = uvicorn.Config(_Guard(self.app, self.limits), http=protocol, lifespan="off", log_config=None,
                                 access_log=False, proxy_headers=False, server_header=False, date_header=False,
