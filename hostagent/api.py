@@ -125,6 +125,47 @@ def unpack_bundle(body: bytes | memoryview) -> tuple[list[int], list[memoryview]
     return keys, blobs
 
 
+class _Pieces:
+    """Bytes that arrived in pieces, taken in order: each take copies its bytes once."""
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = [memoryview(p) for p in pieces]
+        self.i = 0
+        self.off = 0
+        self.left = sum(len(p) for p in self.pieces)
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes; ``ValueError`` if fewer are left."""
+        if n > self.left:
+            raise ValueError(f"bundle needs {n} more bytes, {self.left} are left")
+        self.left -= n
+        out: list[memoryview] = []
+        while n:
+            piece = self.pieces[self.i]
+            part = piece[self.off : self.off + n]
+            out.append(part)
+            n -= len(part)
+            self.off += len(part)
+            if self.off == len(piece):
+                self.i += 1
+                self.off = 0
+        return out[0].tobytes() if len(out) == 1 else b"".join(out)
+
+
+def split_bundle(pieces: Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
+    """``unpack_bundle`` of a body still in the pieces it arrived in; each chunk copied once, as bytes."""
+    src = _Pieces(pieces)
+    (n,) = BUNDLE_COUNT.unpack(src.take(BUNDLE_COUNT.size))
+    if n > MAX_BUNDLE_CHUNKS or n * BUNDLE_ENTRY.size > src.left:
+        raise ValueError(f"bundle claims {n} chunks, its {src.left + BUNDLE_COUNT.size} bytes cannot hold their index")
+    index = src.take(n * BUNDLE_ENTRY.size)
+    entries = [BUNDLE_ENTRY.unpack_from(index, i * BUNDLE_ENTRY.size) for i in range(n)]
+    if sum(length for _, length in entries) != src.left:
+        raise ValueError(f"bundle index lists {sum(length for _, length in entries)} chunk bytes, the body has "
+                         f"{src.left}")
+    return [key for key, _ in entries], [src.take(length) for _, length in entries]
+
+
 def parse_key(text: str) -> int:
     """A chunk key from hex text (``0x`` optional); ``ValueError`` if not a 64-bit hex number."""
     digits = text[2:] if text.lower().startswith("0x") else text

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, unpack_bundle
+from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, split_bundle
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
@@ -143,9 +143,10 @@ class AgentClient:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        reply = self.http.request("POST", "/v1/fetch", json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        reply, pieces = self.http.request_pieces("POST", "/v1/fetch", json.dumps(doc).encode(),
+                                                 {"Content-Type": "application/json"})
         try:
-            got_keys, views = unpack_bundle(reply.body)
+            got_keys, blobs = split_bundle(pieces)  # megabytes: each chunk copied once, from the pieces
         except ValueError as exc:
             raise ApiError(reply.status, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
@@ -158,7 +159,7 @@ class AgentClient:
             except ValueError:
                 parsed = None
             timing = parsed if isinstance(parsed, dict) else None
-        return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped"), timing
+        return got_keys, blobs, reply.header("X-Kvpool-Stopped"), timing
 
     def lookup(self, keys: Sequence[int]) -> dict[str, Any]:
         """How long a prefix of ``keys`` the agent could answer, no bytes moved:

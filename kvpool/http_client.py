@@ -29,6 +29,9 @@ READ_BYTES = 1 << 20
 """httpcore's read size over HTTP/1.1 (64 KiB by default): kvpool's answers are megabytes of KV chunks,
 and per read, h11 copies and parses; 1 MiB reads double the fetch goodput (docs/design/notes-http.md)."""
 
+SEND_BYTES = 256 << 10
+"""Largest piece of a request body handed to httpx (see ``_stream``)."""
+
 if getattr(httpcore.HTTP11Connection, "READ_NUM_BYTES", READ_BYTES) < READ_BYTES:
     httpcore.HTTP11Connection.READ_NUM_BYTES = READ_BYTES  # a class constant httpcore reads per connection
 
@@ -93,6 +96,16 @@ class JsonClient:
     def request(self, method: str, path: str, body: Buffer | Sequence[Buffer] | None = None,
                 headers: Mapping[str, str] | None = None) -> Reply:
         """One request; ``body`` may be several buffers, sent in order without joining them."""
+        reply, pieces = self.request_pieces(method, path, body, headers)
+        return Reply(reply.status, reply.headers, pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def request_pieces(self, method: str, path: str, body: Buffer | Sequence[Buffer] | None = None,
+                       headers: Mapping[str, str] | None = None) -> tuple[Reply, list[bytes]]:
+        """``request``, the answer's body left in the pieces it arrived in (``Reply.body`` empty).
+
+        For megabyte answers that the caller splits anyway (a chunk bundle): each part is then
+        copied once, from the pieces, instead of once more through one joined body.
+        """
         parts: Sequence[Buffer] = [] if body is None else [body] if isinstance(body, Buffer) else body
         hdrs = dict(headers or {})
         if self.token:
@@ -102,18 +115,19 @@ class JsonClient:
             hdrs["Content-Length"] = str(sum(len(p) for p in parts))
             content = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else _stream(parts)
         try:
-            resp = self._http.request(method, path, content=content, headers=hdrs)
-        except (httpx.TransportError, OSError) as exc:
+            with self._http.stream(method, path, content=content, headers=hdrs) as resp:
+                pieces = [p for p in resp.iter_raw() if p]
+        except (httpx.TransportError, httpx.StreamError, OSError) as exc:
             raise ApiUnreachableError(f"{self.what} at {self.url} is unreachable: {exc or type(exc).__name__}") \
                 from None
-        data = resp.content
         if resp.status_code >= 400:
+            data = b"".join(pieces)
             code, message = "error", data[:200].decode(errors="replace").strip() or f"HTTP {resp.status_code}"
             with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
                 doc = json.loads(data)
                 code, message = str(doc.get("code", code)), str(doc["error"])
             raise ApiError(resp.status_code, code, message)
-        return Reply(resp.status_code, resp.headers, data)
+        return Reply(resp.status_code, resp.headers, b""), pieces or [b""]
 
     def call(self, method: str, path: str, doc: Mapping[str, Any] | None = None,
              headers: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -146,5 +160,12 @@ class JsonClient:
 
 
 def _stream(parts: Sequence[Buffer]) -> Iterator[bytes]:
-    """The body's buffers one by one (with the Content-Length set, httpx sends them as they are)."""
-    yield from parts  # type: ignore[misc]  # memoryviews and bytearrays go to the socket as bytes-like
+    """The body's buffers in slices of ``SEND_BYTES`` (with the Content-Length set, httpx sends them as they are).
+
+    httpcore sends a piece with ``send`` in a loop and copies what is left after each call: a
+    megabyte piece that goes in several sends is copied several times, a slice about once.
+    """
+    for p in parts:
+        view = memoryview(p).cast("B")
+        for i in range(0, len(view), SEND_BYTES):
+            yield view[i : i + SEND_BYTES].tobytes()
