@@ -90,7 +90,7 @@ class JsonClient:
                                   headers={"Accept-Encoding": "identity"})
 
     def close(self) -> None:
-        """Close the pooled connections (a later request opens new ones)."""
+        """Close the pooled connections; the client takes no requests after."""
         self._http.close()
 
     def request(self, method: str, path: str, body: Buffer | Sequence[Buffer] | None = None,
