@@ -44,7 +44,7 @@ from hostagent.client import AgentClient
 from hostagent.layouts import hf_cache_from_chunks
 from hostagent.serialize import deserialize
 from kvpool import auth
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 
 def build_model(spec: ModelSpec) -> Any:

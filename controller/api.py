@@ -37,6 +37,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from controller import api_models as m
 from controller import metrics
 from controller.counters import read_stats
 from controller.daemon import Controller
@@ -56,7 +57,8 @@ from controller.p4runtime import SwitchUnreachableError
 from controller.settings import ControllerError
 from kvpool import auth, wire
 from kvpool.auth import Token
-from kvpool.httpjson import ApiError, ApiServer, Auth, Request, Response, Router, is_remote
+from kvpool.http_api import TEXT, ApiError, Auth, Doc, Request, Response, Router, is_remote
+from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
 log = logging.getLogger("kvpool.controller.api")
@@ -100,6 +102,12 @@ def _keys(doc: dict[str, Any]) -> list[int]:
     return [parse_key(k) for k in keys]
 
 
+TITLE = "kvpool controller API"
+DESCRIPTION = ("The operator's API to the kvpool controller (status, overrides) and the agents' directory "
+               "(register, publish, withdraw). Every call but GET needs the operator's token; a node on another "
+               "host speaks for itself with its node credential instead. docs/design/notes-controller-api.md")
+
+
 class ControllerAPI:
     """The HTTP servers (TCP, and a Unix socket when asked) in front of one Controller."""
 
@@ -115,7 +123,8 @@ class ControllerAPI:
         #: this controller's own Prometheus registry, read at scrape time (``controller.metrics``)
         self.registry = registry(metrics.collector(self.metrics_snapshot))
         self.server = ApiServer(self.router(), host, port, token=self.token, unix_path=unix_path,
-                                max_body_bytes=MAX_BODY, name="kvpool-controller")
+                                max_body_bytes=MAX_BODY, name="kvpool-controller", title=TITLE,
+                                description=DESCRIPTION)
 
     @property
     def port(self) -> int:
@@ -144,27 +153,41 @@ class ControllerAPI:
             return lambda _req: Response.json(fn())
 
         r = Router()
-        r.add("GET", "/v1/status", get(self.status))
-        r.add("GET", "/v1/tiers", get(self.tiers))
-        r.add("GET", "/v1/stats", get(self.stats))
-        r.add("GET", "/metrics", self._metrics)  # a read, open as /v1/stats is
-        r.add("GET", "/v1/nodes", get(lambda: {"nodes": d.nodes()}))
-        r.add("GET", "/v1/top", self._top)
-        r.add("GET", "/v1/switches/{name}", lambda req: Response.json(self.switch(req.params["name"])))
-        r.add("GET", "/v1/chunks/{key}", lambda req: Response.json(self.chunk(parse_key(req.params["key"]))))
+        r.add("GET", "/v1/status", get(self.status), doc=Doc("The loop, the switches, the pool", answer=m.Status))
+        r.add("GET", "/v1/tiers", get(self.tiers), doc=Doc("Capacity and use per tier", answer=m.Tiers))
+        r.add("GET", "/v1/stats", get(self.stats), doc=Doc("The switches' counters and the loop's", answer=m.Stats))
+        r.add("GET", "/metrics", self._metrics, doc=Doc("The counters in Prometheus' text format",
+                                                        answer=TEXT))  # a read, open as /v1/stats is
+        r.add("GET", "/v1/nodes", get(lambda: {"nodes": d.nodes()}), doc=Doc("The directory's nodes", answer=m.Nodes))
+        r.add("GET", "/v1/top", self._top, doc=Doc("The most valuable chunks", answer=m.Top, query={
+            "sort": f"one of {', '.join(SORT_KEYS)} (default value)", "limit": "how many (default 20)"}))
+        r.add("GET", "/v1/switches/{name}", lambda req: Response.json(self.switch(req.params["name"])),
+              doc=Doc("One switch's state", answer=m.Switch))
+        r.add("GET", "/v1/chunks/{key}", lambda req: Response.json(self.chunk(parse_key(req.params["key"]))),
+              doc=Doc("Where one chunk is and what it is worth", answer=m.Chunk))
         for op in ("admit", "evict", "pin", "unpin", "quota", "republish"):
-            r.add("POST", f"/v1/{op}", functools.partial(self._override, op=op))
+            r.add("POST", f"/v1/{op}", functools.partial(self._override, op=op),
+                  doc=Doc(f"Override: {op} (applied by the next epoch)", body=m.Override, answer=m.OverrideAnswer))
         # An agent on another host registers and speaks for itself without the operator's token:
         # its address proves who it is (register: the address claimed; later calls: the node's).
         node = Auth.LOCAL_TOKEN
+        cred = {auth.NODE_CREDENTIAL_HEADER: "the node's credential, from its registration"}
         r.add("POST", "/v1/nodes/register",
-              _directory(lambda req: self.register(req.json(), req.peer, _credential(req))), node)
-        r.add("DELETE", "/v1/nodes/{node}", _directory(self._node_call(self._deregister)), node)
-        r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._node_call(self._heartbeat)), node)
-        r.add("POST", "/v1/nodes/{node}/publish", _directory(self._node_call(self._publish)), node)
-        r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._node_call(self._withdraw)), node)
-        r.add("POST", "/v1/nodes/{node}/versions", _directory(self._node_call(self._versions)), node)
-        r.add("GET", "/v1/generations", _directory(self._generations), Auth.NONE)
+              _directory(lambda req: self.register(req.json(), req.peer, _credential(req))), node,
+              Doc("Register a node", body=m.Register, answer=m.Registered, headers=cred))
+        r.add("DELETE", "/v1/nodes/{node}", _directory(self._node_call(self._deregister)), node,
+              Doc("Deregister a node", answer=m.Deregistered, headers=cred))
+        r.add("POST", "/v1/nodes/{node}/heartbeat", _directory(self._node_call(self._heartbeat)), node,
+              Doc("A node is alive", answer=m.Heartbeat, headers=cred))
+        r.add("POST", "/v1/nodes/{node}/publish", _directory(self._node_call(self._publish)), node,
+              Doc("A node holds chunks", body=m.Publish, answer=m.Published, headers=cred))
+        r.add("POST", "/v1/nodes/{node}/withdraw", _directory(self._node_call(self._withdraw)), node,
+              Doc("A node no longer holds chunks", body=m.Withdraw, answer=m.Withdrawn, headers=cred))
+        r.add("POST", "/v1/nodes/{node}/versions", _directory(self._node_call(self._versions)), node,
+              Doc("A holder's chunks and their digests: their generations back", body=m.Versions,
+                  answer=m.Generations, headers=cred))
+        r.add("GET", "/v1/generations", _directory(self._generations), Auth.NONE,
+              Doc("Current generations of chunks", answer=m.Generations, query={"keys": "hex keys, comma-separated"}))
         return r
 
     def _metrics(self, req: Request) -> Response:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kvpool import auth, config, logs
 from kvpool.config import ConfigError
-from kvpool.httpjson import connection
+from kvpool.http_client import check_url
 
 log = logging.getLogger("kvpool.controller")
 
@@ -122,7 +122,7 @@ class ControllerConfig:
             if not url:
                 continue
             try:
-                connection(url, None, name)
+                check_url(url, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         if self.api:

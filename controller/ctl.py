@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpool import auth
-from kvpool.httpjson import ApiError, ApiUnreachableError, JsonClient
+from kvpool.http_api import ApiError, ApiUnreachableError
+from kvpool.http_client import JsonClient
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

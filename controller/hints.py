@@ -32,7 +32,8 @@ from typing import Any, Protocol
 
 from kvpool import hints as kh
 from kvpool.hints import GetPath, Hint, Hints
-from kvpool.httpjson import ApiError, JsonClient
+from kvpool.http_api import ApiError
+from kvpool.http_client import JsonClient
 
 log = logging.getLogger("kvpool.controller.hints")
 

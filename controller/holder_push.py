@@ -11,7 +11,8 @@ import logging
 from typing import Protocol
 
 from kvpool import wire
-from kvpool.httpjson import ApiError, JsonClient
+from kvpool.http_api import ApiError
+from kvpool.http_client import JsonClient
 
 log = logging.getLogger("kvpool.controller")
 

@@ -8,7 +8,7 @@ The endpoints, their bodies and answers, the chunk bundle and the error codes:
 docs/design/notes-agent-api.md; ``GET /metrics`` answers the same counters as ``/v1/stats`` in
 Prometheus' text format (docs/reference/metrics.md). Every call but ``GET`` needs the operator's token
 (``Authorization: Bearer``, ``kvpool.auth``); bodies are limited to one largest chunk
-(``MAX_BODY``); the server and the body policy are ``kvpool.httpjson``'s.
+(``MAX_BODY``); the server and the body policy are ``kvpool.http_server``'s.
 
 The API depends only on ``AgentService`` (below), the few operations it serves;
 ``hostagent.daemon.Agent`` implements it and starts the server.
@@ -25,6 +25,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from hostagent import api_models as m
 from hostagent import metrics
 from hostagent.chunking import chunk_keys
 from hostagent.tiers import Blob
@@ -34,7 +35,8 @@ from kvpool import wire
 from kvpool.auth import Token
 from kvpool.hints import HintError, Hints
 from kvpool.hints import parse as parse_hints
-from kvpool.httpjson import ApiError, ApiServer, Request, Response, Router
+from kvpool.http_api import OCTETS, TEXT, ApiError, Doc, Request, Response, Router
+from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
 BUNDLE_COUNT: Final = struct.Struct("<Q")
@@ -42,6 +44,10 @@ BUNDLE_ENTRY: Final = struct.Struct("<QQ")
 MAX_BUNDLE_CHUNKS: Final = 1 << 20
 MAX_LOOKUP_KEYS: Final = 1 << 16
 """Keys one ``/v1/lookup`` may name: a registered agent asks its directory about them."""
+TITLE: Final = "kvpool agent API"
+DESCRIPTION: Final = ("An inference engine's local API to its kvpool host agent: publish, fetch and look up "
+                      "KV-cache chunks. Chunk bundles: u64 n, n x (u64 key, u64 length), then the chunks "
+                      "(little-endian). Every call but GET needs the operator's token. docs/design/notes-agent-api.md")
 MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
 """Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
@@ -119,6 +125,47 @@ def unpack_bundle(body: bytes | memoryview) -> tuple[list[int], list[memoryview]
     return keys, blobs
 
 
+class _Pieces:
+    """Bytes that arrived in pieces, taken in order: each take copies its bytes once."""
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = [memoryview(p) for p in pieces]
+        self.i = 0
+        self.off = 0
+        self.left = sum(len(p) for p in self.pieces)
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes; ``ValueError`` if fewer are left."""
+        if n > self.left:
+            raise ValueError(f"bundle needs {n} more bytes, {self.left} are left")
+        self.left -= n
+        out: list[memoryview] = []
+        while n:
+            piece = self.pieces[self.i]
+            part = piece[self.off : self.off + n]
+            out.append(part)
+            n -= len(part)
+            self.off += len(part)
+            if self.off == len(piece):
+                self.i += 1
+                self.off = 0
+        return out[0].tobytes() if len(out) == 1 else b"".join(out)
+
+
+def split_bundle(pieces: Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
+    """``unpack_bundle`` of a body still in the pieces it arrived in; each chunk copied once, as bytes."""
+    src = _Pieces(pieces)
+    (n,) = BUNDLE_COUNT.unpack(src.take(BUNDLE_COUNT.size))
+    if n > MAX_BUNDLE_CHUNKS or n * BUNDLE_ENTRY.size > src.left:
+        raise ValueError(f"bundle claims {n} chunks, its {src.left + BUNDLE_COUNT.size} bytes cannot hold their index")
+    index = src.take(n * BUNDLE_ENTRY.size)
+    entries = [BUNDLE_ENTRY.unpack_from(index, i * BUNDLE_ENTRY.size) for i in range(n)]
+    if sum(length for _, length in entries) != src.left:
+        raise ValueError(f"bundle index lists {sum(length for _, length in entries)} chunk bytes, the body has "
+                         f"{src.left}")
+    return [key for key, _ in entries], [src.take(length) for _, length in entries]
+
+
 def parse_key(text: str) -> int:
     """A chunk key from hex text (``0x`` optional); ``ValueError`` if not a 64-bit hex number."""
     digits = text[2:] if text.lower().startswith("0x") else text
@@ -136,7 +183,8 @@ def make_server(agent: AgentService, host: str, port: int, unix_path: Path | Non
                 max_body_bytes: int = MAX_BODY, workers: int = 64, timeout_s: float = 10.0) -> ApiServer:
     """The agent's API bound on ``host:port`` (and ``unix_path``), not yet serving: call ``start``."""
     return ApiServer(AgentApi(agent).router(), host, port, token=token, unix_path=unix_path,
-                     max_body_bytes=max_body_bytes, workers=workers, timeout_s=timeout_s, name="kvpool-agent")
+                     max_body_bytes=max_body_bytes, workers=workers, timeout_s=timeout_s, name="kvpool-agent",
+                     title=TITLE, description=DESCRIPTION)
 
 
 class AgentApi:
@@ -150,18 +198,28 @@ class AgentApi:
     def router(self) -> Router:
         """Every endpoint, routed."""
         r = Router()
-        r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}))
-        r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()))
-        r.add("GET", "/metrics", self.metrics)  # a read, open as /v1/stats is
-        r.add("PUT", "/v1/chunks/{key}", self.put_chunk)
-        r.add("GET", "/v1/chunks/{key}", self.get_chunk)
-        r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk)
-        r.add("POST", "/v1/publish", self.publish)
-        r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True))
-        r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False))
-        r.add("POST", "/v1/lookup", self.lookup)
-        r.add("POST", "/v1/push", self.push)
-        r.add("POST", "/v1/hints", self.hints)
+        r.add("GET", "/v1/health", lambda _req: Response.json({"ok": True, **self.agent.ready_info()}),
+              doc=Doc("Alive, and where it listens", answer=m.Health))
+        r.add("GET", "/v1/stats", lambda _req: Response.json(self.agent.stats()),
+              doc=Doc("Every counter", answer=m.Stats))
+        r.add("GET", "/metrics", self.metrics, doc=Doc(answer=TEXT))  # a read, open as /v1/stats is
+        generation = {"generation": "the chunk's generation (0..2**32-1, default 0)"}
+        r.add("PUT", "/v1/chunks/{key}", self.put_chunk, doc=Doc(body=OCTETS, answer=m.PutAnswer, query=generation))
+        r.add("GET", "/v1/chunks/{key}", self.get_chunk, doc=Doc(answer=OCTETS))
+        r.add("DELETE", "/v1/chunks/{key}", self.delete_chunk, doc=Doc(answer=m.DeleteAnswer))
+        r.add("POST", "/v1/publish", self.publish, doc=Doc(
+            body=OCTETS, answer=m.PublishAnswer, headers={"X-Kvpool-Generation": "the chunks' generation (default 0)"}))
+        r.add("POST", "/v1/fetch", lambda req: self.fetch(req, bundle=True), doc=Doc(
+            "The longest available prefix of the chunks, as a chunk bundle", body=m.FetchRequest, answer=OCTETS,
+            answer_headers={"X-Kvpool-Found": "chunks in the bundle", "X-Kvpool-Requested": "chunks asked for",
+                            "X-Kvpool-Seconds": "the fetch's time", "X-Kvpool-Timing": "where it went (JSON)",
+                            "X-Kvpool-Stopped": "why the prefix stopped short (absent when every chunk came)"}))
+        r.add("POST", "/v1/prefetch", lambda req: self.fetch(req, bundle=False), doc=Doc(
+            "Fetch the longest available prefix into the local tiers; a summary back", body=m.FetchRequest,
+            answer=m.PrefetchAnswer))
+        r.add("POST", "/v1/lookup", self.lookup, doc=Doc(body=m.KeySpec, answer=m.LookupAnswer))
+        r.add("POST", "/v1/push", self.push, doc=Doc(body=m.PushRequest, answer=m.PushAnswer))
+        r.add("POST", "/v1/hints", self.hints, doc=Doc(body=m.HintsRequest, answer=m.HintsAnswer))
         return r
 
     def metrics(self, req: Request) -> Response:

@@ -12,7 +12,7 @@ back::
     prefix = client.fetch_prefix("llama-tiny", token_ids, block_size=16, holder="10.0.0.1:7470")
     cache = prefix.to_cache()            # DynamicCache of prefix.num_tokens tokens
 
-A refusal raises ``kvpool.httpjson.ApiError`` (HTTP ``status``, ``code``, one-line
+A refusal raises ``kvpool.http_api.ApiError`` (HTTP ``status``, ``code``, one-line
 message); an agent that does not answer raises its subclass ``ApiUnreachableError``.
 """
 
@@ -26,12 +26,13 @@ from typing import Any
 
 import torch
 
-from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, unpack_bundle
+from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, split_bundle
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
 from hostagent.serialize import Quant, deserialize, serialize
 from kvpool import auth
-from kvpool.httpjson import ApiError, JsonClient
+from kvpool.http_api import ApiError
+from kvpool.http_client import JsonClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class FetchedPrefix:
 
 
 class AgentClient:
-    """Talks to one agent's local HTTP API (through ``kvpool.httpjson.JsonClient``).
+    """Talks to one agent's local HTTP API (through ``kvpool.http_client.JsonClient``).
 
     ``token`` defaults to the operator's token file (``kvpool.auth``): what the agent checks
     every call but ``GET`` against.
@@ -142,9 +143,10 @@ class AgentClient:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        reply = self.http.request("POST", "/v1/fetch", json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        reply, pieces = self.http.request_pieces("POST", "/v1/fetch", json.dumps(doc).encode(),
+                                                 {"Content-Type": "application/json"})
         try:
-            got_keys, views = unpack_bundle(reply.body)
+            got_keys, blobs = split_bundle(pieces)  # megabytes: each chunk copied once, from the pieces
         except ValueError as exc:
             raise ApiError(reply.status, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
@@ -157,7 +159,7 @@ class AgentClient:
             except ValueError:
                 parsed = None
             timing = parsed if isinstance(parsed, dict) else None
-        return got_keys, [bytes(v) for v in views], reply.header("X-Kvpool-Stopped"), timing
+        return got_keys, blobs, reply.header("X-Kvpool-Stopped"), timing
 
     def lookup(self, keys: Sequence[int]) -> dict[str, Any]:
         """How long a prefix of ``keys`` the agent could answer, no bytes moved:

@@ -41,7 +41,8 @@ from hostagent.transport import Address, ChunkIntegrityError, FetchResult, Trans
 from kvpool import auth, config, logs, wire
 from kvpool.config import ConfigError
 from kvpool.hints import Hints
-from kvpool.httpjson import ApiError, ApiServer
+from kvpool.http_api import ApiError
+from kvpool.http_server import ApiServer
 from kvpool.metrics import LatencyHistogram
 
 #: Fragments per second a holder sends one unpaced requester (about 145 MB/s of DATA).

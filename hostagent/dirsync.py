@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hostagent.registration import Registration
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 log = logging.getLogger("kvpool.dirsync")
 

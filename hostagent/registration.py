@@ -3,8 +3,8 @@
 Talks to the controller API (``controller.api``) over HTTP/JSON, on TCP
 (``http://HOST:PORT``) or a Unix socket (``unix:/PATH``): an agent inside a Mininet host
 lives in another network namespace but shares the filesystem, so the socket file is how it
-reaches the controller in the root namespace. Standard library only (through
-``kvpool.httpjson``), so it adds nothing to an agent's start-up. Errors: ``ApiError`` when
+reaches the controller in the root namespace. Through ``kvpool.http_client`` (httpx, which
+the agent's API stack needs anyway), so it adds nothing to an agent's start-up. Errors: ``ApiError`` when
 the controller refuses, its subclass ``ApiUnreachableError`` when it does not answer.
 
 Typical use::
@@ -30,13 +30,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvpool import auth
-from kvpool.httpjson import ApiError, JsonClient
+from kvpool.http_api import ApiError
+from kvpool.http_client import JsonClient
 
 log = logging.getLogger("kvpool.registration")
 
 
 class ControllerClient(JsonClient):
-    """The controller API's client (``kvpool.httpjson.JsonClient``) plus the directory lookup requesters need.
+    """The controller API's client (``kvpool.http_client.JsonClient``) plus the directory lookup requesters need.
 
     ``token`` defaults to the operator's token file (``kvpool.auth``; none if it does not exist yet).
     """

@@ -57,7 +57,7 @@ from hostagent.chunking import chunk_keys
 from hostagent.client import AgentClient
 from hostagent.layouts import chunks_from_paged, write_chunks_to_paged
 from hostagent.serialize import ChunkFormatError, deserialize, serialize
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -5,7 +5,7 @@ a directory of mode 0700). The first daemon that starts (agent or controller) cr
 ``kvpool-ctl``, the agents' registration with the controller, ``AgentClient``, the
 controller's fill requests and the experiments read it. A request presents it as
 ``Authorization: Bearer <token>``; servers compare in constant time
-(``kvpool.httpjson.ApiServer``). See docs/guide/operations.md, "Threat model and authentication".
+(``kvpool.http_server.ApiServer``). See docs/guide/operations.md, "Threat model and authentication".
 
 Where the file is: ``--token-file`` where a program has it, else ``$KVPOOL_TOKEN_FILE``,
 else ``$XDG_RUNTIME_DIR/kvpool/token`` when that directory exists, else

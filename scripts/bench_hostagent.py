@@ -432,6 +432,8 @@ def bench_goodput(args: argparse.Namespace) -> Section:
     api_bps: list[float] = []
     raw_bps: list[float] = []
     raw_loss: list[float] = []
+    body_fetch_bps: list[float] = []
+    body_publish_bps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
         holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING")
         requester = spawn_agent(Path(tmp) / "requester", "--log-level", "WARNING")
@@ -455,6 +457,19 @@ def bench_goodput(args: argparse.Namespace) -> Section:
                 raw_loss.append(1 - raw["packets"] / frags)
                 _progress(f"goodput rep {rep}: agents {agent_bps[-1] / 1e6:.0f} MB/s, "
                           f"raw UDP {raw_bps[-1] / 1e6:.0f} MB/s")
+            # The API's own bodies (megabytes each): a bundle of the holder's chunks out of its DRAM tier
+            # through /v1/fetch, and the same bytes in through /v1/publish; no UDP involved.
+            for rep in range(-1, reps):
+                t0 = time.perf_counter()
+                _, got_blobs, _ = hc.fetch_chunks(keys)
+                t1 = time.perf_counter()
+                hc.publish_chunks(keys, blobs)
+                t2 = time.perf_counter()
+                if len(got_blobs) != count:
+                    raise RuntimeError(f"goodput: /v1/fetch answered {len(got_blobs)}/{count} chunks")
+                if rep >= 0:
+                    body_fetch_bps.append(total / (t1 - t0))
+                    body_publish_bps.append(total / (t2 - t1))
             # Fetched chunks must be the published bytes (spot check one end to end).
             rc.fetch_chunks(keys[:1], holder.udp_address)
             if rc.get_chunk(keys[0]) != blobs[0]:
@@ -474,12 +489,17 @@ def bench_goodput(args: argparse.Namespace) -> Section:
                          ("kvpool agents, through the HTTP API", api_bps)):
         sec.rows.append([name, f"{max(series) / 1e6:.0f}", f"{statistics.median(series) / 1e6:.0f}",
                          f"{statistics.median(series) / med_raw:.2f}"])
+    for name, series in (("HTTP API bodies: /v1/fetch bundle of held chunks", body_fetch_bps),
+                         ("HTTP API bodies: /v1/publish bundle", body_publish_bps)):
+        sec.rows.append([name, f"{max(series) / 1e6:.0f}", f"{statistics.median(series) / 1e6:.0f}", "-"])
     sec.notes = [
         "agents: two kvpool-agent processes; /v1/prefetch on the requester fetches every chunk from the",
         "holder with windowed range GETs and stores it in its DRAM tier; goodput = chunk bytes / the",
         "requester's own transfer time.  raw: a sender process loops sendto() of 1440-byte datagrams as",
         "fast as it can to a receiver process that counts them (same count, same socket buffers); its",
         "rate counts all 1440 bytes of each datagram, the agents only the 1408 chunk bytes.",
+        "HTTP API bodies: the holder's own chunks through AgentClient, /v1/fetch (a bundle out of its DRAM",
+        "tier) and /v1/publish (the same bytes in): the API's body path alone, no UDP.",
         f"raw blast loss: median {statistics.median(raw_loss) * 100:.1f}% (it has no flow control); agents: "
         f"{tstats['retransmit_gets']} retransmit GETs, {tstats['drops_total']} drops, "
         f"{tstats['duplicates']} duplicate fragments over all reps",
@@ -490,6 +510,9 @@ def bench_goodput(args: argparse.Namespace) -> Section:
         "raw_udp_mbps": med_raw / 1e6,
         "agent_goodput_mbps": statistics.median(agent_bps) / 1e6,
         "goodput_vs_raw_udp": headline,
+        "api_goodput_mbps": statistics.median(api_bps) / 1e6,
+        "api_fetch_body_mbps": statistics.median(body_fetch_bps) / 1e6,
+        "api_publish_body_mbps": statistics.median(body_publish_bps) / 1e6,
     }
     return sec
 

@@ -39,7 +39,7 @@ from hostagent.client import AgentClient
 from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import PoolStat
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 log = logging.getLogger("kvpool.chaos")
 

@@ -63,7 +63,7 @@ from kvpool import auth, contract, wire
 from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import PoolStat
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 from kvpool.topology import Host, star
 
 log = logging.getLogger("kvpool.integrity")

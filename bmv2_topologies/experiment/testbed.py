@@ -52,7 +52,7 @@ from kvpool import auth, wire
 from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 from kvpool.report import run_info
 from kvpool.topology import Host, Topology, TopologyError, leaf_spine, star
 from kvpool.topology import load as load_topology

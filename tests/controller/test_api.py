@@ -20,7 +20,7 @@ import pytest
 from hostagent.registration import ControllerClient, Registration
 from kvpool import wire
 from kvpool.contract import DropReason
-from kvpool.httpjson import ApiError, ApiUnreachableError
+from kvpool.http_api import ApiError, ApiUnreachableError
 from tests.ctl_harness import (
     BIG,
     CHILD,
@@ -300,7 +300,7 @@ def test_an_agent_in_another_network_namespace_registers_through_the_socket(bare
     script = (
         "import sys\n"
         "from hostagent.registration import ControllerClient, Registration\n"
-        "from kvpool.httpjson import ApiUnreachableError\n"
+        "from kvpool.http_api import ApiUnreachableError\n"
         f"tcp = ControllerClient({bare.url!r}, timeout=2)\n"
         "try:\n"
         "    tcp.get('/v1/status')\n"

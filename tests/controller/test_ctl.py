@@ -20,7 +20,7 @@ import pytest
 from controller import ctl
 from hostagent.registration import ControllerClient, Registration
 from kvpool import wire
-from kvpool.httpjson import JsonClient
+from kvpool.http_client import JsonClient
 from tests.ctl_harness import BIG, OTHER, SMALL, TOPO, TWO, UNKNOWN, Daemon, running
 from tests.paths import REPO
 

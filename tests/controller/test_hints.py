@@ -12,7 +12,7 @@ import pytest
 from controller.hints import HintPublisher, HintSchedule, HintSettings, HotChunks, hints_for
 from kvpool import hints as kh
 from kvpool.hints import GetPath, Hint, Hints
-from kvpool.httpjson import ApiUnreachableError
+from kvpool.http_api import ApiUnreachableError
 
 HOT, POOLED, COLD = 0x10, 0x20, 0x30
 

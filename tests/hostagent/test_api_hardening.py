@@ -19,7 +19,7 @@ import pytest
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig, AgentProcess, spawn_agent
 from kvpool import auth, wire
-from kvpool.httpjson import MAX_HEAD, MAX_JSON_DEPTH, ApiError
+from kvpool.http_api import MAX_HEAD, MAX_JSON_DEPTH, ApiError
 
 
 def _answer(sock: socket.socket) -> tuple[int, dict[str, object], bytes]:
@@ -234,3 +234,36 @@ def test_a_small_fetch_is_not_held_behind_a_huge_stuck_one(tmp_path: Path) -> No
         dead.close()
     t.join(10)
     assert stuck and not isinstance(stuck[0], tuple)  # it never succeeded: it ended when the agent stopped
+
+
+def test_stalled_uploads_with_the_token_do_not_block_health_or_small_requests(tmp_path: Path) -> None:
+    """300 clients that hold the token and stall mid-body hold no worker: health and a small publish are answered.
+
+    The body timeout (120 s) is far beyond the client's (30 s): an answer can only come from a server
+    that reads bodies without holding a worker for them.
+    """
+    p = spawn_agent(tmp_path / "agent", "--api-workers", "8", "--api-timeout", "120", "--log-level", "WARNING")
+    stalled: list[socket.socket] = []
+    try:
+        port = int(p.api_url.rsplit(":", 1)[1])
+        client = AgentClient(p.api_url, timeout=30)
+        client.health()
+        before = _threads(p.pid)
+        token = auth.secret()
+        assert token is not None
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(f"POST /v1/publish HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: 100000\r\n"
+                      "\r\n".encode() + bytes(1000))
+            stalled.append(s)
+        assert client.health()["ok"]
+        assert client.publish_chunks([7], [bytes(range(256)) * 4])["published"] == 1
+        assert _threads(p.pid) <= before + 8
+        for s in stalled[:3]:  # still waiting for their bodies, not refused
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+    finally:
+        for s in stalled:
+            s.close()
+        p.stop()

@@ -19,7 +19,7 @@ from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig, load_config, spawn_agent
 from hostagent.serialize import deserialize, serialize
 from kvpool.config import ConfigError
-from kvpool.httpjson import ApiError, ApiUnreachableError
+from kvpool.http_api import ApiError, ApiUnreachableError
 
 
 def _agent(**kw: object) -> Agent:

@@ -12,7 +12,7 @@ import torch
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.registration import ControllerClient
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 from tests.ctl_harness import TOPO, running
 
 

@@ -13,7 +13,7 @@ from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.fragment import Reassembler
 from kvpool import wire
-from kvpool.httpjson import ApiError, ApiUnreachableError
+from kvpool.http_api import ApiError, ApiUnreachableError
 
 CHUNK = bytes((i * 7 + 3) % 256 for i in range(5 * wire.FRAG_PAYLOAD + 11))  # 6 fragments
 KEY = 0xFEED_0000_0000_0001

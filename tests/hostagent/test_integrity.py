@@ -11,7 +11,7 @@ from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.serialize import serialize
 from hostagent.transport import ChunkIntegrityError
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 
 def _started(stack: contextlib.ExitStack, **kw: object) -> Agent:

@@ -8,7 +8,7 @@ import pytest
 
 from hostagent.client import AgentClient
 from hostagent.daemon import Agent, AgentConfig
-from kvpool.httpjson import ApiError
+from kvpool.http_api import ApiError
 
 
 @pytest.fixture(scope="module")

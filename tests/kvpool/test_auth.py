@@ -21,7 +21,7 @@ from hostagent.api import AgentApi
 from hostagent.daemon import Agent, AgentConfig
 from hostagent.registration import ControllerClient, Registration
 from kvpool import auth
-from kvpool.httpjson import ApiError, Auth, Route, is_remote
+from kvpool.http_api import ApiError, Auth, Route, is_remote
 from tests.ctl_harness import SMALL, TOPO, Daemon, running
 from tests.paths import REPO
 

@@ -1,4 +1,5 @@
-"""kvpool.httpjson: the one server (body policy, routing, errors) and the one client, over TCP and a Unix socket."""
+"""kvpool.http_server and kvpool.http_client: the one server (body policy, routing, errors) and the one
+client, over TCP and a Unix socket."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 import pytest
 
 from kvpool import auth
-from kvpool.httpjson import ApiError, ApiServer, ApiUnreachableError, JsonClient, Request, Response, Router
+from kvpool.http_api import ApiError, ApiUnreachableError, Request, Response, Router
+from kvpool.http_client import JsonClient
+from kvpool.http_server import ApiServer
 
 TOKEN = auth.Token("t" * 40, Path("/nonexistent/token"))
 AUTH = b"Authorization: Bearer " + TOKEN.value.encode() + b"\r\n"
