@@ -36,7 +36,7 @@ from hostagent.holder import stamp
 from hostagent.timing import AnswerWaits
 from hostagent.transport_config import Address, Counters, TransportConfig
 from kvpool import wire
-from kvpool.sockets import UDP_MAX_GSO_BYTES, gso_cmsg, gso_supported
+from kvpool.sockets import UDP_MAX_GSO_BYTES, gso_cmsg, gso_path_refusal, gso_supported
 
 log = logging.getLogger("kvpool.transport")
 
@@ -472,12 +472,21 @@ class SendQueue:
         """An answer's first DATA went out: note how long it waited since it was queued."""
         self.waits.add(time.monotonic() - job.enqueued)
 
-    def use_gso(self, sock: socket.socket) -> None:
-        """Send runs of DATA as segmented sends on ``sock`` (the holder socket) where the kernel takes them."""
-        if gso_supported(sock, _L):
-            self.gso_segments = _GSO_SEGMENTS
-        else:
+    def use_gso(self, sock: socket.socket, host: str = "127.0.0.1") -> None:
+        """Send runs of DATA as segmented sends on ``sock`` (the holder socket, bound to ``host``) where they are safe.
+
+        Off where the kernel refuses the option, or where the egress would pass segmented
+        frames whole to a virtual link (``kvpool.sockets.gso_path_refusal``); a send the path
+        refuses later turns it off too (``_send_quantum``).  Each logged once.
+        """
+        if not gso_supported(sock, _L):
             self._gso_refused("the kernel refused UDP_SEGMENT on the socket")
+            return
+        why = gso_path_refusal(host)
+        if why:
+            self._gso_refused(why)
+            return
+        self.gso_segments = _GSO_SEGMENTS
 
     def _gso_refused(self, why: str) -> None:
         """Segmented sends are off for good on this socket: one call per datagram from now on (logged once)."""

@@ -111,7 +111,7 @@ class Transport:
         # Segmented sends and coalesced receives: the same datagrams on the wire, a syscall per
         # run instead of per datagram.  Each falls back on its own where refused (logged once).
         if cfg.gso:
-            self._queue.use_gso(hsock)
+            self._queue.use_gso(hsock, cfg.host)
         if cfg.gro:
             self._ring.gro = enable_gro(rsock)
             self._ring.gets_gro = enable_gro(hsock)

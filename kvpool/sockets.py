@@ -8,8 +8,15 @@ caps the plain option at the sysctl maximum.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import ipaddress
+import shutil
 import socket
+import struct
+import subprocess
 import sys
+from pathlib import Path
 from typing import Final
 
 SO_SNDBUFFORCE: Final = 32  # Linux values; Python does not export them.
@@ -52,6 +59,67 @@ def gso_supported(sock: socket.socket, segment: int) -> bool:
     except OSError:
         return False
     return True
+
+
+_SIOCGIFADDR: Final = 0x8915
+
+
+def _interface_address(name: str) -> str | None:
+    """The IPv4 address of interface ``name``, or None (no address, gone)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def _udp_segmentation_on(name: str) -> bool | None:
+    """Whether ``name`` takes segmented UDP frames whole (``tx-udp-segmentation``); None if ethtool cannot tell."""
+    ethtool = shutil.which("ethtool") or "/usr/sbin/ethtool"
+    try:
+        out = subprocess.run([ethtool, "-k", name], capture_output=True, text=True, timeout=5, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        if line.strip().startswith("tx-udp-segmentation:"):
+            return line.split(":", 1)[1].split()[0] == "on"
+    return None
+
+
+def gso_path_refusal(host: str) -> str:
+    """Why segmented sends from a socket bound to ``host`` could reach the next hop whole ("" where they cannot).
+
+    Where the egress device cannot segment UDP (``tx-udp-segmentation`` off: the project's
+    Mininet hosts, whose offloads are off), the kernel splits a segmented send into ordinary
+    frames before the device; a physical NIC that can splits it itself; loopback hands it
+    to a local socket, which splits it or takes it coalesced.  But a virtual device that takes
+    it whole (a veth or tap with offloads on) passes the 64 KiB frame to its peer, and a
+    software switch reading that peer with a packet socket (the model switch, BMv2) sees one
+    frame it cannot parse, and nothing tells the sender.  Such a path gets one send per datagram.
+    """
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return f"cannot tell the egress of {host!r}"
+    if addr.is_loopback:
+        return ""
+    for _, name in socket.if_nameindex():
+        if name == "lo" or (not addr.is_unspecified and _interface_address(name) != host):
+            continue
+        sysfs = Path("/sys/class/net") / name
+        with contextlib.suppress(OSError):
+            if (sysfs / "operstate").read_text().strip() == "down":
+                continue  # sends nothing
+        if (sysfs / "device").exists():
+            continue  # a physical NIC: it segments what it takes whole, or the kernel does first
+        whole = _udp_segmentation_on(name)
+        if whole is None:
+            return f"cannot read the offloads of virtual interface {name} (ethtool -k)"
+        if whole:
+            return (f"virtual interface {name} takes segmented UDP whole (tx-udp-segmentation on): "
+                    "a software switch behind it would see 64 KiB frames")
+    return ""
 
 
 def gso_cmsg(segment: int) -> list[tuple[int, int, bytes]]:
