@@ -40,6 +40,10 @@ _DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 
 _GRO_SLACK: Final = -(-0x10000 // _L)
 """Records one coalesced receive may fill (64 KiB at most)."""
+GRO_BATCH: Final = 1024
+"""Records a coalesced batch takes at least (about 1.5 MB, some 24 receives): with a syscall per
+64 KiB, what a batch costs in numpy calls and request bookkeeping is the per-record cost left,
+so a batch of 256 (one recv per datagram's worth of them) spent a fifth of the loop on it."""
 _CMSG_SPACE: Final = GRO_CMSG_SPACE
 
 Deliver = Callable[[int, npt.NDArray[np.void], float], None]
@@ -57,13 +61,14 @@ class DataRing:
         self._on_nack = on_nack
         self._after_batch = after_batch
         self._n = n
+        self._n_gro = max(n, GRO_BATCH)
         self.gro = False
         """Whether the requester socket delivers coalesced DATA (``Transport.start`` turns UDP GRO on)."""
         self.gets_gro = False
         """The same for the holder socket's GETs."""
         # Room for a coalesced buffer past the batch: one receive may end up to _GRO_SLACK
         # records past the n-th, so it never truncates.
-        cap = n + _GRO_SLACK
+        cap = self._n_gro + _GRO_SLACK
         self._ring = np.zeros(cap, dtype=wire.DATA_PACKET_DTYPE)
         # Strided view of each slot's (version, opcode) bytes as one big-endian u16 (no copy).
         self._ring_vo: npt.NDArray[np.uint16] = np.ndarray((cap,), dtype=">u2", buffer=self._ring.data,
@@ -72,7 +77,7 @@ class DataRing:
         # One memoryview per slot, made once, so receiving creates no per-packet views; and,
         # for coalesced receives, one from each slot to the end of the ring.
         self._slots = [raw[i * _L : (i + 1) * _L] for i in range(cap)]
-        self._tails = [raw[i * _L :] for i in range(n)]
+        self._tails = [raw[i * _L :] for i in range(self._n_gro)]
         self._lens = [0] * cap
 
     def receive_data(self, sock: socket.socket) -> None:
@@ -116,7 +121,7 @@ class DataRing:
         another size (NACKs a sender sent back to back) goes segment by segment to the slow path.
         """
         recvmsg = sock.recvmsg_into
-        tails, lens, n_max = self._tails, self._lens, self._n
+        tails, lens, n_max = self._tails, self._lens, self._n_gro
         n = 0
         try:
             while n < n_max:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from hostagent import receive
 from hostagent.receive import DataRing
 from hostagent.transport_config import Counters
 from kvpool import wire
@@ -83,7 +84,9 @@ def _gro_ring(n: int, c: Counters, runs: list[tuple[int, list[int]]], nacks: lis
     return ring
 
 
-def test_with_gro_a_coalesced_run_is_split_into_records_in_place_and_checked_as_before() -> None:
+def test_with_gro_a_coalesced_run_is_split_into_records_in_place_and_checked_as_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(receive, "GRO_BATCH", 8)  # small batches: a buffer runs past a batch's end
     payload = bytes(60 * wire.FRAG_PAYLOAD)
     runs: list[tuple[int, list[int]]] = []
     nacks: list[wire.Header] = []
@@ -102,11 +105,12 @@ def test_with_gro_a_coalesced_run_is_split_into_records_in_place_and_checked_as_
         _gso_send(tx, [wire.nack_packet(9, wire.Status.BUSY, request_id=7, frag_index=i) for i in range(3)])
         _gso_send(tx, [wire.data_packet(8, 21 + i, payload, request_id=6) for i in range(30)])
         ring.receive_data(rx)
-    # A batch of 8 records takes whole buffers: 4 records, then 21 (past the batch, within the slack), ...
+    # A batch of 8 records takes whole buffers: 4 records, then 21 (past the batch, within the
+    # slack); the next one the 3 NACKs on the slow path and 30 records.
     stored = [i for rid, frags in runs if rid == 6 for i in frags]
     assert runs[0] == (5, [0, 1, 2, 3]) and stored == list(range(20)) + list(range(21, 51))
     assert [(h.chunk_key, h.frag_index, h.status) for h in nacks] == [(9, i, wire.Status.BUSY) for i in range(3)]
-    assert c.data_received == 54 and c.datagrams_received == 4 + 21 + 3 + 30
+    assert c.data_received == 54 and c.datagrams_received == 4 + 21 + 3 + 30 and c.recv_batches == 2
     assert c.drops_copy() == {"bad_length": 1}
 
 
