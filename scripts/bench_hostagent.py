@@ -530,8 +530,8 @@ def bench_goodput(args: argparse.Namespace) -> Section:
     raw_bps: list[float] = []
     raw_loss: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
-        holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING")
-        requester = spawn_agent(Path(tmp) / "requester", "--log-level", "WARNING")
+        holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING", *args.agent_args.split())
+        requester = spawn_agent(Path(tmp) / "requester", "--log-level", "WARNING", *args.agent_args.split())
         try:
             hc, rc = AgentClient(holder.api_url), AgentClient(requester.api_url)
             hc.publish_chunks(keys, blobs)
@@ -647,11 +647,12 @@ def bench_limit(args: argparse.Namespace) -> Section:
     holder_cpu = 0.0
     holder_bytes = 0
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
-        holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING")
+        holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING", *args.agent_args.split())
         requesters = []
         try:
             for i in range(flows):
-                requesters.append(spawn_agent(Path(tmp) / f"requester{i}", "--log-level", "WARNING"))
+                requesters.append(spawn_agent(Path(tmp) / f"requester{i}", "--log-level", "WARNING",
+                                              *args.agent_args.split()))
             hc = AgentClient(holder.api_url)
             rcs = [AgentClient(r.api_url) for r in requesters]
             hc.publish_chunks(keys, blobs)
@@ -729,7 +730,8 @@ def bench_limit(args: argparse.Namespace) -> Section:
         f"{flows}-requester fetch: {flows} agent processes fetch the same chunks from one holder at once;",
         "aggregate = their bytes / wall time from release to the last done (HTTP included).",
         f"holder CPU (its process, all threads, /proc) over the 1-flow fetches: {cpu_per_gib:.3f} s per GiB "
-        f"served; holder sent {hstats['datagrams_sent']} datagrams in {hstats.get('send_calls', 'n/a')} send calls",
+        f"served; holder sent {hstats['datagrams_sent']} datagrams in {hstats.get('send_calls', 'n/a')} send calls "
+        f"(UDP offload: {hstats.get('udp_offload', 'n/a')}); agent flags: {args.agent_args or 'none'}",
     ]
     if not mooncake:
         sec.notes.append(f"fetch_vs_mooncake_tcp skipped: {why_not}")
@@ -781,6 +783,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed repetitions per step, best and median shown (default 15)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: the copies here are single-threaded too)")
+    p.add_argument("--agent-args", default="",
+                   help="extra kvpool-agent flags for the goodput and limit sections, e.g. --no-udp-offload")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run, from {', '.join(SECTIONS)} (default all)")
     return p
