@@ -528,7 +528,12 @@ class SendQueue:
                     except OSError as exc:
                         if k == 1 or exc.errno not in _GSO_REFUSED:
                             raise
-                        # Nothing of a refused segmented send left: send it again one by one.
+                        # Nothing of a refused segmented send left.  If one datagram goes where
+                        # the run did not, the segmenting was refused: one by one from now on.
+                        # If it fails as well, the peer is at fault (the except below).
+                        sendto(view[pos * _L : (pos + 1) * _L], addr)
+                        pos += 1
+                        calls += 1
                         self._gso_refused(f"segmented send to {addr} failed: {exc}")
                         continue
                     pos += k

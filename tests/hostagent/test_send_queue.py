@@ -156,3 +156,12 @@ def test_a_refused_segmented_send_falls_back_to_one_send_per_datagram_once_and_l
         assert fake.refused == 1 and q.gso_segments == 1 and os.strerror(err) in q.gso_fallback
         assert q._c.send_errors == 0 and q._c.datagrams_sent == 80 and q._c.send_calls == 80
         assert sum("UDP GSO off" in r.message for r in caplog.records) == 1
+
+
+def test_a_send_that_fails_for_one_datagram_too_is_the_peers_fault_and_keeps_gso_on() -> None:
+    with _queue(send_quantum=16) as (q, _rx):
+        q.gso_segments = 44
+        q.add_job(_job(("127.0.0.1", 0), 1, 0, 10))  # port 0: every send fails with EINVAL
+        q.send()
+        assert q.gso_segments == 44 and q.gso_fallback == "" and q._c.send_errors == 1
+        assert q.queued == 0 and q._c.datagrams_sent == 0  # the job abandoned, as one to an unreachable peer
