@@ -533,7 +533,7 @@ def bench_goodput(args: argparse.Namespace) -> Section:
         holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING", *args.agent_args.split())
         requester = spawn_agent(Path(tmp) / "requester", "--log-level", "WARNING", *args.agent_args.split())
         try:
-            hc, rc = AgentClient(holder.api_url), AgentClient(requester.api_url)
+            hc, rc = AgentClient(holder.api_url, timeout=600), AgentClient(requester.api_url, timeout=600)
             hc.publish_chunks(keys, blobs)
             for rep in range(-1, reps):  # rep -1: untimed warm-up (page faults, first allocations)
                 t0 = time.perf_counter()
@@ -653,8 +653,8 @@ def bench_limit(args: argparse.Namespace) -> Section:
             for i in range(flows):
                 requesters.append(spawn_agent(Path(tmp) / f"requester{i}", "--log-level", "WARNING",
                                               *args.agent_args.split()))
-            hc = AgentClient(holder.api_url)
-            rcs = [AgentClient(r.api_url) for r in requesters]
+            hc = AgentClient(holder.api_url, timeout=600)
+            rcs = [AgentClient(r.api_url, timeout=600) for r in requesters]
             hc.publish_chunks(keys, blobs)
 
             def fetch_all(rc: AgentClient) -> dict[str, Any]:
