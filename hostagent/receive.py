@@ -83,8 +83,10 @@ class DataRing:
     def receive_data(self, sock: socket.socket) -> None:
         """Drain the requester socket in batches: fast path for DATA, slow path for the rest."""
         fill = self._fill_gro if self.gro else self._fill
-        # Bounded, so a flood of incoming DATA cannot starve this agent's own sending.
-        for _ in range(16):
+        # Bounded (16 plain batches' worth of records), so a flood of incoming DATA cannot
+        # starve this agent's own sending.
+        left = 16 * self._n
+        while left > 0:
             n, more = fill(sock)
             if n == 0:
                 return
@@ -94,6 +96,7 @@ class DataRing:
             self._after_batch()
             if not more:
                 return
+            left -= n
 
     def _fill(self, sock: socket.socket) -> tuple[int, bool]:
         """Receive up to a batch of datagrams, one call each; (records received, the socket may hold more)."""
