@@ -25,6 +25,9 @@ Capture = tuple[logging.Logger, io.StringIO, list[logging.Handler]]
 def capture() -> Iterator[Capture]:
     stream = io.StringIO()
     log = logging.getLogger("kvpool.testcomponent")
+    # Once Mininet is imported in this process, new loggers are its MininetLogger, created at
+    # its own level (25): let this one take the level `configure` sets on "kvpool".
+    log.setLevel(logging.NOTSET)
     handlers: list[logging.Handler] = []
     yield log, stream, handlers
     for h in handlers:
