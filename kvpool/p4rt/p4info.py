@@ -231,9 +231,12 @@ def pipe_prefix(msg: Any) -> str:
     return heads.pop() + "."
 
 
-def _bitwidth_of(spec: Any) -> int:
-    """Width of a P4DataTypeSpec that is a bit<W>, int<W> or bool."""
+def _bitwidth_of(spec: Any, structs: Any = None) -> int:
+    """Width of a P4DataTypeSpec that is a bit<W>, int<W>, bool, or a struct of those (given
+    ``structs``, the P4Info's type_info.structs: a TNA register cell such as a pair of halves)."""
     which = spec.WhichOneof("type_spec")
+    if which == "struct" and structs is not None and spec.struct.name in structs:
+        return sum(_bitwidth_of(m.type_spec, structs) for m in structs[spec.struct.name].members)
     if which == "bitstring":
         kind = spec.bitstring.WhichOneof("type_spec")
         if kind == "bit":
@@ -322,11 +325,11 @@ class P4Info:
                 c.preamble.id, c.preamble.name, c.preamble.alias,
                 DirectCounterInfo(int(c.preamble.id), str(c.preamble.name), str(c.preamble.alias),
                                   unit_names.get(c.spec.unit, "BOTH"), int(c.direct_table_id)))
+        structs = msg.type_info.structs
         for r in msg.registers:
             self._registers.add(r.preamble.id, r.preamble.name, r.preamble.alias,
                                 RegisterInfo(int(r.preamble.id), str(r.preamble.name), str(r.preamble.alias),
-                                             int(r.size), _bitwidth_of(r.type_spec)))
-        structs = msg.type_info.structs
+                                             int(r.size), _bitwidth_of(r.type_spec, structs)))
         for d in msg.digests:
             members: tuple[tuple[str, int], ...]
             spec = d.type_spec

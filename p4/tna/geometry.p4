@@ -38,9 +38,9 @@
 // so a timeout set in microseconds lasts 2.4% longer than on BMv2.
 const bit<32> DEFAULT_PENDING_TIMEOUT_US = 100000;
 
-// TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits.
+// TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits (24, 28 or 32).
 #define SERVED_WORDS    32
-const bit<16> SERVED_BYTES = 128;
+const bit<16> SERVED_BYTES = 4 * SERVED_WORDS;
 
 // How the egress pool treats a packet (bridged from ingress).
 const bit<8> POOL_OP_NONE  = 0;

@@ -29,8 +29,12 @@ header kvWords_t {
     bit<32> w12; bit<32> w13; bit<32> w14; bit<32> w15;
     bit<32> w16; bit<32> w17; bit<32> w18; bit<32> w19;
     bit<32> w20; bit<32> w21; bit<32> w22; bit<32> w23;
+#if SERVED_WORDS > 24
     bit<32> w24; bit<32> w25; bit<32> w26; bit<32> w27;
+#endif
+#if SERVED_WORDS > 28
     bit<32> w28; bit<32> w29; bit<32> w30; bit<32> w31;
+#endif
 }
 
 // Ingress -> egress (16 bytes).

@@ -13,9 +13,11 @@
  *
  * What a Tofino 1 pipe can serve, and why 128 bytes.  A stateful ALU reads or writes one
  * cell of at most 32 bits (or a pair of 32-bit halves, returning 32 bits) once per packet,
- * and a stage has 4 of them: 12 egress stages give 48 words, 192 bytes, per pass, fewer
- * once slot_check and the reply records take theirs.  More passes (recirculation) do not
- * help: a switch only rewrites bytes its parser put into the PHV (4 Kbit), so it can never
+ * and a stage has 4 of them, shared by ingress and egress: 48 in a pipe.  The ingress
+ * takes 11 (slot_tag, mismatch_seen, 3 sketch rows, 2 Bloom rows, 4 pending registers),
+ * the reply records 2 and slot_check 2, which leaves 33 for words: 32 words, 128 bytes,
+ * per pass (SERVED_WORDS can drop to 28 or 24 if a change needs ALUs back).  More passes
+ * (recirculation) do not help: a switch only rewrites bytes its parser put into the PHV (4 Kbit), so it can never
  * write payload bytes past the first few hundred, whatever the number of passes.  So the
  * TNA pool stores and serves the first SERVED_BYTES = 128 bytes of a fragment, and only a
  * fragment whose payload_len is at most that is served or filled (a chunk of at most 128
@@ -275,14 +277,18 @@ control Pool(inout headers_t hdr,
 control PoolEgress(inout headers_t hdr,
                    in egress_intrinsic_metadata_t standard_metadata) {
 
-    POOL_WORD(0)  POOL_WORD(1)  POOL_WORD(2)  POOL_WORD(3)
-    POOL_WORD(4)  POOL_WORD(5)  POOL_WORD(6)  POOL_WORD(7)
-    POOL_WORD(8)  POOL_WORD(9)  POOL_WORD(10) POOL_WORD(11)
-    POOL_WORD(12) POOL_WORD(13) POOL_WORD(14) POOL_WORD(15)
-    POOL_WORD(16) POOL_WORD(17) POOL_WORD(18) POOL_WORD(19)
-    POOL_WORD(20) POOL_WORD(21) POOL_WORD(22) POOL_WORD(23)
-    POOL_WORD(24) POOL_WORD(25) POOL_WORD(26) POOL_WORD(27)
-    POOL_WORD(28) POOL_WORD(29) POOL_WORD(30) POOL_WORD(31)
+    POOL_WORD(0)   POOL_WORD(1)   POOL_WORD(2)   POOL_WORD(3)
+    POOL_WORD(4)   POOL_WORD(5)   POOL_WORD(6)   POOL_WORD(7)
+    POOL_WORD(8)   POOL_WORD(9)   POOL_WORD(10)  POOL_WORD(11)
+    POOL_WORD(12)  POOL_WORD(13)  POOL_WORD(14)  POOL_WORD(15)
+    POOL_WORD(16)  POOL_WORD(17)  POOL_WORD(18)  POOL_WORD(19)
+    POOL_WORD(20)  POOL_WORD(21)  POOL_WORD(22)  POOL_WORD(23)
+#if SERVED_WORDS > 24
+    POOL_WORD(24)  POOL_WORD(25)  POOL_WORD(26)  POOL_WORD(27)
+#endif
+#if SERVED_WORDS > 28
+    POOL_WORD(28)  POOL_WORD(29)  POOL_WORD(30)  POOL_WORD(31)
+#endif
 
     // The writer's check of the stored bytes, returned as is (two 32-bit halves).
     Register<bit<32>, bit<32>>(POOL_SLOTS) slot_check_hi;
@@ -302,28 +308,36 @@ control PoolEgress(inout headers_t hdr,
 
     apply {
         if (hdr.bridge.pool_op == POOL_OP_SERVE && hdr.words.isValid()) {
-            POOL_WORD_READ(0)  POOL_WORD_READ(1)  POOL_WORD_READ(2)  POOL_WORD_READ(3)
-            POOL_WORD_READ(4)  POOL_WORD_READ(5)  POOL_WORD_READ(6)  POOL_WORD_READ(7)
-            POOL_WORD_READ(8)  POOL_WORD_READ(9)  POOL_WORD_READ(10) POOL_WORD_READ(11)
-            POOL_WORD_READ(12) POOL_WORD_READ(13) POOL_WORD_READ(14) POOL_WORD_READ(15)
-            POOL_WORD_READ(16) POOL_WORD_READ(17) POOL_WORD_READ(18) POOL_WORD_READ(19)
-            POOL_WORD_READ(20) POOL_WORD_READ(21) POOL_WORD_READ(22) POOL_WORD_READ(23)
-            POOL_WORD_READ(24) POOL_WORD_READ(25) POOL_WORD_READ(26) POOL_WORD_READ(27)
-            POOL_WORD_READ(28) POOL_WORD_READ(29) POOL_WORD_READ(30) POOL_WORD_READ(31)
+            POOL_WORD_READ(0)   POOL_WORD_READ(1)   POOL_WORD_READ(2)   POOL_WORD_READ(3)
+            POOL_WORD_READ(4)   POOL_WORD_READ(5)   POOL_WORD_READ(6)   POOL_WORD_READ(7)
+            POOL_WORD_READ(8)   POOL_WORD_READ(9)   POOL_WORD_READ(10)  POOL_WORD_READ(11)
+            POOL_WORD_READ(12)  POOL_WORD_READ(13)  POOL_WORD_READ(14)  POOL_WORD_READ(15)
+            POOL_WORD_READ(16)  POOL_WORD_READ(17)  POOL_WORD_READ(18)  POOL_WORD_READ(19)
+            POOL_WORD_READ(20)  POOL_WORD_READ(21)  POOL_WORD_READ(22)  POOL_WORD_READ(23)
+#if SERVED_WORDS > 24
+            POOL_WORD_READ(24)  POOL_WORD_READ(25)  POOL_WORD_READ(26)  POOL_WORD_READ(27)
+#endif
+#if SERVED_WORDS > 28
+            POOL_WORD_READ(28)  POOL_WORD_READ(29)  POOL_WORD_READ(30)  POOL_WORD_READ(31)
+#endif
             hdr.kv.check[63:32] = check_hi_read.execute(hdr.bridge.slot);
             hdr.kv.check[31:0] = check_lo_read.execute(hdr.bridge.slot);
         } else if (hdr.bridge.pool_op == POOL_OP_FILL && hdr.words.isValid()
                    && (hdr.bridge.release == 0
                        || standard_metadata.egress_rid == (bit<16>)hdr.bridge.release_dst)) {
             // A released DATA is written once: by the replica to the waiter it answered.
-            POOL_WORD_WRITE(0)  POOL_WORD_WRITE(1)  POOL_WORD_WRITE(2)  POOL_WORD_WRITE(3)
-            POOL_WORD_WRITE(4)  POOL_WORD_WRITE(5)  POOL_WORD_WRITE(6)  POOL_WORD_WRITE(7)
-            POOL_WORD_WRITE(8)  POOL_WORD_WRITE(9)  POOL_WORD_WRITE(10) POOL_WORD_WRITE(11)
-            POOL_WORD_WRITE(12) POOL_WORD_WRITE(13) POOL_WORD_WRITE(14) POOL_WORD_WRITE(15)
-            POOL_WORD_WRITE(16) POOL_WORD_WRITE(17) POOL_WORD_WRITE(18) POOL_WORD_WRITE(19)
-            POOL_WORD_WRITE(20) POOL_WORD_WRITE(21) POOL_WORD_WRITE(22) POOL_WORD_WRITE(23)
-            POOL_WORD_WRITE(24) POOL_WORD_WRITE(25) POOL_WORD_WRITE(26) POOL_WORD_WRITE(27)
-            POOL_WORD_WRITE(28) POOL_WORD_WRITE(29) POOL_WORD_WRITE(30) POOL_WORD_WRITE(31)
+            POOL_WORD_WRITE(0)   POOL_WORD_WRITE(1)   POOL_WORD_WRITE(2)   POOL_WORD_WRITE(3)
+            POOL_WORD_WRITE(4)   POOL_WORD_WRITE(5)   POOL_WORD_WRITE(6)   POOL_WORD_WRITE(7)
+            POOL_WORD_WRITE(8)   POOL_WORD_WRITE(9)   POOL_WORD_WRITE(10)  POOL_WORD_WRITE(11)
+            POOL_WORD_WRITE(12)  POOL_WORD_WRITE(13)  POOL_WORD_WRITE(14)  POOL_WORD_WRITE(15)
+            POOL_WORD_WRITE(16)  POOL_WORD_WRITE(17)  POOL_WORD_WRITE(18)  POOL_WORD_WRITE(19)
+            POOL_WORD_WRITE(20)  POOL_WORD_WRITE(21)  POOL_WORD_WRITE(22)  POOL_WORD_WRITE(23)
+#if SERVED_WORDS > 24
+            POOL_WORD_WRITE(24)  POOL_WORD_WRITE(25)  POOL_WORD_WRITE(26)  POOL_WORD_WRITE(27)
+#endif
+#if SERVED_WORDS > 28
+            POOL_WORD_WRITE(28)  POOL_WORD_WRITE(29)  POOL_WORD_WRITE(30)  POOL_WORD_WRITE(31)
+#endif
             check_hi_write.execute(hdr.bridge.slot);
             check_lo_write.execute(hdr.bridge.slot);
         }

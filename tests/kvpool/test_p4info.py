@@ -306,6 +306,20 @@ tables {
 }
 actions { preamble { id: 16777217 name: "pipe.MyIngress.pool.pool_entry" alias: "pool_entry" } }
 counters { preamble { id: 302055425 name: "MyIngress.pool.pool_stats" alias: "pool_stats" } size: 16 }
+registers {
+  preamble { id: 369098753 name: "MyIngress.pool.slot_tag" alias: "slot_tag" }
+  type_spec { struct { name: "pair32_t" } }
+  size: 16384
+}
+type_info {
+  structs {
+    key: "pair32_t"
+    value {
+      members { name: "hi" type_spec { bitstring { bit { bitwidth: 32 } } } }
+      members { name: "lo" type_spec { bitstring { bit { bitwidth: 32 } } } }
+    }
+  }
+}
 """
 
 
@@ -316,6 +330,9 @@ def test_a_tna_p4info_answers_to_the_v1model_names() -> None:
     assert info.table("MyIngress.pool.pool_lookup") is info.table("pipe.MyIngress.pool.pool_lookup")
     assert info.action("MyIngress.pool.pool_entry").id == 16777217
     assert info.counter("MyIngress.pool.pool_stats").size == 16
+    # A register of pairs of 32-bit halves is 64 bits wide.
+    assert (info.register("MyIngress.pool.slot_tag").size, info.register("MyIngress.pool.slot_tag").bitwidth) == (
+        16384, 64)
     assert [t.name for t in info.tables] == ["pipe.MyIngress.pool.pool_lookup"]
 
 
