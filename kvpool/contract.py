@@ -456,3 +456,8 @@ def tna_names() -> list[tuple[str, str]]:
     """Every (P4Info entity kind, name) the TNA program must define: the shared ones and its registers."""
     return ([(kind, name) for kind, name in all_names() if kind != "register"]
             + [("register", r) for r in TNA_REGISTER_SHAPES])
+
+
+def tna_sources() -> list[Path]:
+    """The files the TNA program is compiled from: p4/tna/*.p4 and the shared includes."""
+    return [*sorted(TNA_DIR.glob("*.p4")), INCLUDE_DIR / "constants.p4", INCLUDE_DIR / "wire.p4"]
