@@ -17,8 +17,9 @@
  * takes 11 (slot_tag, mismatch_seen, 3 sketch rows, 2 Bloom rows, 4 pending registers),
  * the reply records 2 and slot_check 2, which leaves 33 for words: 32 words, 128 bytes,
  * per pass (SERVED_WORDS can drop to 28 or 24 if a change needs ALUs back).  More passes
- * (recirculation) do not help: a switch only rewrites bytes its parser put into the PHV (4 Kbit), so it can never
- * write payload bytes past the first few hundred, whatever the number of passes.  So the
+ * (recirculation) do not help: a switch only rewrites bytes its parser put into the PHV
+ * (4 Kbit), so it never writes payload bytes past the first few hundred, whatever the
+ * number of passes.  So the
  * TNA pool stores and serves the first SERVED_BYTES = 128 bytes of a fragment, and only a
  * fragment whose payload_len is at most that is served or filled (a chunk of at most 128
  * bytes, or the short last fragment of a chunk).  Its reply is still a full DATA: the

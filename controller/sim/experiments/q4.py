@@ -2,7 +2,7 @@
 
 One dimension at a time around a base point (the conversation trace, 64 nodes, 4 holders, one
 switch, 100 Gbit/s links, the trace's own load, Llama-3-8B), then a load x link-speed map.
-Every point runs five configurations on the same requests:
+Every point runs six configurations on the same requests:
 
 - ``none``: no sharing (each node reuses only its own HBM and DRAM);
 - ``holder``: the holders' DRAM pool (Mooncake Store) without any switch help;
