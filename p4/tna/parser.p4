@@ -118,8 +118,8 @@ control MyIngressDeparser(packet_out pkt,
                           in ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
 
     // P4Info names a v1model digest by its struct; these keep those names.
-    @name(".hot_chunk_t") Digest<hot_chunk_t>() hot_chunk;
-    @name(".fill_mismatch_t") Digest<fill_mismatch_t>() fill_mismatch;
+    @name(".hot_chunk_t") Digest<hot_chunk_t>(DIGEST_HOT_CHUNK) hot_chunk;
+    @name(".fill_mismatch_t") Digest<fill_mismatch_t>(DIGEST_FILL_MISMATCH) fill_mismatch;
 
     apply {
         if (ig_dprsr_md.digest_type == DIGEST_HOT_CHUNK) {

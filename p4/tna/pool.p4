@@ -226,22 +226,25 @@ control Pool(inout headers_t hdr,
                     meta.pool_stat = POOL_SLOT_RANGE;
                 } else if (!fits) {
                     meta.pool_stat = POOL_BYPASS;   // longer than the served part: not stored
-                } else if (meta.pool_state == POOL_STATE_VALID
-                           && (hdr.kv.flags & FLAG_NO_CACHE) == 0) {
-                    if (tag_write_if_stale.execute(slot) == 1) {
+                } else {
+                    // One slot_tag access decides: VALID skips a current slot, unless the DATA
+                    // answers a NO_CACHE request (repair); FILLING always writes.
+                    bit<1> current;
+                    bool repair = (hdr.kv.flags & FLAG_NO_CACHE) != 0;
+                    if (meta.pool_state == POOL_STATE_VALID && !repair) {
+                        current = tag_write_if_stale.execute(slot);
+                    } else {
+                        current = tag_write.execute(slot);
+                    }
+                    if (current == 1 && meta.pool_state == POOL_STATE_VALID && !repair) {
                         meta.pool_stat = POOL_FILL_SKIPPED;
                     } else {
                         fill(slot);
                         slot_fills.count(slot);
                         meta.pool_stat = POOL_FILL;
-                    }
-                } else {
-                    bit<1> current = tag_write.execute(slot);
-                    fill(slot);
-                    slot_fills.count(slot);
-                    meta.pool_stat = POOL_FILL;
-                    if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
-                        meta.pool_stat = POOL_REPAIR;
+                        if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
+                            meta.pool_stat = POOL_REPAIR;
+                        }
                     }
                 }
             } else if (hdr.kv.opcode == OP_INVALIDATE) {
