@@ -8,8 +8,8 @@
  *
  * Ingress, 4 registers of PENDING_SLOTS cells indexed by crc32(chunk_key) mod PENDING_SLOTS,
  * each in its own stage, in this order (each decides from what the previous returned):
- *   pending_live    {ts, tag}: ts = when the slot last showed life (global_tstamp[41:10],
- *                   1.024 us units; set to the deadline when the answer is over, which
+ *   pending_live    {ts, tag}: ts = when the slot last showed life (global_tstamp[47:16],
+ *                   65.536 us units; set to the deadline when the answer is over, which
  *                   frees it), tag = {1, 00, owner waiter id:8, crc32(chunk_key)[31:11]}.
  *                   Liveness is decided here, first, because the other three are written
  *                   only when a slot is opened: GET -> OPENED (slot over: opened with my
@@ -317,8 +317,9 @@ control Coalesce(inout headers_t hdr,
         hdr.bridge.pending_idx = (bit<16>)crc[10:0];
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
         meta.my_tag = 1w1 ++ 2w0 ++ meta.waiter_id[7:0] ++ crc[31:11];
-        meta.now = ig_prsr_md.global_tstamp[41:10];
-        meta.deadline = meta.now - pending_timeout;
+        // 65.536 us units, and the timeout's microseconds / 64 (no divider): 2.4% longer.
+        meta.now = ig_prsr_md.global_tstamp[47:16];
+        meta.deadline = meta.now - (pending_timeout >> 6);
         bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
 
         meta.count_coalesce = 1;

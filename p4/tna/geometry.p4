@@ -34,8 +34,10 @@
 #define ARP_ENTRIES     1024
 #define WRITER_ENTRIES  256
 #define GUARD_ENTRIES   512
-// Timestamps are global_tstamp[41:10]: units of 1.024 us in 32 bits (wraps after 73 min),
-// so a timeout set in microseconds lasts 2.4% longer than on BMv2.
+// Pending timestamps are global_tstamp[47:16]: 65.536 us units in 32 bits, which wrap with the
+// 48-bit nanosecond clock itself (78 h; a slot untouched for half of that, 39 h, can look live
+// again until it is reused).  The timeout stays in microseconds; the data plane divides it by
+// 64, so it lasts 2.4% longer than on BMv2, at a resolution of 65.5 us.
 const bit<32> DEFAULT_PENDING_TIMEOUT_US = 100000;
 
 // TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits (24, 28 or 32).

@@ -105,7 +105,7 @@ struct ig_metadata_t {
     bit<1>       has_waiter;
     waiterId_t   waiter_id;
     waiterMask_t me;             // 1 << waiter_id
-    bit<32>      now;            // global_tstamp[41:10]
+    bit<32>      now;            // global_tstamp[47:16]: 65.536 us units
     bit<32>      deadline;       // now - timeout: a slot touched at or before it is over
     bit<32>      my_tag;         // pending_live tag: {1, 00, waiter id:8, crc32[31:11]}
 
