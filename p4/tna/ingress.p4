@@ -54,18 +54,21 @@ control MyIngress(inout headers_t hdr,
         }
 
         if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
+            // The three run side by side, not one after the other: the pool drops nothing and
+            // serves only single-fragment GETs of chunks in pool_lookup, which neither
+            // Popularity (chunks not in the pool) nor Coalesce (range GETs, responses) takes,
+            // so "not served" (v1model's condition) holds for every packet they see and no
+            // stage waits for slot_tag's answer.
             pool.apply(hdr, meta, standard_metadata, ig_dprsr_md, ig_tm_md);
-            if (meta.drop_reason == DROP_NONE && meta.served == 0) {
-                bool is_get = hdr.kv.opcode == OP_GET;
-                bool range_get = is_get && hdr.kv.frag_count > 1;
-                bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
-                                && meta.is_writer == 1;
-                if (is_get && meta.from_fabric == 0) {
-                    popularity.apply(hdr, meta, ig_dprsr_md);
-                }
-                if (range_get || response) {
-                    coalesce.apply(hdr, meta, ig_prsr_md, ig_tm_md);
-                }
+            bool is_get = hdr.kv.opcode == OP_GET;
+            bool range_get = is_get && hdr.kv.frag_count > 1;
+            bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
+                            && meta.is_writer == 1;
+            if (is_get && meta.from_fabric == 0) {
+                popularity.apply(hdr, meta, ig_dprsr_md);
+            }
+            if (range_get || response) {
+                coalesce.apply(hdr, meta, ig_prsr_md, ig_tm_md);
             }
         }
 
