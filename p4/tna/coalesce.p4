@@ -206,49 +206,51 @@ control Coalesce(inout headers_t hdr,
         default_action = NoAction();
     }
 
-    action waiter_bit(waiterMask_t me) {
+    action waiter_bit(waiterMask_t me, bit<32> owner) {
         meta.me = me;
+        meta.my_tag = owner;
     }
 
-    // Waiter id -> 1 << id; an id with no bit (>= MAX_WAITERS) misses and cannot wait.
+    // Waiter id -> 1 << id, and the owner part of its tag, {1, 00, id:8, 21w0}; an id with no
+    // bit (>= MAX_WAITERS) misses and cannot wait.
     @hidden
     table waiter_bits {
         key = { meta.waiter_id: exact; }
         actions = { waiter_bit; NoAction; }
         default_action = NoAction();
         const entries = {
-            0: waiter_bit(32w0x1);
-            1: waiter_bit(32w0x2);
-            2: waiter_bit(32w0x4);
-            3: waiter_bit(32w0x8);
-            4: waiter_bit(32w0x10);
-            5: waiter_bit(32w0x20);
-            6: waiter_bit(32w0x40);
-            7: waiter_bit(32w0x80);
-            8: waiter_bit(32w0x100);
-            9: waiter_bit(32w0x200);
-            10: waiter_bit(32w0x400);
-            11: waiter_bit(32w0x800);
-            12: waiter_bit(32w0x1000);
-            13: waiter_bit(32w0x2000);
-            14: waiter_bit(32w0x4000);
-            15: waiter_bit(32w0x8000);
-            16: waiter_bit(32w0x10000);
-            17: waiter_bit(32w0x20000);
-            18: waiter_bit(32w0x40000);
-            19: waiter_bit(32w0x80000);
-            20: waiter_bit(32w0x100000);
-            21: waiter_bit(32w0x200000);
-            22: waiter_bit(32w0x400000);
-            23: waiter_bit(32w0x800000);
-            24: waiter_bit(32w0x1000000);
-            25: waiter_bit(32w0x2000000);
-            26: waiter_bit(32w0x4000000);
-            27: waiter_bit(32w0x8000000);
-            28: waiter_bit(32w0x10000000);
-            29: waiter_bit(32w0x20000000);
-            30: waiter_bit(32w0x40000000);
-            31: waiter_bit(32w0x80000000);
+            0: waiter_bit(32w0x1, 32w0x80000000);
+            1: waiter_bit(32w0x2, 32w0x80200000);
+            2: waiter_bit(32w0x4, 32w0x80400000);
+            3: waiter_bit(32w0x8, 32w0x80600000);
+            4: waiter_bit(32w0x10, 32w0x80800000);
+            5: waiter_bit(32w0x20, 32w0x80a00000);
+            6: waiter_bit(32w0x40, 32w0x80c00000);
+            7: waiter_bit(32w0x80, 32w0x80e00000);
+            8: waiter_bit(32w0x100, 32w0x81000000);
+            9: waiter_bit(32w0x200, 32w0x81200000);
+            10: waiter_bit(32w0x400, 32w0x81400000);
+            11: waiter_bit(32w0x800, 32w0x81600000);
+            12: waiter_bit(32w0x1000, 32w0x81800000);
+            13: waiter_bit(32w0x2000, 32w0x81a00000);
+            14: waiter_bit(32w0x4000, 32w0x81c00000);
+            15: waiter_bit(32w0x8000, 32w0x81e00000);
+            16: waiter_bit(32w0x10000, 32w0x82000000);
+            17: waiter_bit(32w0x20000, 32w0x82200000);
+            18: waiter_bit(32w0x40000, 32w0x82400000);
+            19: waiter_bit(32w0x80000, 32w0x82600000);
+            20: waiter_bit(32w0x100000, 32w0x82800000);
+            21: waiter_bit(32w0x200000, 32w0x82a00000);
+            22: waiter_bit(32w0x400000, 32w0x82c00000);
+            23: waiter_bit(32w0x800000, 32w0x82e00000);
+            24: waiter_bit(32w0x1000000, 32w0x83000000);
+            25: waiter_bit(32w0x2000000, 32w0x83200000);
+            26: waiter_bit(32w0x4000000, 32w0x83400000);
+            27: waiter_bit(32w0x8000000, 32w0x83600000);
+            28: waiter_bit(32w0x10000000, 32w0x83800000);
+            29: waiter_bit(32w0x20000000, 32w0x83a00000);
+            30: waiter_bit(32w0x40000000, 32w0x83c00000);
+            31: waiter_bit(32w0x80000000, 32w0x83e00000);
         }
     }
 
@@ -316,10 +318,13 @@ control Coalesce(inout headers_t hdr,
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
         hdr.bridge.pending_idx = (bit<16>)crc[10:0];
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
-        meta.my_tag = 1w1 ++ 2w0 ++ meta.waiter_id[7:0] ++ crc[31:11];
+        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11].
+        bit<32> fingerprint = crc >> 11;
+        meta.my_tag = meta.my_tag | fingerprint;
         // 65.536 us units, and the timeout's microseconds / 64 (no divider): 2.4% longer.
         meta.now = ig_prsr_md.global_tstamp[47:16];
-        meta.deadline = meta.now - (pending_timeout >> 6);
+        bit<32> timeout_units = pending_timeout >> 6;
+        meta.deadline = meta.now - timeout_units;
         bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
 
         meta.count_coalesce = 1;
@@ -363,8 +368,8 @@ control Coalesce(inout headers_t hdr,
             // DATA or NACK from a writer: released when it answers the slot's owner.
             meta.count_coalesce = 0;
             if (meta.has_waiter == 1) {
-                bool over = hdr.kv.opcode == OP_NACK
-                            || hdr.kv.frag_index + 1 == hdr.kv.frag_count;
+                bit<16> next = hdr.kv.frag_index + 1;
+                bool over = hdr.kv.opcode == OP_NACK || next == hdr.kv.frag_count;
                 bit<8> live;
                 if (over) {
                     live = live_answer_last.execute(idx);
@@ -404,21 +409,25 @@ control CoalesceEgress(inout headers_t hdr,
                        in egress_intrinsic_metadata_t standard_metadata,
                        inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
 
-    Register<bit<32>, bit<32>>(PENDING_REPLIES) pending_reply_id;
-    Register<bit<16>, bit<32>>(PENDING_REPLIES) pending_reply_port;
+    Register<bit<32>, bit<16>>(PENDING_REPLIES) pending_reply_id;
+    Register<bit<16>, bit<16>>(PENDING_REPLIES) pending_reply_port;
+    // pending_idx * MAX_WAITERS + waiter, i.e. {pending_idx[10:0], waiter[4:0]}: an identity hash
+    // builds the index from the two fields (the idiomatic Tofino way to concatenate an index).
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) replica_cell;
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) record_cell;
     Counter<bit<32>, bit<32>>(MAX_WAITERS, CounterType_t.PACKETS) waiter_replicas;
     Counter<bit<32>, bit<32>>(EGRESS_STATS, CounterType_t.PACKETS) egress_stats;
 
-    RegisterAction<bit<32>, bit<32>, bit<32>>(pending_reply_id) reply_id_read = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(pending_reply_id) reply_id_read = {
         void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(pending_reply_id) reply_id_write = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(pending_reply_id) reply_id_write = {
         void apply(inout bit<32> v) { v = hdr.kv.request_id; }
     };
-    RegisterAction<bit<16>, bit<32>, bit<16>>(pending_reply_port) reply_port_read = {
+    RegisterAction<bit<16>, bit<16>, bit<16>>(pending_reply_port) reply_port_read = {
         void apply(inout bit<16> v, out bit<16> rv) { rv = v; }
     };
-    RegisterAction<bit<16>, bit<32>, bit<16>>(pending_reply_port) reply_port_write = {
+    RegisterAction<bit<16>, bit<16>, bit<16>>(pending_reply_port) reply_port_write = {
         void apply(inout bit<16> v) { v = hdr.udp.srcPort; }
     };
 
@@ -487,9 +496,10 @@ control CoalesceEgress(inout headers_t hdr,
         bool count = false;
         if (hdr.bridge.release == 1) {
             rid_bits.apply();
-            bit<32> cell = (bit<32>)(hdr.bridge.pending_idx[10:0] ++ standard_metadata.egress_rid[4:0]);
+            bit<16> cell = replica_cell.get({ hdr.bridge.pending_idx[10:0], standard_metadata.egress_rid[4:0] });
             count = true;
-            if ((hdr.bridge.release_mask & rid_bit) == 0) {
+            waiterMask_t waiting = hdr.bridge.release_mask & rid_bit;
+            if (waiting == 0) {
                 eg_dprsr_md.drop_ctl = 1;
                 stat = EG_REPLICA_PRUNED;
             } else if (!waiter_egress.apply().hit) {
@@ -507,7 +517,7 @@ control CoalesceEgress(inout headers_t hdr,
                 stat = EG_REPLICA_SENT;
             }
         } else if (hdr.bridge.record_reply == 1) {
-            bit<32> cell = (bit<32>)(hdr.bridge.pending_idx[10:0] ++ hdr.bridge.waiter_id[4:0]);
+            bit<16> cell = record_cell.get({ hdr.bridge.pending_idx[10:0], hdr.bridge.waiter_id[4:0] });
             reply_id_write.execute(cell);
             reply_port_write.execute(cell);
             count = true;

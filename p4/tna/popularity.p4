@@ -102,7 +102,8 @@ control Popularity(inout headers_t hdr,
             bit<32> n0 = sketch_row0_count.execute((bit<32>)i0[11:0]);
             bit<32> n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
             bit<32> n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
-            bit<32> estimate = min(n0, min(n1, n2));
+            bit<32> n12 = min(n1, n2);
+            bit<32> estimate = min(n0, n12);
 
             meta.count_popularity = 1;
             meta.popularity_stat = POP_COUNTED;

@@ -57,14 +57,25 @@ control Safety(inout headers_t hdr,
         if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
+            // One operation per statement: bf-p4c puts dependent statements in separate actions
+            // (stages) and does not split one expression into several ALU operations.
             bit<32> idx = (bit<32>)hdr.kv.frag_index;
             bit<32> cnt = (bit<32>)hdr.kv.frag_count;
             bit<32> frag = (bit<32>)FRAG_PAYLOAD;
             // idx * 1408 and cnt * 1408 (1408 = 1024 + 256 + 128).
-            bit<32> done = (idx << 10) + (idx << 8) + (idx << 7);
-            bit<32> upto = (cnt << 10) + (cnt << 8) + (cnt << 7);
+            bit<32> idx10 = idx << 10;
+            bit<32> idx8 = idx << 8;
+            bit<32> idx7 = idx << 7;
+            bit<32> cnt10 = cnt << 10;
+            bit<32> cnt8 = cnt << 8;
+            bit<32> cnt7 = cnt << 7;
+            bit<32> done = idx10 + idx8;
+            done = done + idx7;
+            bit<32> upto = cnt10 + cnt8;
+            upto = upto + cnt7;
             bit<32> below = upto - frag;   // (cnt - 1) * 1408
             bit<32> rest = hdr.kv.chunk_len - done;
+            bit<32> end = idx + cnt;
             meta.frag_done = done;
 
             if (hdr.kv.version != KVPOOL_VERSION) {
@@ -94,7 +105,7 @@ control Safety(inout headers_t hdr,
             } else if (hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD
                        && !(hdr.kv.opcode == OP_GET && hdr.udp.length == KV_UDP_LEN_DATA)) {
                 meta.drop_reason = DROP_BAD_LENGTH;
-            } else if (hdr.kv.opcode == OP_GET && idx + cnt > (bit<32>)MAX_FRAG_INDEX) {
+            } else if (hdr.kv.opcode == OP_GET && end > (bit<32>)MAX_FRAG_INDEX) {
                 meta.drop_reason = DROP_BAD_RANGE;
             }
 
