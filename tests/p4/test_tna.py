@@ -310,3 +310,63 @@ def test_summaries_count_units_per_stage() -> None:
     assert got["stages"][0] == {"stage": 0, "srams": {"used": 12, "available": 80},
                                 "stateful_alus": {"used": 3, "available": 4}}
     assert got["stages_available"] == 12 and got["sources_sha256"] == "abc"
+
+
+# ------------------------------------------------------------------------------- the controller
+
+
+def _bf_p4c_style(tmp: Path) -> Path:
+    """The v1model P4Info named as bf-p4c names a TNA program's (pipe prefix, arch tna)."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+
+    msg = p4info_pb2.P4Info()
+    text_format.Parse(contract.P4INFO_PATH.read_text(), msg)
+    msg.pkg_info.arch = "tna"
+    for entity in (*msg.tables, *msg.actions):
+        if entity.preamble.name != contract.NO_ACTION:
+            entity.preamble.name = f"{contract.TNA_PIPE}.{entity.preamble.name}"
+    path = tmp / "bf-p4c-style.p4info.txtpb"
+    path.write_text(text_format.MessageToString(msg))
+    return path
+
+
+@pytest.mark.parametrize("which", ["bf-p4c-style", "committed"])
+def test_the_controllers_driver_uses_the_contract_names(which: str, tmp_path: Path) -> None:
+    """controller/ drives the TNA P4Info by the names it uses for the v1model one."""
+    from controller.p4runtime import P4RuntimeSwitch
+    from kvpool.tcp import free_port
+    from switchmodel.p4rt_server import P4RuntimeServer
+    from switchmodel.state import SwitchState
+
+    if which == "committed":
+        if not contract.TNA_P4INFO_PATH.exists():
+            pytest.skip("p4/tna/build/kvpool_tna.p4info.txtpb not built yet (make -C p4 tna, needs bf-p4c)")
+        p4info_path = contract.TNA_P4INFO_PATH
+    else:
+        if not contract.P4INFO_PATH.exists():
+            pytest.skip("p4/build/kvpool.p4info.txtpb not built yet (make -C p4)")
+        p4info_path = _bf_p4c_style(tmp_path)
+    server = P4RuntimeServer(SwitchState(), f"127.0.0.1:{free_port()}").start()
+    try:
+        with P4RuntimeSwitch(f"127.0.0.1:{server.port}", p4info_path, b'{"model": true}', timeout_s=3) as sw:
+            sw.connect()
+            prefix = sw.p4info.pipe_prefix  # what bf-p4c puts before table and action names
+            assert prefix == contract.TNA_PIPE + "." or (which == "committed" and prefix == "")
+            sw.insert_entry(contract.POOL_LOOKUP, {contract.KEY_CHUNK_KEY: 0x1234}, contract.POOL_ENTRY,
+                            {"base_slot": 3, "frag_count": 1, "chunk_len": 100, "generation": 7, "state": 2,
+                             "placement": 9})
+            sw.insert_entry(contract.WAITER_LOOKUP, {contract.KEY_WAITER_ADDR: "10.0.0.2"}, contract.SET_WAITER_ID,
+                            {"waiter_id": 1})
+            sw.set_default_action(contract.COALESCE_CONFIG, contract.SET_PENDING_TIMEOUT, {"timeout_us": 50_000})
+            entries = {e.table: e for e in sw.read_entries()}
+            assert entries[prefix + contract.POOL_LOOKUP].params["placement"] == 9
+            assert sw.read_default_action(contract.COALESCE_CONFIG) == (
+                prefix + contract.SET_PENDING_TIMEOUT, {"timeout_us": 50_000})
+            for counter in contract.COUNTERS:
+                assert len(sw.read_counter(counter)) == sw.p4info.counter(counter).size
+            for digest in contract.DIGEST_MEMBERS:
+                sw.configure_digest(digest, max_list_size=1)
+            assert set(sw.read_digest_configs()) == set(contract.DIGEST_MEMBERS)
+    finally:
+        server.stop()
