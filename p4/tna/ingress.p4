@@ -43,6 +43,13 @@ control MyIngress(inout headers_t hdr,
         hdr.bridge.record_reply = 0;
         hdr.bridge.absorb = 0;
         hdr.bridge.flood = 0;
+        hdr.bridge._pad0 = 0;
+        hdr.bridge.slot = 0;
+        hdr.bridge.pending_idx = 0;
+        hdr.bridge.waiter_id = 0;
+        hdr.bridge.release_dst = 0;
+        hdr.bridge.release_mask = 0;
+        hdr.bridge._pad1 = 0;
         hdr.bridge.ingress_port = standard_metadata.ingress_port;
 
         if (ig_prsr_md.parser_err != 0) {
