@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +28,11 @@ import pytest
 
 from kvpool import contract
 from kvpool.p4rt.p4info import P4Info, names_missing
-from scripts.tna_resources import sources_digest
+from tests.paths import SCRIPTS
+
+#: scripts/tna_resources.py, loaded as the other script tests load theirs (scripts/ is no package).
+TNA_RESOURCES: dict[str, Any] = runpy.run_path(str(SCRIPTS / "tna_resources.py"))
+sources_digest = TNA_RESOURCES["sources_digest"]
 
 TNA = contract.TNA_DIR
 INCLUDE = contract.INCLUDE_DIR
@@ -294,7 +299,7 @@ def test_a_fresh_compile_gives_the_committed_p4info(tmp_path: Path) -> None:
 
 def test_summaries_count_units_per_stage() -> None:
     """scripts/tna_resources.py on a two-stage resources.json of bf-p4c's schema."""
-    from scripts.tna_resources import summarise
+    summarise = TNA_RESOURCES["summarise"]
 
     def stage(n: int, srams: int, alus: int) -> dict[str, Any]:
         return {"stage_number": n,
