@@ -388,3 +388,76 @@ REGISTER_SHAPES: Final[dict[str, tuple[int, int]]] = {
     PENDING_WAITERS: (PENDING_SLOTS, MAX_WAITERS),
     PENDING_REPLY: (PENDING_REPLIES, 48),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# The TNA program (p4/tna/, Tofino 1): same names wherever the function is the same
+# --------------------------------------------------------------------------------------------
+# Tables, actions, parameters, counters, counter indices and digests are the ones above (a TNA
+# P4Info answers to them: kvpool.p4rt.p4info looks past bf-p4c's pipe prefix).  What differs is
+# below: registers whose cells Tofino lays out differently, and the geometry of one pipe
+# (p4/tna/geometry.p4; p4/README.md, "v1model and TNA: what differs and why").
+
+TNA_DIR: Final = P4_DIR / "tna"
+"""The TNA sources: ``kvpool_tna.p4`` (wiring) and one file per concern."""
+TNA_MAIN: Final = TNA_DIR / "kvpool_tna.p4"
+TNA_BUILD_DIR: Final = TNA_DIR / "build"
+"""Committed bf-p4c output: P4Info and the resource summary (``make -C p4 tna``)."""
+TNA_P4INFO_PATH: Final = TNA_BUILD_DIR / "kvpool_tna.p4info.txtpb"
+TNA_RESOURCES_PATH: Final = TNA_BUILD_DIR / "resources.json"
+"""Per-stage use of one pipe, summarised from bf-p4c's ``pipe/logs/resources.json``."""
+TNA_PIPE: Final = "pipe"
+"""The Pipeline instance: bf-p4c writes table and action names as ``pipe.<control>...``."""
+TNA_STAGES: Final = 12
+"""Match-action stages of a Tofino 1 pipe, per gress."""
+
+TNA_POOL_SLOTS: Final = 16384
+TNA_POOL_ENTRIES: Final = TNA_POOL_SLOTS + 1
+TNA_PENDING_SLOTS: Final = 2048
+TNA_MAX_WAITERS: Final = MAX_WAITERS
+TNA_PENDING_REPLIES: Final = TNA_PENDING_SLOTS * TNA_MAX_WAITERS
+TNA_SERVED_WORDS: Final = 32
+TNA_SERVED_BYTES: Final = 4 * TNA_SERVED_WORDS
+"""The part of a fragment a TNA pool stores and serves; only fragments this short are served."""
+
+TNA_WORDS: Final[tuple[str, ...]] = tuple(f"MyEgress.pool.word_{i}" for i in range(TNA_SERVED_WORDS))
+TNA_SLOT_CHECK: Final[tuple[str, ...]] = ("MyEgress.pool.slot_check_hi", "MyEgress.pool.slot_check_lo")
+TNA_PENDING_LIVE: Final = "MyIngress.coalesce.pending_live"
+"""Per pending slot: ``{ts, tag}``, tag = ``{1, 00, owner waiter id:8, crc32(chunk_key)[31:11]}``."""
+TNA_PENDING_GEN: Final = "MyIngress.coalesce.pending_gen"
+TNA_PENDING_REPLY: Final[tuple[str, ...]] = ("MyEgress.coalesce.pending_reply_id",
+                                             "MyEgress.coalesce.pending_reply_port")
+
+#: Register -> (cells, bits per cell) in the TNA program (pairs of 32-bit halves are 64 bits).
+TNA_REGISTER_SHAPES: Final[dict[str, tuple[int, int]]] = {
+    SLOT_TAG: (TNA_POOL_SLOTS, 64),
+    MISMATCH_SEEN: (MISMATCH_CELLS, 64),
+    **{r: (SKETCH_COLS, 64) for r in SKETCH_ROWS},
+    **{r: (BLOOM_BITS, 8) for r in BLOOM_ROWS},
+    TNA_PENDING_LIVE: (TNA_PENDING_SLOTS, 64),
+    PENDING_KEY: (TNA_PENDING_SLOTS, 64),
+    TNA_PENDING_GEN: (TNA_PENDING_SLOTS, 32),
+    PENDING_WAITERS: (TNA_PENDING_SLOTS, TNA_MAX_WAITERS),
+    **{w: (TNA_POOL_SLOTS, 32) for w in TNA_WORDS},
+    **{c: (TNA_POOL_SLOTS, 32) for c in TNA_SLOT_CHECK},
+    TNA_PENDING_REPLY[0]: (TNA_PENDING_REPLIES, 32),
+    TNA_PENDING_REPLY[1]: (TNA_PENDING_REPLIES, 16),
+}
+
+#: Table -> entries in the TNA program.
+TNA_TABLE_SIZES: Final[dict[str, int]] = {**TABLE_SIZES, POOL_LOOKUP: TNA_POOL_ENTRIES}
+
+#: Counter -> cells in the TNA program.
+TNA_COUNTER_SIZES: Final[dict[str, int]] = {**COUNTER_SIZES, SLOT_HITS: TNA_POOL_SLOTS,
+                                            SLOT_FILLS: TNA_POOL_SLOTS}
+
+
+def tna_names() -> list[tuple[str, str]]:
+    """Every (P4Info entity kind, name) the TNA program must define: the shared ones and its registers."""
+    return ([(kind, name) for kind, name in all_names() if kind != "register"]
+            + [("register", r) for r in TNA_REGISTER_SHAPES])
+
+
+def tna_sources() -> list[Path]:
+    """The files the TNA program is compiled from: p4/tna/*.p4 and the shared includes."""
+    return [*sorted(TNA_DIR.glob("*.p4")), INCLUDE_DIR / "constants.p4", INCLUDE_DIR / "wire.p4"]

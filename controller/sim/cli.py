@@ -136,6 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the switch may admit chunks as they pass on their way to the holders (prefetch the next turn)",
     )
     g.add_argument("--no-coalesce", action="store_true", help="switch does not coalesce identical fetches")
+    g.add_argument(
+        "--switch-preset",
+        choices=("tofino1",),
+        help="a switch that exists: tofino1 = the TNA program on one Tofino 1 pipe (2048 pending slots, "
+        "32 waiters, no pool memory for KV chunks; overrides --switch-mib)",
+    )
     g = parser.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print one JSON object (a list for sweeps) instead of a table")
     g.add_argument("--out", type=Path, help="write results.csv, results.json and plots into this folder")
@@ -217,10 +223,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the simulation(s); 2 on bad input, 0 otherwise."""
     from dataclasses import replace
 
-    from controller.sim.config import MODELS, ClusterConfig, ConfigError
+    from controller.sim.config import MODELS, SWITCH_PRESETS, ClusterConfig, ConfigError
     from controller.sim.simulator import sweep, sweep_steps
     from kvpool.trace import TraceError
 
+    preset = SWITCH_PRESETS[args.switch_preset] if args.switch_preset else None
+    if preset is not None:
+        args.switch_mib = [preset.switch_mib]
     try:
         trace = _load_trace(args)
         base = ClusterConfig(
@@ -241,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
             coalesce=not args.no_coalesce,
             seed=args.seed,
         )
+        if preset is not None:
+            base = preset.apply(base)
         base.validate()
         for n in args.nodes:
             for m in args.model:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.policy.value import PrefillCost
+from kvpool import contract
 from kvpool.trace import BLOCK_TOKENS
 from kvpool.wire import FRAG_PAYLOAD
 
@@ -80,6 +81,11 @@ class ClusterConfig:
     #: affinity routing: the share of recent requests one node may take above its fair share
     affinity_slack: float = 1.0
     coalesce: bool = True
+    #: coalescing pending slots per switch, direct-mapped by chunk key as in the P4 program: a fetch
+    #: whose slot another chunk's outstanding fetch holds is not coalesced (0: unlimited)
+    pending_slots: int = 0
+    #: hosts per switch with a waiter id, the only ones whose fetches coalesce (0: unlimited)
+    max_waiters: int = 0
     #: controller CPU time per control message (table write, directory update), for the overhead model
     ctrl_msg_us: float = 50.0
     seed: int = 0
@@ -96,6 +102,10 @@ class ClusterConfig:
             v = getattr(self, name)
             if not v > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v!r}")
+        for name in ("pending_slots", "max_waiters"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a non-negative integer, got {v!r}")
         non_negative = ("switch_mib", "dram_gib", "pool_gib", "switch_rtt_us", "holder_rtt_us", "ctrl_msg_us")
         for name in non_negative:
             v = getattr(self, name)
@@ -139,3 +149,27 @@ class ClusterConfig:
     def blocks_in(self, gib: float) -> int:
         """Whole chunks that fit in ``gib`` GiB."""
         return int(gib * 2**30) // self.chunk_bytes
+
+
+
+@dataclass(frozen=True)
+class SwitchPreset:
+    """What one switch of a real target holds, as ClusterConfig fields."""
+
+    switch_mib: float
+    pending_slots: int
+    max_waiters: int
+
+    def apply(self, cfg: ClusterConfig) -> ClusterConfig:
+        """``cfg`` with this switch."""
+        return replace(cfg, switch_mib=self.switch_mib, pending_slots=self.pending_slots,
+                       max_waiters=self.max_waiters)
+
+
+#: Switches that exist (``kvpool sim --switch-preset``, q4's ``tofino1``).  ``tofino1``: the TNA
+#: program on one Tofino 1 pipe (p4/README.md, "v1model and TNA"): 2,048 pending slots and 32
+#: waiters per switch, and no pool memory for KV chunks: its pool serves only fragments of at
+#: most 128 bytes, and every fragment of a KV chunk but the last carries 1,408.
+SWITCH_PRESETS: dict[str, SwitchPreset] = {
+    "tofino1": SwitchPreset(0.0, contract.TNA_PENDING_SLOTS, contract.TNA_MAX_WAITERS),
+}

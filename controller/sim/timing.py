@@ -76,6 +76,10 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
     holder_free = [0.0] * cfg.holders
     flows: list[list[float]] = [[] for _ in range(cfg.holders)]  # end times of live flows per holder
     inflight: dict[int, float] = {}
+    # The switch's pending table and waiter ids (ClusterConfig.pending_slots, max_waiters; 0: no limit).
+    slots, max_waiters = cfg.pending_slots, cfg.max_waiters
+    slot_holder: dict[tuple[int, int], int] = {}  # (switch, slot) -> tag of the fetch that opened it
+    waiter_ids: list[dict[int, int]] = [{} for _ in range(n_sw)]  # per switch: node -> waiter id
     filled: dict[int, float] = {}  # (chunk, switch) tag -> when the holder transfer that fills it ends
     f_pos = plan.fetch_pos.tolist()
     bt = cfg.block_tokens
@@ -110,7 +114,8 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                         coalesced += 1
                     switch_bytes += b
                 else:
-                    if coalesce:
+                    waits = coalesce and _has_waiter_id(waiter_ids[switch[i]], nodes[i], max_waiters)
+                    if waits:
                         e = inflight.get(tag)
                         if e is not None and e > start:
                             coalesced += 1
@@ -122,8 +127,12 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
                     holder_free[h] = begin + dur
                     end = begin + dur + h_rtt
                     holder_bytes += b
-                    if coalesce:
-                        inflight[tag] = end
+                    if waits:
+                        slot = (switch[i], _pending_slot(f_key[f], slots))
+                        held = slot_holder.get(slot)
+                        if not slots or held is None or held == tag or inflight.get(held, 0.0) <= start:
+                            slot_holder[slot] = tag  # otherwise a collision: not coalesced
+                            inflight[tag] = end
                     filled[tag] = end
                     # The flow is outstanding from when the request asks (not when the FIFO
                     # link gets to it) until its last byte: queued requests count as incast.
@@ -164,3 +173,17 @@ def replay_time(plan: FetchPlan, cfg: ClusterConfig, hits: npt.NDArray[np.bool_]
         transfer_s=transfer_s,
         skipped=skipped,
     )
+
+
+def _has_waiter_id(ids: dict[int, int], node: int, limit: int) -> bool:
+    """Whether ``node`` has a waiter id on its switch: ids go to nodes in the order they first fetch."""
+    if not limit:
+        return True
+    if node not in ids and len(ids) < limit:
+        ids[node] = len(ids)
+    return node in ids
+
+
+def _pending_slot(key: int, slots: int) -> int:
+    """The pending slot of a chunk (a multiplicative hash of its key); 0 when the table is unlimited."""
+    return ((key * 0x9E3779B1) & 0xFFFFFFFF) % slots if slots else 0

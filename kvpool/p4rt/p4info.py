@@ -24,6 +24,10 @@ SCOPE_DEFAULT_ONLY = "DEFAULT_ONLY"
 #: Match kinds that make a table need an entry priority (P4Runtime spec, TableEntry.priority).
 PRIORITY_MATCH_KINDS = frozenset({"ternary", "range", "optional"})
 
+#: Architectures whose compiler (bf-p4c) puts the pipeline's name in front of table and action
+#: names (``pipe.MyIngress.pool.pool_lookup``); lookups also answer to the name without it.
+PIPE_PREFIXED_ARCHS = frozenset({"tna", "t2na"})
+
 
 class P4InfoError(KeyError):
     """A name or id that the loaded P4Info does not define (message lists the known names)."""
@@ -203,6 +207,12 @@ class _Registry(dict[str | int, _E]):
             self[alias] = entity
         self.names.append(name)
 
+    def add_unprefixed(self, prefix: str) -> None:
+        """Make every entity named ``prefix + rest`` reachable as ``rest`` too (unless taken)."""
+        for name in self.names:
+            if name.startswith(prefix) and name[len(prefix):] not in self:
+                self[name[len(prefix):]] = self[name]
+
     def get_entity(self, key: str | int) -> _E:
         try:
             return self[key]
@@ -211,9 +221,22 @@ class _Registry(dict[str | int, _E]):
             raise P4InfoError(f"P4Info has no {self.kind} {key!r} (known: {known})") from None
 
 
-def _bitwidth_of(spec: Any) -> int:
-    """Width of a P4DataTypeSpec that is a bit<W>, int<W> or bool."""
+def pipe_prefix(msg: Any) -> str:
+    """``"<pipe>."`` when a TNA P4Info names every table inside one pipeline, else ``""``."""
+    if str(msg.pkg_info.arch).lower() not in PIPE_PREFIXED_ARCHS or not msg.tables:
+        return ""
+    heads = {str(t.preamble.name).split(".", 1)[0] for t in msg.tables}
+    if len(heads) != 1 or any(str(t.preamble.name).count(".") < 2 for t in msg.tables):
+        return ""
+    return heads.pop() + "."
+
+
+def _bitwidth_of(spec: Any, structs: Any = None) -> int:
+    """Width of a P4DataTypeSpec that is a bit<W>, int<W>, bool, or a struct of those (given
+    ``structs``, the P4Info's type_info.structs: a TNA register cell such as a pair of halves)."""
     which = spec.WhichOneof("type_spec")
+    if which == "struct" and structs is not None and spec.struct.name in structs:
+        return sum(_bitwidth_of(m.type_spec, structs) for m in structs[spec.struct.name].members)
     if which == "bitstring":
         kind = spec.bitstring.WhichOneof("type_spec")
         if kind == "bit":
@@ -238,6 +261,8 @@ class P4Info:
         self._registers: _Registry[RegisterInfo] = _Registry("register")
         self._digests: _Registry[DigestInfo] = _Registry("digest")
         self._packet_metadata: _Registry[PacketMetadataInfo] = _Registry("controller packet metadata")
+        self.pipe_prefix = ""
+        """``"pipe."`` for a TNA P4Info whose names carry the pipeline's (see :func:`pipe_prefix`)."""
         self._build(message)
 
     # --- loading -------------------------------------------------------------------------------
@@ -300,11 +325,11 @@ class P4Info:
                 c.preamble.id, c.preamble.name, c.preamble.alias,
                 DirectCounterInfo(int(c.preamble.id), str(c.preamble.name), str(c.preamble.alias),
                                   unit_names.get(c.spec.unit, "BOTH"), int(c.direct_table_id)))
+        structs = msg.type_info.structs
         for r in msg.registers:
             self._registers.add(r.preamble.id, r.preamble.name, r.preamble.alias,
                                 RegisterInfo(int(r.preamble.id), str(r.preamble.name), str(r.preamble.alias),
-                                             int(r.size), _bitwidth_of(r.type_spec)))
-        structs = msg.type_info.structs
+                                             int(r.size), _bitwidth_of(r.type_spec, structs)))
         for d in msg.digests:
             members: tuple[tuple[str, int], ...]
             spec = d.type_spec
@@ -324,6 +349,12 @@ class P4Info:
             self._packet_metadata.add(m.preamble.id, m.preamble.name, m.preamble.alias,
                                       PacketMetadataInfo(int(m.preamble.id), str(m.preamble.name),
                                                          str(m.preamble.alias), meta))
+        # One program, two compilers: the v1model names reach the TNA program's entities too.
+        self.pipe_prefix = pipe_prefix(msg)
+        if self.pipe_prefix:
+            for registry in (self._tables, self._actions, self._counters, self._direct_counters,
+                             self._registers, self._digests, self._packet_metadata):
+                registry.add_unprefixed(self.pipe_prefix)
 
     # --- lookups -------------------------------------------------------------------------------
 

@@ -59,6 +59,11 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
  ***********************  P O O L   G E O M E T R Y  *********************
  *************************************************************************/
 
+// A target whose memory differs declares its own geometry before including this file and
+// defines KVPOOL_GEOMETRY (p4/tna/geometry.p4 does); the values below are BMv2's.
+#ifndef KVPOOL_GEOMETRY
+#define KVPOOL_GEOMETRY
+
 // Fragment-sized rows of switch memory; a chunk occupies frag_count consecutive slots
 // from its base slot.  11 x 1024 slots x 128 B = 1.375 MiB of register memory.
 #define POOL_SLOTS      1024
@@ -85,6 +90,9 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 #define WRITER_ENTRIES  256
 // Host ports whose IPv4 source the switch checks (one entry per port).
 #define GUARD_ENTRIES   512
+const bit<48> DEFAULT_PENDING_TIMEOUT_US = 100000;  // 100 ms, BMv2 timestamps are in us
+
+#endif  // KVPOOL_GEOMETRY
 
 // First of the MAX_WAITERS nested multicast groups the controller programs for releases:
 // group COALESCE_MCAST_GRP + t has a replica (port towards waiter w, egress_rid = w) for
@@ -92,7 +100,6 @@ const bit<8>  SWITCH_REPLY_TTL      = 64;
 const bit<16> COALESCE_MCAST_GRP = 1;
 
 // Defaults of the runtime-settable configuration tables (default actions).
-const bit<48> DEFAULT_PENDING_TIMEOUT_US = 100000;  // 100 ms, BMv2 timestamps are in us
 const bit<32> DEFAULT_HOT_THRESHOLD      = 8;
 const bit<7>  DEFAULT_SKETCH_EPOCH       = 1;
 

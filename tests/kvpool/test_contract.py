@@ -59,7 +59,7 @@ def _typedef_bits() -> dict[str, int]:
 
 def _header_fields(header: str) -> list[tuple[str, int]]:
     """(name, width) of each field of a P4 header type, typedefs resolved."""
-    text = _strip_comments((INCLUDE / "headers.p4").read_text())
+    text = "\n".join(_strip_comments((INCLUDE / name).read_text()) for name in ("wire.p4", "headers.p4"))
     body = re.search(rf"header\s+{header}\s*\{{(.*?)\}}", text, re.S)
     assert body is not None, f"header {header} not found"
     widths = _typedef_bits()

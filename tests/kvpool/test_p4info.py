@@ -294,3 +294,49 @@ def test_reconcile_with_a_changed_program_keeps_what_still_fits(state: SwitchSta
     with pytest.raises(StateError):
         state.entry_count("pool")
     assert state.counter_read("hits", 0) == CounterValue(0, 0)
+
+
+TNA_P4INFO = """
+pkg_info { arch: "tna" }
+tables {
+  preamble { id: 33554433 name: "pipe.MyIngress.pool.pool_lookup" alias: "pool_lookup" }
+  match_fields { id: 1 name: "hdr.kv.chunk_key" bitwidth: 64 match_type: EXACT }
+  action_refs { id: 16777217 }
+  size: 16385
+}
+actions { preamble { id: 16777217 name: "pipe.MyIngress.pool.pool_entry" alias: "pool_entry" } }
+counters { preamble { id: 302055425 name: "MyIngress.pool.pool_stats" alias: "pool_stats" } size: 16 }
+registers {
+  preamble { id: 369098753 name: "MyIngress.pool.slot_tag" alias: "slot_tag" }
+  type_spec { struct { name: "pair32_t" } }
+  size: 16384
+}
+type_info {
+  structs {
+    key: "pair32_t"
+    value {
+      members { name: "hi" type_spec { bitstring { bit { bitwidth: 32 } } } }
+      members { name: "lo" type_spec { bitstring { bit { bitwidth: 32 } } } }
+    }
+  }
+}
+"""
+
+
+def test_a_tna_p4info_answers_to_the_v1model_names() -> None:
+    """bf-p4c names tables and actions ``pipe.<control>...``; the contract's names reach them."""
+    info = P4Info.from_text(TNA_P4INFO)
+    assert info.pipe_prefix == "pipe."
+    assert info.table("MyIngress.pool.pool_lookup") is info.table("pipe.MyIngress.pool.pool_lookup")
+    assert info.action("MyIngress.pool.pool_entry").id == 16777217
+    assert info.counter("MyIngress.pool.pool_stats").size == 16
+    # A register of pairs of 32-bit halves is 64 bits wide.
+    assert (info.register("MyIngress.pool.slot_tag").size, info.register("MyIngress.pool.slot_tag").bitwidth) == (
+        16384, 64)
+    assert [t.name for t in info.tables] == ["pipe.MyIngress.pool.pool_lookup"]
+
+
+def test_a_v1model_p4info_is_not_unprefixed() -> None:
+    info = P4Info.from_text(TNA_P4INFO.replace('arch: "tna"', 'arch: "v1model"'))
+    assert info.pipe_prefix == ""
+    assert not info.has("table", "MyIngress.pool.pool_lookup")

@@ -2,13 +2,16 @@
 
 One dimension at a time around a base point (the conversation trace, 64 nodes, 4 holders, one
 switch, 100 Gbit/s links, the trace's own load, Llama-3-8B), then a load x link-speed map.
-Every point runs five configurations on the same requests:
+Every point runs six configurations on the same requests:
 
 - ``none``: no sharing (each node reuses only its own HBM and DRAM);
 - ``holder``: the holders' DRAM pool (Mooncake Store) without any switch help;
 - ``coalesce``: plus a switch that coalesces identical in-flight fetches and multicasts the
   answer, with no pool memory: the part of the switch that needs only per-fragment pending state
   (the P4 program's 65536 pending slots, 1.5 MiB, and their reply records) and works for any model size;
+- ``tofino1``: coalescing as one Tofino 1 pipe can hold it (the TNA program, p4/tna/): 2,048
+  pending slots per switch, direct-mapped, and waiter ids for 32 hosts per switch; no pool memory
+  (its pool serves only fragments of at most 128 bytes, none of a KV chunk's);
 - ``sram``: plus a 16 MiB switch pool (a Tofino's SRAM: two 6 MiB Qwen chunks, no Llama chunk);
 - ``pool``: plus a 24 GiB switch-attached pool (value policy).
 
@@ -36,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from controller.sim.config import MODELS, ClusterConfig
+from controller.sim.config import MODELS, SWITCH_PRESETS, ClusterConfig
 from controller.sim.experiments.common import Context, head, md_table, pyplot
 from controller.sim.locality import plan
 from controller.sim.simulator import run_policy
@@ -66,7 +69,9 @@ MAP_GBPS = (10.0, 25.0, 100.0, 400.0)
 SWITCH_MAP_NODES = (64, 256, 1024)
 #: base requests of every trace (the conversation trace's first 800 span about four minutes)
 BASE_REQUESTS = 800
-CONFIGS = ("none", "holder", "coalesce", "sram", "pool")
+CONFIGS = ("none", "holder", "coalesce", "tofino1", "sram", "pool")
+#: the configurations of the switch map (tool traffic against one holder: where coalescing matters)
+SWITCH_MAP_CONFIGS = ("none", "holder", "coalesce", "tofino1", "pool")
 POOL_MIB = 24576.0
 SRAM_MIB = 16.0
 #: the controller CPU the simulator charges per control message (table write, directory update)
@@ -108,6 +113,8 @@ def point(ctx: Context, traces: dict[str, Trace], pt: dict[str, Any], configs: t
     for name in configs:
         if name in ("none", "holder"):
             cfg, pol = cfg0, name
+        elif name == "tofino1":
+            cfg, pol = SWITCH_PRESETS["tofino1"].apply(cfg0), "value"
         else:
             mib = {"coalesce": 0.0, "sram": SRAM_MIB, "pool": POOL_MIB}[name]
             cfg, pol = replace(cfg0, switch_mib=mib), "value"
@@ -134,7 +141,8 @@ def point(ctx: Context, traces: dict[str, Trace], pt: dict[str, Any], configs: t
         out["engine_us_per_fetch"] = engine_s / out["pool"]["fetches"] * 1e6
         out["engine_cpu_share"] = engine_s / max(trace.duration_ms / 1e3, 1e-3)
     out["extra_hops"] = 2 if leaf else 0
-    out["switch_mib"] = {"coalesce": 0.0, "sram": SRAM_MIB, "pool": POOL_MIB}
+    out["switch_mib"] = {"coalesce": 0.0, "tofino1": SWITCH_PRESETS["tofino1"].switch_mib, "sram": SRAM_MIB,
+                         "pool": POOL_MIB}
     return out
 
 
@@ -180,7 +188,7 @@ def run(ctx: Context) -> dict[str, Any]:
     for n in (16, 64) if ctx.quick else SWITCH_MAP_NODES:
         for g in map_gbps:
             pt = dict(base, family="tool", holders=1, nodes=n, gbps=g)
-            smap.append(point(ctx, traces, pt, ("none", "holder", "coalesce", "pool")))
+            smap.append(point(ctx, traces, pt, SWITCH_MAP_CONFIGS))
         ctx.log(f"q4: switch map at {n} nodes done")
     return {"question": "q4", "base": base, "points": points, "map": grid, "switch_map": smap}
 
@@ -195,9 +203,9 @@ def table(res: dict[str, Any]) -> str:
     head = (
         f"q4: base point {b['family']} trace, {b['nodes']} nodes, {b['holders']} holders, {b['topology']}, "
         f"{b['gbps']:g} Gbit/s, {b['load']:g}x load, {b['model']}; one dimension varied per block. TTFT in ms "
-        "(none / holder / coalesce / sram / pool); holder link load = mean over holder links; incast = most "
+        "(none / holder / coalesce / tofino1 / sram / pool); holder link load = mean over holder links; incast = most "
         "requests outstanding at one holder; coalesced = fetches that joined an in-flight one (coalesce-only / "
-        "pool); ctrl = control messages/s and the controller CPU they cost at 50 us each.\n\n"
+        "tofino1 / pool); ctrl = control messages/s and the controller CPU they cost at 50 us each.\n\n"
     )
     rows = []
     for p in res["points"]:
@@ -212,7 +220,7 @@ def table(res: dict[str, Any]) -> str:
                 f"{p['holder']['prefill_tokens_saved'] / 1e6:.1f}",
                 f"{100 * p['holder']['holder_link_load']:.0f}% / {100 * p['pool']['holder_link_load']:.0f}%",
                 f"{p['holder']['peak_incast']} / {p['coalesce']['peak_incast']} / {p['pool']['peak_incast']}",
-                f"{p['coalesce']['coalesced']} / {p['pool']['coalesced']}",
+                f"{p['coalesce']['coalesced']} / {p['tofino1']['coalesced']} / {p['pool']['coalesced']}",
                 f"{p['sram']['switch_hit_ratio']:.3f} / {p['pool']['switch_hit_ratio']:.3f}",
                 f"{p['pool']['control_msgs_per_s']:.0f} ({100 * p['pool']['controller_load']:.1f}%)",
             ]
@@ -249,19 +257,20 @@ def table(res: dict[str, Any]) -> str:
             [
                 str(g["nodes"]),
                 f"{g['gbps']:g}",
-                " / ".join(_fmt_ms(g[c]["ttft_p50_ms"]) for c in ("none", "holder", "coalesce", "pool")),
-                " / ".join(_fmt_ms(g[c]["ttft_p99_ms"]) for c in ("none", "holder", "coalesce", "pool")),
+                " / ".join(_fmt_ms(g[c]["ttft_p50_ms"]) for c in SWITCH_MAP_CONFIGS),
+                " / ".join(_fmt_ms(g[c]["ttft_p99_ms"]) for c in SWITCH_MAP_CONFIGS),
                 f"{100 * g['holder']['holder_link_load']:.0f}% / {100 * g['coalesce']['holder_link_load']:.0f}% / "
                 f"{100 * g['pool']['holder_link_load']:.0f}%",
                 f"{g['holder']['peak_incast']} / {g['coalesce']['peak_incast']} / {g['pool']['peak_incast']}",
-                f"{g['coalesce']['coalesced']} "
-                f"({100 * g['coalesce']['coalesced'] / max(g['coalesce']['fetches'], 1):.0f}%)",
+                " / ".join(f"{g[c]['coalesced']} ({100 * g[c]['coalesced'] / max(g[c]['fetches'], 1):.0f}%)"
+                           for c in ("coalesce", "tofino1")),
                 f"{_gain(g, 'coalesce', 'holder'):.2f} / {_gain(g, 'pool', 'holder'):.2f}",
             ]
         )
     sm = md_table(
-        ["nodes", "Gbit/s", "TTFT p50 none/holder/coalesce/pool", "TTFT p99", "holder link (holder/coalesce/pool)",
-         "peak incast", "coalesced (share of fetches)", "x p50 coalesce, pool vs holder"],
+        ["nodes", "Gbit/s", "TTFT p50 none/holder/coalesce/tofino1/pool", "TTFT p99",
+         "holder link (holder/coalesce/pool)", "peak incast", "coalesced (share of fetches): coalesce / tofino1",
+         "x p50 coalesce, pool vs holder"],
         srows,
     )
     return (

@@ -30,6 +30,12 @@ def test_json_single_config_prints_one_object(capsys: pytest.CaptureFixture[str]
     assert obj["policy"] == "value" and 0.0 <= obj["switch_hit_ratio"] <= obj["belady_hit_ratio"] <= 1.0
 
 
+def test_the_tofino1_preset_runs_a_switch_without_kv_pool_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", *SMALL, "--switch-mib", "96", "--switch-preset", "tofino1", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["switch_hit_ratio"] == 0.0  # the preset's pool holds no KV chunk, whatever --switch-mib says
+
+
 @pytest.mark.parametrize("policy", ["value", "lru", "lfu", "gdsf", "s3fifo", "belady"])
 def test_every_policy_name_is_accepted(policy: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", *SMALL, "--policy", policy, "--json"]) == 0

@@ -84,6 +84,9 @@ def test_q4_scale(tmp_path: Path) -> None:
         assert p["pool"]["holder_gib"] <= p["holder"]["holder_gib"] + 1e-9
         assert p["none"]["holder_gib"] == 0.0
         assert p["holder"]["coalesced"] == 0
+    for p in res["points"] + res["switch_map"]:  # a Tofino 1 pipe's coalescing: bounded, still only removes bytes
+        assert p["tofino1"]["holder_gib"] <= p["holder"]["holder_gib"] + 1e-9
+        assert p["tofino1"]["switch_hit_ratio"] == 0.0  # no pool memory for KV chunks
     assert len(res["map"]) == len({g["load"] for g in res["map"]}) * len({g["gbps"] for g in res["map"]})
     # against one slow holder, coalescing (and more so a pool) takes bytes off its link
     slow = [g for g in res["switch_map"] if g["gbps"] == min(x["gbps"] for x in res["switch_map"])]

@@ -160,3 +160,32 @@ def test_sweep_reports_monotone_progress_up_to_its_step_count(trace: Trace) -> N
     assert seen == sorted(seen)
     assert seen[-1] == sweep_steps(1, 1, 2, 2) == 7
     assert any("policy=value" in lab for lab in labels) and any("local tiers" in lab for lab in labels)
+
+
+def test_a_switchs_pending_table_and_waiter_ids_bound_coalescing() -> None:
+    """Coalescing needs a free pending slot for the chunk and a waiter id for the node, as in P4."""
+    tr = _burst()
+    cfg = ClusterConfig(nodes=32, holders=1, switch_mib=0.0, hbm_gib=1.0, dram_gib=1.0, routing="round_robin",
+                        holder_gbps=10.0, model=MODELS["llama3-8b"])
+    p = plan(tr, cfg)
+    free = run_policy(tr, p, cfg, "lru")
+    one_slot = run_policy(tr, p, replace(cfg, pending_slots=1), "lru")
+    few_waiters = run_policy(tr, p, replace(cfg, max_waiters=4), "lru")
+    off = run_policy(tr, p, replace(cfg, coalesce=False), "lru")
+    assert 0 < one_slot.coalesced_fetches < free.coalesced_fetches
+    assert 0 < few_waiters.coalesced_fetches < free.coalesced_fetches
+    for limited in (one_slot, few_waiters):
+        assert free.holder_bytes < limited.holder_bytes < off.holder_bytes
+
+
+def test_the_tofino1_preset_is_the_tna_programs_geometry() -> None:
+    from controller.sim.config import SWITCH_PRESETS
+    from kvpool import contract
+
+    cfg = SWITCH_PRESETS["tofino1"].apply(ClusterConfig())
+    cfg.validate()
+    assert (cfg.switch_mib, cfg.pending_slots, cfg.max_waiters) == (
+        0.0, contract.TNA_PENDING_SLOTS, contract.TNA_MAX_WAITERS)
+    assert cfg.switch_chunks == 0  # its pool serves 128-byte fragments only: no KV chunk
+    with pytest.raises(ConfigError, match="--pending-slots"):
+        replace(cfg, pending_slots=-1).validate()

@@ -1,0 +1,535 @@
+/* -*- P4_16 -*- */
+/*
+ * Coalescing: GETs for a chunk whose answer is already crossing the switch join it; the
+ * answer is multicast to every waiter.  The behaviour of ../include/coalesce.p4 (per chunk,
+ * range GETs only, owner, joiners, RETRANSMIT, generations, nested multicast groups,
+ * reply records in egress), re-cut for Tofino's rule of one access per register per
+ * packet, each access a stateful ALU on at most a pair of 32-bit halves:
+ *
+ * Ingress, 4 registers of PENDING_SLOTS cells indexed by crc32(chunk_key) mod PENDING_SLOTS,
+ * each in its own stage, in this order (each decides from what the previous returned):
+ *   pending_live    {ts, tag}: ts = when the slot last showed life (global_tstamp[47:16],
+ *                   65.536 us units; set to the deadline when the answer is over, which
+ *                   frees it), tag = {1, 00, owner waiter id:8, crc32(chunk_key)[31:11]}.
+ *                   Liveness is decided here, first, because the other three are written
+ *                   only when a slot is opened: GET -> OPENED (slot over: opened with my
+ *                   tag), MINE (my tag: ts refreshed), OTHER (another owner or chunk).
+ *   pending_key     chunk_key {hi, lo}: written when opened, else compared (the tag's 21
+ *                   bits of hash only narrow the choice; this is the exact test).
+ *   pending_gen     the generation asked for: written when opened, else compared.
+ *   pending_waiters bitmap: set to {me} when opened, or me added when absorbed; read by a
+ *                   release, and cleared by the one that ends the answer.
+ * On BMv2 the four cells are read first and written after; here the owner and liveness
+ * share a pair, and pending_sub's owner half lives in pending_live's tag.
+ *
+ * Differences that follow:
+ * - An answer that ends the slot (NACK, last fragment) frees it in pending_live, before
+ *   the key and generation are compared; on BMv2 only a matching one does.  Only a writer's
+ *   answer to the slot's owner, with the same 21-bit hash, gets that far, so what it can
+ *   cost is coalescing, never a wrong answer.
+ * - Every answer to the owner refreshes ts (BMv2: only while others wait).
+ * - A packet counts once per counter: CO_EXPIRED_REUSED stands for FIRST + EXPIRED_REUSED.
+ * - 1 << waiter_id and the group of the highest waiter are looked up in two small constant
+ *   tables (a Tofino ALU does not shift by a variable amount and has no priority encoder).
+ *
+ * Egress (CoalesceEgress): reply records pending_reply_id and pending_reply_port, cell
+ * pending_idx * MAX_WAITERS + waiter, as pending_reply's {request_id, port} on BMv2 (a
+ * Tofino 1 stateful ALU returns 32 bits, so two registers).
+ */
+#ifndef KVPOOL_TNA_COALESCE_P4
+#define KVPOOL_TNA_COALESCE_P4
+
+// What pending_live says about a slot.
+const bit<8> LIVE_OPENED  = 1;   // it was over: now opened by this GET
+const bit<8> LIVE_MINE    = 2;   // live, tag of this waiter and chunk hash
+const bit<8> LIVE_OTHER   = 3;   // live, another owner or another chunk
+const bit<8> LIVE_EXPIRED = 4;   // over, and this GET opens nothing (RETRANSMIT)
+
+/*************************************************************************
+ ***********************  C O A L E S C E   (ingress)  *******************
+ *************************************************************************/
+
+control Coalesce(inout headers_t hdr,
+                 inout ig_metadata_t meta,
+                 in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                 inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+
+    Register<pair32_t, bit<32>>(PENDING_SLOTS) pending_live;
+    Register<pair32_t, bit<32>>(PENDING_SLOTS) pending_key;
+    Register<bit<32>, bit<32>>(PENDING_SLOTS)  pending_gen;
+    Register<bit<32>, bit<32>>(PENDING_SLOTS)  pending_waiters;
+    Counter<bit<32>, bit<32>>(COALESCE_STATS, CounterType_t.PACKETS) coalesce_stats;
+
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) pending_hash;
+
+    bit<32> pending_timeout;
+
+    RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_get = {
+        void apply(inout pair32_t v, out bit<8> rv) {
+            if ((int<32>)(v.hi - meta.deadline) <= 0) {
+                v.hi = meta.now;
+                v.lo = meta.my_tag;
+                rv = LIVE_OPENED;
+            } else if (v.lo == meta.my_tag) {
+                v.hi = meta.now;
+                rv = LIVE_MINE;
+            } else {
+                rv = LIVE_OTHER;
+            }
+        }
+    };
+
+    RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_peek = {
+        void apply(inout pair32_t v, out bit<8> rv) {
+            if ((int<32>)(v.hi - meta.deadline) <= 0) {
+                rv = LIVE_EXPIRED;
+            } else if (v.lo == meta.my_tag) {
+                v.hi = meta.now;
+                rv = LIVE_MINE;
+            } else {
+                rv = LIVE_OTHER;
+            }
+        }
+    };
+
+    RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_answer = {
+        void apply(inout pair32_t v, out bit<8> rv) {
+            if (v.lo == meta.my_tag) {
+                v.hi = meta.now;
+                rv = LIVE_MINE;
+            } else {
+                rv = LIVE_OTHER;
+            }
+        }
+    };
+
+    RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_answer_last = {
+        void apply(inout pair32_t v, out bit<8> rv) {
+            if (v.lo == meta.my_tag) {
+                v.hi = meta.deadline;
+                rv = LIVE_MINE;
+            } else {
+                rv = LIVE_OTHER;
+            }
+        }
+    };
+
+    RegisterAction<pair32_t, bit<32>, bit<1>>(pending_key) key_open = {
+        void apply(inout pair32_t v) {
+            v.hi = hdr.kv.chunk_key[63:32];
+            v.lo = hdr.kv.chunk_key[31:0];
+        }
+    };
+
+    RegisterAction<pair32_t, bit<32>, bit<1>>(pending_key) key_same = {
+        void apply(inout pair32_t v, out bit<1> rv) {
+            if (v.hi == hdr.kv.chunk_key[63:32] && v.lo == hdr.kv.chunk_key[31:0]) {
+                rv = 1;
+            } else {
+                rv = 0;
+            }
+        }
+    };
+
+    RegisterAction<bit<32>, bit<32>, bit<1>>(pending_gen) gen_open = {
+        void apply(inout bit<32> v) {
+            v = hdr.kv.generation;
+        }
+    };
+
+    RegisterAction<bit<32>, bit<32>, bit<1>>(pending_gen) gen_same = {
+        void apply(inout bit<32> v, out bit<1> rv) {
+            if (v == hdr.kv.generation) {
+                rv = 1;
+            } else {
+                rv = 0;
+            }
+        }
+    };
+
+    // A response answers the slot when it asked for the current generation (0) or this one.
+    RegisterAction<bit<32>, bit<32>, bit<1>>(pending_gen) gen_answers = {
+        void apply(inout bit<32> v, out bit<1> rv) {
+            if (v == 0 || v == hdr.kv.generation) {
+                rv = 1;
+            } else {
+                rv = 0;
+            }
+        }
+    };
+
+    RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_open = {
+        void apply(inout waiterMask_t v, out waiterMask_t before) {
+            before = v;
+            v = meta.me;
+        }
+    };
+
+    RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_join = {
+        void apply(inout waiterMask_t v) {
+            v = v | meta.me;
+        }
+    };
+
+    RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_read = {
+        void apply(inout waiterMask_t v, out waiterMask_t mask) {
+            mask = v;
+        }
+    };
+
+    RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_take = {
+        void apply(inout waiterMask_t v, out waiterMask_t mask) {
+            mask = v;
+            v = 0;
+        }
+    };
+
+    action set_pending_timeout(bit<32> timeout_us) {
+        pending_timeout = timeout_us;
+    }
+
+    table coalesce_config {
+        actions = { set_pending_timeout; }
+        size = 1;
+        default_action = set_pending_timeout(DEFAULT_PENDING_TIMEOUT_US);
+    }
+
+    action set_waiter_id(waiterId_t waiter_id) {
+        meta.has_waiter = 1;
+        meta.waiter_id = waiter_id;
+    }
+
+    table waiter_lookup {
+        key = { meta.waiter_addr: exact; }
+        actions = { set_waiter_id; NoAction; }
+        size = MAX_WAITERS;
+        default_action = NoAction();
+    }
+
+    action waiter_bit(waiterMask_t me, bit<32> owner) {
+        meta.me = me;
+        meta.my_tag = owner;
+    }
+
+    // Waiter id -> 1 << id, and the owner part of its tag, {1, 00, id:8, 21w0}; an id with no
+    // bit (>= MAX_WAITERS) misses and cannot wait.
+    @hidden
+    table waiter_bits {
+        key = { meta.waiter_id: exact; }
+        actions = { waiter_bit; NoAction; }
+        default_action = NoAction();
+        const entries = {
+            0: waiter_bit(32w0x1, 32w0x80000000);
+            1: waiter_bit(32w0x2, 32w0x80200000);
+            2: waiter_bit(32w0x4, 32w0x80400000);
+            3: waiter_bit(32w0x8, 32w0x80600000);
+            4: waiter_bit(32w0x10, 32w0x80800000);
+            5: waiter_bit(32w0x20, 32w0x80a00000);
+            6: waiter_bit(32w0x40, 32w0x80c00000);
+            7: waiter_bit(32w0x80, 32w0x80e00000);
+            8: waiter_bit(32w0x100, 32w0x81000000);
+            9: waiter_bit(32w0x200, 32w0x81200000);
+            10: waiter_bit(32w0x400, 32w0x81400000);
+            11: waiter_bit(32w0x800, 32w0x81600000);
+            12: waiter_bit(32w0x1000, 32w0x81800000);
+            13: waiter_bit(32w0x2000, 32w0x81a00000);
+            14: waiter_bit(32w0x4000, 32w0x81c00000);
+            15: waiter_bit(32w0x8000, 32w0x81e00000);
+            16: waiter_bit(32w0x10000, 32w0x82000000);
+            17: waiter_bit(32w0x20000, 32w0x82200000);
+            18: waiter_bit(32w0x40000, 32w0x82400000);
+            19: waiter_bit(32w0x80000, 32w0x82600000);
+            20: waiter_bit(32w0x100000, 32w0x82800000);
+            21: waiter_bit(32w0x200000, 32w0x82a00000);
+            22: waiter_bit(32w0x400000, 32w0x82c00000);
+            23: waiter_bit(32w0x800000, 32w0x82e00000);
+            24: waiter_bit(32w0x1000000, 32w0x83000000);
+            25: waiter_bit(32w0x2000000, 32w0x83200000);
+            26: waiter_bit(32w0x4000000, 32w0x83400000);
+            27: waiter_bit(32w0x8000000, 32w0x83600000);
+            28: waiter_bit(32w0x10000000, 32w0x83800000);
+            29: waiter_bit(32w0x20000000, 32w0x83a00000);
+            30: waiter_bit(32w0x40000000, 32w0x83c00000);
+            31: waiter_bit(32w0x80000000, 32w0x83e00000);
+        }
+    }
+
+    action release_to(MulticastGroupId_t grp) {
+        ig_tm_md.mcast_grp_a = grp;
+    }
+
+    // Bitmap -> the group of its highest waiter id: entry t matches bit t set, bits above clear.
+    @hidden
+    table release_group {
+        key = { hdr.bridge.release_mask: ternary; }
+        actions = { release_to; NoAction; }
+        default_action = NoAction();
+        const entries = {
+            32w0x00000001 &&& 32w0xffffffff: release_to(COALESCE_MCAST_GRP + 0);
+            32w0x00000002 &&& 32w0xfffffffe: release_to(COALESCE_MCAST_GRP + 1);
+            32w0x00000004 &&& 32w0xfffffffc: release_to(COALESCE_MCAST_GRP + 2);
+            32w0x00000008 &&& 32w0xfffffff8: release_to(COALESCE_MCAST_GRP + 3);
+            32w0x00000010 &&& 32w0xfffffff0: release_to(COALESCE_MCAST_GRP + 4);
+            32w0x00000020 &&& 32w0xffffffe0: release_to(COALESCE_MCAST_GRP + 5);
+            32w0x00000040 &&& 32w0xffffffc0: release_to(COALESCE_MCAST_GRP + 6);
+            32w0x00000080 &&& 32w0xffffff80: release_to(COALESCE_MCAST_GRP + 7);
+            32w0x00000100 &&& 32w0xffffff00: release_to(COALESCE_MCAST_GRP + 8);
+            32w0x00000200 &&& 32w0xfffffe00: release_to(COALESCE_MCAST_GRP + 9);
+            32w0x00000400 &&& 32w0xfffffc00: release_to(COALESCE_MCAST_GRP + 10);
+            32w0x00000800 &&& 32w0xfffff800: release_to(COALESCE_MCAST_GRP + 11);
+            32w0x00001000 &&& 32w0xfffff000: release_to(COALESCE_MCAST_GRP + 12);
+            32w0x00002000 &&& 32w0xffffe000: release_to(COALESCE_MCAST_GRP + 13);
+            32w0x00004000 &&& 32w0xffffc000: release_to(COALESCE_MCAST_GRP + 14);
+            32w0x00008000 &&& 32w0xffff8000: release_to(COALESCE_MCAST_GRP + 15);
+            32w0x00010000 &&& 32w0xffff0000: release_to(COALESCE_MCAST_GRP + 16);
+            32w0x00020000 &&& 32w0xfffe0000: release_to(COALESCE_MCAST_GRP + 17);
+            32w0x00040000 &&& 32w0xfffc0000: release_to(COALESCE_MCAST_GRP + 18);
+            32w0x00080000 &&& 32w0xfff80000: release_to(COALESCE_MCAST_GRP + 19);
+            32w0x00100000 &&& 32w0xfff00000: release_to(COALESCE_MCAST_GRP + 20);
+            32w0x00200000 &&& 32w0xffe00000: release_to(COALESCE_MCAST_GRP + 21);
+            32w0x00400000 &&& 32w0xffc00000: release_to(COALESCE_MCAST_GRP + 22);
+            32w0x00800000 &&& 32w0xff800000: release_to(COALESCE_MCAST_GRP + 23);
+            32w0x01000000 &&& 32w0xff000000: release_to(COALESCE_MCAST_GRP + 24);
+            32w0x02000000 &&& 32w0xfe000000: release_to(COALESCE_MCAST_GRP + 25);
+            32w0x04000000 &&& 32w0xfc000000: release_to(COALESCE_MCAST_GRP + 26);
+            32w0x08000000 &&& 32w0xf8000000: release_to(COALESCE_MCAST_GRP + 27);
+            32w0x10000000 &&& 32w0xf0000000: release_to(COALESCE_MCAST_GRP + 28);
+            32w0x20000000 &&& 32w0xe0000000: release_to(COALESCE_MCAST_GRP + 29);
+            32w0x40000000 &&& 32w0xc0000000: release_to(COALESCE_MCAST_GRP + 30);
+            32w0x80000000 &&& 32w0x80000000: release_to(COALESCE_MCAST_GRP + 31);
+        }
+    }
+
+    apply {
+        coalesce_config.apply();
+        if (hdr.kv.opcode == OP_GET) {
+            meta.waiter_addr = hdr.ipv4.srcAddr;
+        } else {
+            meta.waiter_addr = hdr.ipv4.dstAddr;
+        }
+        waiter_lookup.apply();
+        if (meta.has_waiter == 1) {
+            if (!waiter_bits.apply().hit) {
+                meta.has_waiter = 0;
+            }
+        }
+
+        bit<32> crc = pending_hash.get({ hdr.kv.chunk_key });
+        bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
+        hdr.bridge.pending_idx = (bit<16>)crc[10:0];
+        hdr.bridge.waiter_id = meta.waiter_id[7:0];
+        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11].
+        bit<32> fingerprint = crc >> 11;
+        meta.my_tag = meta.my_tag | fingerprint;
+        // 65.536 us units, and the timeout's microseconds / 64 (no divider): 2.4% longer.
+        meta.now = ig_prsr_md.global_tstamp[47:16];
+        bit<32> timeout_units = pending_timeout >> 6;
+        meta.deadline = meta.now - timeout_units;
+        bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
+
+        meta.count_coalesce = 1;
+        if (hdr.kv.opcode == OP_GET) {
+            if (meta.has_waiter == 0) {
+                meta.coalesce_stat = CO_NO_WAITER_ID;
+            } else {
+                bit<8> live;
+                if (retransmit) {
+                    live = live_peek.execute(idx);
+                } else {
+                    live = live_get.execute(idx);
+                }
+                if (live == LIVE_OPENED) {
+                    key_open.execute(idx);
+                    gen_open.execute(idx);
+                    meta.coalesce_stat = CO_FIRST;
+                    if (waiters_open.execute(idx) != 0) {
+                        meta.coalesce_stat = CO_EXPIRED_REUSED;
+                    }
+                    hdr.bridge.record_reply = 1;
+                } else if (live == LIVE_EXPIRED) {
+                    meta.coalesce_stat = CO_RETRANSMIT;
+                } else if (key_same.execute(idx) == 0) {
+                    meta.coalesce_stat = CO_COLLISION;
+                } else if (gen_same.execute(idx) == 0) {
+                    meta.coalesce_stat = CO_OTHER_GENERATION;
+                } else if (live == LIVE_MINE) {
+                    hdr.bridge.record_reply = 1;
+                    meta.coalesce_stat = CO_OWNER;
+                } else if (retransmit) {
+                    meta.coalesce_stat = CO_RETRANSMIT;
+                } else {
+                    waiters_join.execute(idx);
+                    hdr.bridge.record_reply = 1;
+                    hdr.bridge.absorb = 1;
+                    meta.coalesce_stat = CO_ABSORBED;
+                }
+            }
+        } else {
+            // DATA or NACK from a writer: released when it answers the slot's owner.
+            meta.count_coalesce = 0;
+            if (meta.has_waiter == 1) {
+                bit<16> next = hdr.kv.frag_index + 1;
+                bool over = hdr.kv.opcode == OP_NACK || next == hdr.kv.frag_count;
+                bit<8> live;
+                if (over) {
+                    live = live_answer_last.execute(idx);
+                } else {
+                    live = live_answer.execute(idx);
+                }
+                if (live == LIVE_MINE && key_same.execute(idx) == 1
+                        && gen_answers.execute(idx) == 1) {
+                    waiterMask_t mask;
+                    if (over) {
+                        mask = waiters_take.execute(idx);
+                    } else {
+                        mask = waiters_read.execute(idx);
+                    }
+                    if (mask != 0 && mask != meta.me) {
+                        hdr.bridge.release = 1;
+                        hdr.bridge.release_mask = mask;
+                        hdr.bridge.release_dst = meta.waiter_id[7:0];
+                        release_group.apply();
+                        meta.coalesce_stat = CO_RELEASE;
+                        meta.count_coalesce = 1;
+                    }
+                }
+            }
+        }
+        if (meta.count_coalesce == 1) {
+            coalesce_stats.count(meta.coalesce_stat);
+        }
+    }
+}
+
+/*************************************************************************
+ ***********************  C O A L E S C E   (egress)  ********************
+ *************************************************************************/
+
+control CoalesceEgress(inout headers_t hdr,
+                       in egress_intrinsic_metadata_t standard_metadata,
+                       inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
+
+    Register<bit<32>, bit<16>>(PENDING_REPLIES) pending_reply_id;
+    Register<bit<16>, bit<16>>(PENDING_REPLIES) pending_reply_port;
+    // pending_idx * MAX_WAITERS + waiter, i.e. {pending_idx[10:0], waiter[4:0]}: an identity hash
+    // builds the index from the two fields (the idiomatic Tofino way to concatenate an index).
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) replica_cell;
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) record_cell;
+    Counter<bit<32>, bit<32>>(MAX_WAITERS, CounterType_t.PACKETS) waiter_replicas;
+    Counter<bit<32>, bit<32>>(EGRESS_STATS, CounterType_t.PACKETS) egress_stats;
+
+    RegisterAction<bit<32>, bit<16>, bit<32>>(pending_reply_id) reply_id_read = {
+        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
+    };
+    RegisterAction<bit<32>, bit<16>, bit<32>>(pending_reply_id) reply_id_write = {
+        void apply(inout bit<32> v) { v = hdr.kv.request_id; }
+    };
+    RegisterAction<bit<16>, bit<16>, bit<16>>(pending_reply_port) reply_port_read = {
+        void apply(inout bit<16> v, out bit<16> rv) { rv = v; }
+    };
+    RegisterAction<bit<16>, bit<16>, bit<16>>(pending_reply_port) reply_port_write = {
+        void apply(inout bit<16> v) { v = hdr.udp.srcPort; }
+    };
+
+    waiterMask_t rid_bit = 0;
+
+    action rewrite_waiter(ip4Addr_t addr, macAddr_t mac) {
+        hdr.ipv4.dstAddr = addr;
+        hdr.ethernet.dstAddr = mac;
+    }
+
+    table waiter_egress {
+        key = { standard_metadata.egress_rid: exact; }
+        actions = { rewrite_waiter; NoAction; }
+        size = MAX_WAITERS;
+        default_action = NoAction();
+    }
+
+    action set_rid_bit(waiterMask_t b) {
+        rid_bit = b;
+    }
+
+    // Replica id -> 1 << rid (0 for an rid with no bit).
+    @hidden
+    table rid_bits {
+        key = { standard_metadata.egress_rid: exact; }
+        actions = { set_rid_bit; NoAction; }
+        default_action = NoAction();
+        const entries = {
+            0: set_rid_bit(32w0x1);
+            1: set_rid_bit(32w0x2);
+            2: set_rid_bit(32w0x4);
+            3: set_rid_bit(32w0x8);
+            4: set_rid_bit(32w0x10);
+            5: set_rid_bit(32w0x20);
+            6: set_rid_bit(32w0x40);
+            7: set_rid_bit(32w0x80);
+            8: set_rid_bit(32w0x100);
+            9: set_rid_bit(32w0x200);
+            10: set_rid_bit(32w0x400);
+            11: set_rid_bit(32w0x800);
+            12: set_rid_bit(32w0x1000);
+            13: set_rid_bit(32w0x2000);
+            14: set_rid_bit(32w0x4000);
+            15: set_rid_bit(32w0x8000);
+            16: set_rid_bit(32w0x10000);
+            17: set_rid_bit(32w0x20000);
+            18: set_rid_bit(32w0x40000);
+            19: set_rid_bit(32w0x80000);
+            20: set_rid_bit(32w0x100000);
+            21: set_rid_bit(32w0x200000);
+            22: set_rid_bit(32w0x400000);
+            23: set_rid_bit(32w0x800000);
+            24: set_rid_bit(32w0x1000000);
+            25: set_rid_bit(32w0x2000000);
+            26: set_rid_bit(32w0x4000000);
+            27: set_rid_bit(32w0x8000000);
+            28: set_rid_bit(32w0x10000000);
+            29: set_rid_bit(32w0x20000000);
+            30: set_rid_bit(32w0x40000000);
+            31: set_rid_bit(32w0x80000000);
+        }
+    }
+
+    apply {
+        bit<32> stat = EG_REPLY_RECORDED;
+        bool count = false;
+        if (hdr.bridge.release == 1) {
+            rid_bits.apply();
+            bit<16> cell = replica_cell.get({ hdr.bridge.pending_idx[10:0], standard_metadata.egress_rid[4:0] });
+            count = true;
+            waiterMask_t waiting = hdr.bridge.release_mask & rid_bit;
+            if (waiting == 0) {
+                eg_dprsr_md.drop_ctl = 1;
+                stat = EG_REPLICA_PRUNED;
+            } else if (!waiter_egress.apply().hit) {
+                eg_dprsr_md.drop_ctl = 1;
+                stat = EG_NO_WAITER_ENTRY;
+            } else {
+                if (standard_metadata.egress_rid != (bit<16>)hdr.bridge.release_dst) {
+                    // Another waiter's copy: its own request id and port.
+                    hdr.kv.request_id = reply_id_read.execute(cell);
+                    hdr.udp.dstPort = reply_port_read.execute(cell);
+                    hdr.kv.flags = hdr.kv.flags | FLAG_COALESCED;
+                    hdr.udp.checksum = 0;
+                }
+                waiter_replicas.count((bit<32>)standard_metadata.egress_rid);
+                stat = EG_REPLICA_SENT;
+            }
+        } else if (hdr.bridge.record_reply == 1) {
+            bit<16> cell = record_cell.get({ hdr.bridge.pending_idx[10:0], hdr.bridge.waiter_id[4:0] });
+            reply_id_write.execute(cell);
+            reply_port_write.execute(cell);
+            count = true;
+            stat = EG_REPLY_RECORDED;
+            if (hdr.bridge.absorb == 1) {
+                eg_dprsr_md.drop_ctl = 1;
+            }
+        }
+        if (count) {
+            egress_stats.count(stat);
+        }
+    }
+}
+
+#endif  // KVPOOL_TNA_COALESCE_P4

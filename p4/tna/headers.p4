@@ -1,0 +1,129 @@
+/* -*- P4_16 -*- */
+/*
+ * Headers and metadata of the TNA program.  Types, wire headers and digests come from
+ * ../include/wire.p4 (shared with the v1model program); what is here exists because of
+ * Tofino:
+ *
+ * - kvWords_t: the served part of a payload, SERVED_WORDS 32-bit words.  A Tofino 1 PHV
+ *   holds 4 Kbit, so a switch can only rewrite the first few hundred bytes of a packet;
+ *   the rest of a 1408-byte payload is never parsed and leaves as it came.
+ * - bridge_t: ingress metadata does not reach egress on Tofino unless it is carried in
+ *   front of the packet.  The ingress deparser emits it, the egress parser extracts it and
+ *   the egress deparser drops it; every multicast replica gets a copy (what BMv2's copy
+ *   of the user metadata gives the v1model program).
+ */
+#ifndef KVPOOL_TNA_HEADERS_P4
+#define KVPOOL_TNA_HEADERS_P4
+
+#include "../include/wire.p4"
+
+/*************************************************************************
+ ***********************  H E A D E R S  *********************************
+ *************************************************************************/
+
+// The first SERVED_BYTES of a payload (DATA, or a GET's reply room).
+header kvWords_t {
+    bit<32> w0;  bit<32> w1;  bit<32> w2;  bit<32> w3;
+    bit<32> w4;  bit<32> w5;  bit<32> w6;  bit<32> w7;
+    bit<32> w8;  bit<32> w9;  bit<32> w10; bit<32> w11;
+    bit<32> w12; bit<32> w13; bit<32> w14; bit<32> w15;
+    bit<32> w16; bit<32> w17; bit<32> w18; bit<32> w19;
+    bit<32> w20; bit<32> w21; bit<32> w22; bit<32> w23;
+#if SERVED_WORDS > 24
+    bit<32> w24; bit<32> w25; bit<32> w26; bit<32> w27;
+#endif
+#if SERVED_WORDS > 28
+    bit<32> w28; bit<32> w29; bit<32> w30; bit<32> w31;
+#endif
+}
+
+// Ingress -> egress (16 bytes).
+header bridge_t {
+    bit<8>       pool_op;        // POOL_OP_*: what the egress pool does
+    bit<1>       release;        // multicast of a response to the waiters in release_mask
+    bit<1>       record_reply;   // store (request_id, UDP port) of this waiter's GET
+    bit<1>       absorb;         // duplicate GET: recorded in egress, then dropped
+    bit<1>       flood;          // ARP flooded through a multicast group
+    bit<4>       _pad0;
+    bit<32>      slot;           // pool slot (pool_op != NONE)
+    bit<16>      pending_idx;    // pending slot of chunk_key
+    bit<8>       waiter_id;      // the GET's waiter (record_reply)
+    bit<8>       release_dst;    // waiter the response was addressed to (release)
+    waiterMask_t release_mask;
+    bit<7>       _pad1;
+    PortId_t     ingress_port;   // a flooded copy never leaves through it
+}
+
+struct headers_t {
+    bridge_t   bridge;
+    ethernet_t ethernet;
+    arp_t      arp;
+    ipv4_t     ipv4;
+    udp_t      udp;
+    kvpool_t   kv;
+    kvWords_t  words;            // egress only: the served part of the payload
+}
+
+// A register cell of two 32-bit halves, the widest a Tofino 1 stateful ALU updates.
+struct pair32_t {
+    bit<32> hi;
+    bit<32> lo;
+}
+
+/*************************************************************************
+ ***********************  M E T A D A T A  *******************************
+ *************************************************************************/
+
+struct ig_metadata_t {
+    dropReason_t drop_reason;    // DROP_NONE or why ingress drops the packet
+    bool         checksum_error; // IPv4 header checksum wrong (ingress parser)
+    bit<1>       is_writer;
+    bit<1>       from_fabric;
+    bit<1>       served;
+    bit<32>      frag_done;      // frag_index * FRAG_PAYLOAD: payload bytes before this fragment
+
+    // Counter indices: a Tofino counter is addressed once per packet, so each control sets
+    // the index where v1model counts and counts once at its end.
+    bit<32>      pool_stat;
+    bit<1>       count_pool;
+    bit<32>      coalesce_stat;
+    bit<1>       count_coalesce;
+    bit<32>      popularity_stat;
+    bit<1>       count_popularity;
+
+    // Pool lookup result.
+    bit<1>       pool_found;
+    slotIdx_t    base_slot;
+    bit<16>      pool_frag_count;
+    bit<32>      pool_chunk_len;
+    generation_t pool_generation;
+    bit<8>       pool_state;
+    placement_t  pool_placement;
+
+    // Coalescing.
+    ip4Addr_t    waiter_addr;
+    bit<1>       has_waiter;
+    waiterId_t   waiter_id;
+    waiterMask_t me;             // 1 << waiter_id
+    bit<32>      now;            // global_tstamp[47:16]: 65.536 us units
+    bit<32>      deadline;       // now - timeout: a slot touched at or before it is over
+    bit<32>      my_tag;         // pending_live tag: {1, 00, waiter id:8, crc32[31:11]}
+
+    // Pool operands of the stateful ALUs (a register action reads them from the PHV).
+    bit<32>      want_index;     // (bit<32>)frag_index: the low half of the tag a slot must hold
+    bit<32>      what_hi;        // key[63:32] ^ generation (mismatch_seen)
+    bit<32>      what_lo;        // key[31:0] ^ chunk_len
+
+    // Popularity operands.
+    epochTag_t   tag;            // {1, epoch}
+    bit<32>      tag32;
+
+    // Popularity digest (hot_chunk_t).
+    bit<32>      estimate;
+    epoch_t      epoch;
+}
+
+struct eg_metadata_t {
+}
+
+#endif  // KVPOOL_TNA_HEADERS_P4

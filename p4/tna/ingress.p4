@@ -1,0 +1,106 @@
+/* -*- P4_16 -*- */
+/*
+ * Ingress: the concerns in the order of ../include/ingress.p4, and every drop counted.
+ *
+ *   1. parser error -> DROP_PARSE_ERROR; IPv4 checksum error -> DROP_BAD_CHECKSUM
+ *   2. IPv4: Safety; kvpool header: validation, writers ACL, INVALIDATE needs a writer
+ *   3. Pool: lookup; GET hit -> reply built in place (egress fills its served part),
+ *      writer DATA -> fill decided here, bytes written in egress
+ *   4. GET not served that entered the fabric here: Popularity; range GET not served, or
+ *      DATA/NACK from a writer: Coalesce
+ *   5. absorbed GET -> egress (records it, drops it); a served reply -> back out of its
+ *      ingress port; otherwise TTL check/decrement and, unless released, Forwarding
+ *   6. any drop reason -> drop_reason counter, drop_ctl
+ *
+ * The bridged header is made valid for every packet: egress reads it for all of them.
+ */
+#ifndef KVPOOL_TNA_INGRESS_P4
+#define KVPOOL_TNA_INGRESS_P4
+
+/*************************************************************************
+ ***********************  I N G R E S S  *********************************
+ *************************************************************************/
+
+control MyIngress(inout headers_t hdr,
+                  inout ig_metadata_t meta,
+                  in ingress_intrinsic_metadata_t standard_metadata,
+                  in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                  inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                  inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+
+    Counter<bit<32>, bit<32>>(DROP_REASONS, CounterType_t.PACKETS) drop_reason;
+
+    Safety()     safety;
+    Pool()       pool;
+    Popularity() popularity;
+    Coalesce()   coalesce;
+    Forwarding() fwd;
+
+    apply {
+        hdr.bridge.setValid();
+        hdr.bridge.pool_op = POOL_OP_NONE;
+        hdr.bridge.release = 0;
+        hdr.bridge.record_reply = 0;
+        hdr.bridge.absorb = 0;
+        hdr.bridge.flood = 0;
+        hdr.bridge._pad0 = 0;
+        hdr.bridge.slot = 0;
+        hdr.bridge.pending_idx = 0;
+        hdr.bridge.waiter_id = 0;
+        hdr.bridge.release_dst = 0;
+        hdr.bridge.release_mask = 0;
+        hdr.bridge._pad1 = 0;
+        hdr.bridge.ingress_port = standard_metadata.ingress_port;
+
+        if (ig_prsr_md.parser_err != 0) {
+            meta.drop_reason = DROP_PARSE_ERROR;
+        } else if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5 && meta.checksum_error) {
+            meta.drop_reason = DROP_BAD_CHECKSUM;
+        } else if (hdr.ipv4.isValid()) {
+            safety.apply(hdr, meta, standard_metadata);
+        }
+
+        if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
+            // The three run side by side, not one after the other: the pool drops nothing and
+            // serves only single-fragment GETs of chunks in pool_lookup, which neither
+            // Popularity (chunks not in the pool) nor Coalesce (range GETs, responses) takes,
+            // so "not served" (v1model's condition) holds for every packet they see and no
+            // stage waits for slot_tag's answer.
+            pool.apply(hdr, meta, standard_metadata, ig_dprsr_md, ig_tm_md);
+            bool is_get = hdr.kv.opcode == OP_GET;
+            bool range_get = is_get && hdr.kv.frag_count > 1;
+            bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
+                            && meta.is_writer == 1;
+            if (is_get && meta.from_fabric == 0) {
+                popularity.apply(hdr, meta, ig_dprsr_md);
+            }
+            if (range_get || response) {
+                coalesce.apply(hdr, meta, ig_prsr_md, ig_tm_md);
+            }
+        }
+
+        if (meta.drop_reason == DROP_NONE) {
+            if (hdr.bridge.absorb == 1) {
+                ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
+            } else if (meta.served == 0) {
+                if (hdr.ipv4.isValid()) {
+                    if (hdr.ipv4.ttl <= 1) {
+                        meta.drop_reason = DROP_TTL_EXPIRED;
+                    } else {
+                        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
+                    }
+                }
+                if (meta.drop_reason == DROP_NONE && hdr.bridge.release == 0) {
+                    fwd.apply(hdr, meta, ig_tm_md);
+                }
+            }
+        }
+
+        if (meta.drop_reason != DROP_NONE) {
+            drop_reason.count((bit<32>)meta.drop_reason);
+            ig_dprsr_md.drop_ctl = 1;
+        }
+    }
+}
+
+#endif  // KVPOOL_TNA_INGRESS_P4

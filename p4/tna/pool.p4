@@ -1,0 +1,351 @@
+/* -*- P4_16 -*- */
+/*
+ * Pool: chunk lookup, hits served from register memory, fill on pass, as
+ * ../include/pool.p4 (same table, action, counters and decisions), split across the
+ * gresses by where each register is used.
+ *
+ * Ingress (control Pool): pool_lookup, every decision and every counter, and slot_tag,
+ * whose {placement, frag_index} decides hit, miss and fill.  A hit rewrites the GET into
+ * the DATA reply here; a fill or a hit is handed to egress in bridge.pool_op.
+ * Egress (control PoolEgress): the bytes.  SERVED_WORDS registers of 32-bit words
+ * (word_0 .. word_31) and the writer's check (slot_check_hi, slot_check_lo), indexed
+ * by the slot, are read into a served reply or written from a passing DATA.
+ *
+ * What a Tofino 1 pipe can serve, and why 128 bytes.  A stateful ALU reads or writes one
+ * cell of at most 32 bits (or a pair of 32-bit halves, returning 32 bits) once per packet,
+ * and a stage has 4 of them, shared by ingress and egress: 48 in a pipe.  The ingress
+ * takes 11 (slot_tag, mismatch_seen, 3 sketch rows, 2 Bloom rows, 4 pending registers),
+ * the reply records 2 and slot_check 2, which leaves 33 for words: 32 words, 128 bytes,
+ * per pass (SERVED_WORDS can drop to 28 or 24 if a change needs ALUs back).  More passes
+ * (recirculation) do not help: a switch only rewrites bytes its parser put into the PHV
+ * (4 Kbit), so it never writes payload bytes past the first few hundred, whatever the
+ * number of passes.  So the
+ * TNA pool stores and serves the first SERVED_BYTES = 128 bytes of a fragment, and only a
+ * fragment whose payload_len is at most that is served or filled (a chunk of at most 128
+ * bytes, or the short last fragment of a chunk).  Its reply is still a full DATA: the
+ * GET's 1408-byte room carries it, the switch writes the first 128 bytes and the rest
+ * leaves as the requester sent it (zeros), past payload_len, which no receiver reads.
+ * A fragment longer than SERVED_BYTES counts as POOL_BYPASS (GET) or is not written (DATA,
+ * POOL_BYPASS too): the controller admits to a TNA pool only chunks that fit.
+ *
+ * Other differences from v1model:
+ * - A GET's reply room is never stripped (1408 bytes are not in the PHV, so they cannot be
+ *   cut): a GET with room that is not answered goes on with its room, and the holder
+ *   accepts either size (kvpool.wire).
+ * - A served reply leaves through the port its GET came in on, with the Ethernet
+ *   addresses swapped, instead of being routed by ipv4_route on the requester's address
+ *   (ipv4_route is applied once, on the original destination, before the pool knows): the
+ *   same port wherever routes are symmetric, as in every kvpool topology.
+ * - A packet counts once per counter: POOL_REPAIR stands for FILL + REPAIR and
+ *   POOL_MISMATCH_REPORTED for FILL_MISMATCH + MISMATCH_REPORTED.
+ * - slot_tag is a pair {placement, frag_index} (64 bits, 48 on BMv2); slot_check is two
+ *   32-bit registers; mismatch_seen is a pair.
+ */
+#ifndef KVPOOL_TNA_POOL_P4
+#define KVPOOL_TNA_POOL_P4
+
+/*************************************************************************
+ ***********************  P O O L   (ingress)  ***************************
+ *************************************************************************/
+
+control Pool(inout headers_t hdr,
+             inout ig_metadata_t meta,
+             in ingress_intrinsic_metadata_t standard_metadata,
+             inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+             inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+
+    // Per slot: {placement, frag_index} of its bytes (0: never written).
+    Register<pair32_t, bit<32>>(POOL_SLOTS) slot_tag;
+    // Last fill mismatch reported, per crc16(chunk_key) cell.
+    Register<pair32_t, bit<32>>(MISMATCH_CELLS) mismatch_seen;
+
+    Counter<bit<32>, bit<32>>(POOL_SLOTS, CounterType_t.PACKETS) slot_hits;
+    Counter<bit<32>, bit<32>>(POOL_SLOTS, CounterType_t.PACKETS) slot_fills;
+    Counter<bit<32>, bit<32>>(POOL_STATS, CounterType_t.PACKETS) pool_stats;
+
+    Hash<bit<16>>(HashAlgorithm_t.CRC16) mismatch_hash;
+
+    // 1 when the slot holds this fragment of this placement.
+    RegisterAction<pair32_t, bit<32>, bit<1>>(slot_tag) tag_is = {
+        void apply(inout pair32_t v, out bit<1> current) {
+            if (v.hi == meta.pool_placement && v.lo == meta.want_index) {
+                current = 1;
+            } else {
+                current = 0;
+            }
+        }
+    };
+
+    // FILLING, or a NO_CACHE answer: always written; says whether it was current.
+    RegisterAction<pair32_t, bit<32>, bit<1>>(slot_tag) tag_write = {
+        void apply(inout pair32_t v, out bit<1> current) {
+            if (v.hi == meta.pool_placement && v.lo == meta.want_index) {
+                current = 1;
+            } else {
+                current = 0;
+            }
+            v.hi = meta.pool_placement;
+            v.lo = meta.want_index;
+        }
+    };
+
+    // VALID: written only when not current (FILL_SKIPPED saves the egress writes).
+    RegisterAction<pair32_t, bit<32>, bit<1>>(slot_tag) tag_write_if_stale = {
+        void apply(inout pair32_t v, out bit<1> current) {
+            if (v.hi == meta.pool_placement && v.lo == meta.want_index) {
+                current = 1;
+            } else {
+                v.hi = meta.pool_placement;
+                v.lo = meta.want_index;
+                current = 0;
+            }
+        }
+    };
+
+    // 1 when the cell did not hold this mismatch yet (and now does).
+    RegisterAction<pair32_t, bit<32>, bit<1>>(mismatch_seen) mismatch_new = {
+        void apply(inout pair32_t v, out bit<1> changed) {
+            if (v.hi == meta.what_hi && v.lo == meta.what_lo) {
+                changed = 0;
+            } else {
+                v.hi = meta.what_hi;
+                v.lo = meta.what_lo;
+                changed = 1;
+            }
+        }
+    };
+
+    action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
+                      generation_t generation, bit<8> state, placement_t placement) {
+        meta.pool_found = 1;
+        meta.base_slot = base_slot;
+        meta.pool_frag_count = frag_count;
+        meta.pool_chunk_len = chunk_len;
+        meta.pool_generation = generation;
+        meta.pool_state = state;
+        meta.pool_placement = placement;
+    }
+
+    table pool_lookup {
+        key = { hdr.kv.chunk_key: exact; }
+        actions = { pool_entry; NoAction; }
+        size = POOL_ENTRIES;
+        default_action = NoAction();
+    }
+
+    // The GET becomes the DATA reply in place and goes back out of its ingress port;
+    // egress fills the served part of its room (POOL_OP_SERVE).
+    @hidden
+    action serve(bit<32> slot, bit<16> payload_len) {
+        macAddr_t mac = hdr.ethernet.dstAddr;
+        hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
+        hdr.ethernet.srcAddr = mac;
+        ip4Addr_t addr = hdr.ipv4.dstAddr;
+        hdr.ipv4.dstAddr = hdr.ipv4.srcAddr;
+        hdr.ipv4.srcAddr = addr;
+        hdr.ipv4.totalLen = KV_IPV4_LEN_DATA;
+        hdr.ipv4.ttl = SWITCH_REPLY_TTL;
+        bit<16> port = hdr.udp.dstPort;
+        hdr.udp.dstPort = hdr.udp.srcPort;
+        hdr.udp.srcPort = port;
+        hdr.udp.length = KV_UDP_LEN_DATA;
+        hdr.udp.checksum = 0;
+
+        hdr.kv.opcode = OP_DATA;
+        hdr.kv.flags = FLAG_SWITCH_SERVED;
+        hdr.kv.frag_count = meta.pool_frag_count;
+        hdr.kv.generation = meta.pool_generation;
+        hdr.kv.payload_len = payload_len;
+        hdr.kv.status = STATUS_OK;
+        hdr.kv.chunk_len = meta.pool_chunk_len;
+        meta.served = 1;
+        hdr.bridge.pool_op = POOL_OP_SERVE;
+        hdr.bridge.slot = slot;
+        ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
+    }
+
+    @hidden
+    action fill(bit<32> slot) {
+        hdr.bridge.pool_op = POOL_OP_FILL;
+        hdr.bridge.slot = slot;
+    }
+
+    apply {
+        meta.count_pool = 1;
+        if (pool_lookup.apply().hit) {
+            slotIdx_t slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
+            bool slot_ok = meta.base_slot < POOL_SLOTS && slot < POOL_SLOTS;
+            bool usable = (meta.pool_state == POOL_STATE_FILLING
+                           || meta.pool_state == POOL_STATE_VALID)
+                          && meta.pool_placement != 0;
+            // Payload bytes of this fragment as the entry describes the chunk.
+            bit<32> rest = meta.pool_chunk_len - meta.frag_done;
+            bool fits = rest <= (bit<32>)SERVED_BYTES;
+            meta.want_index = (bit<32>)hdr.kv.frag_index;
+
+            if (hdr.kv.opcode == OP_GET) {
+                if (meta.pool_state == POOL_STATE_UPSTREAM) {
+                    meta.pool_stat = POOL_UPSTREAM;
+                } else if (hdr.kv.frag_count != 1
+                        || (hdr.kv.flags & FLAG_NO_CACHE) != 0
+                        || (hdr.kv.generation != 0 && hdr.kv.generation != meta.pool_generation)
+                        || !usable
+                        || hdr.kv.frag_index >= meta.pool_frag_count
+                        || !fits) {
+                    meta.pool_stat = POOL_BYPASS;
+                } else if (!slot_ok) {
+                    meta.pool_stat = POOL_SLOT_RANGE;
+                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
+                    meta.pool_stat = POOL_NO_ROOM;
+                } else if (tag_is.execute(slot) == 1) {
+                    serve(slot, (bit<16>)rest);
+                    slot_hits.count(slot);
+                    meta.pool_stat = POOL_HIT;
+                } else {
+                    meta.pool_stat = POOL_MISS_UNFILLED;
+                }
+            } else if (hdr.kv.opcode == OP_DATA) {
+                if (meta.is_writer == 0) {
+                    meta.pool_stat = POOL_FILL_UNAUTH;
+                } else if ((hdr.kv.flags & (FLAG_SWITCH_SERVED | FLAG_COALESCED)) != 0) {
+                    meta.pool_stat = POOL_FILL_REPLICA;
+                } else if (hdr.kv.generation != meta.pool_generation
+                           || hdr.kv.frag_count != meta.pool_frag_count
+                           || hdr.kv.chunk_len != meta.pool_chunk_len) {
+                    meta.pool_stat = POOL_FILL_MISMATCH;
+                    meta.what_hi = hdr.kv.chunk_key[63:32] ^ hdr.kv.generation;
+                    meta.what_lo = hdr.kv.chunk_key[31:0] ^ hdr.kv.chunk_len;
+                    bit<16> cell = mismatch_hash.get({ hdr.kv.chunk_key });
+                    if (mismatch_new.execute((bit<32>)cell[7:0]) == 1) {
+                        ig_dprsr_md.digest_type = DIGEST_FILL_MISMATCH;
+                        meta.pool_stat = POOL_MISMATCH_REPORTED;
+                    }
+                } else if (!usable) {
+                    meta.count_pool = 0;   // disabled entry: pass the DATA on, remember nothing
+                } else if (!slot_ok) {
+                    meta.pool_stat = POOL_SLOT_RANGE;
+                } else if (!fits) {
+                    meta.pool_stat = POOL_BYPASS;   // longer than the served part: not stored
+                } else {
+                    // One slot_tag access decides: VALID skips a current slot, unless the DATA
+                    // answers a NO_CACHE request (repair); FILLING always writes.
+                    bit<1> current;
+                    bool repair = (hdr.kv.flags & FLAG_NO_CACHE) != 0;
+                    if (meta.pool_state == POOL_STATE_VALID && !repair) {
+                        current = tag_write_if_stale.execute(slot);
+                    } else {
+                        current = tag_write.execute(slot);
+                    }
+                    if (current == 1 && meta.pool_state == POOL_STATE_VALID && !repair) {
+                        meta.pool_stat = POOL_FILL_SKIPPED;
+                    } else {
+                        fill(slot);
+                        slot_fills.count(slot);
+                        meta.pool_stat = POOL_FILL;
+                        if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
+                            meta.pool_stat = POOL_REPAIR;
+                        }
+                    }
+                }
+            } else if (hdr.kv.opcode == OP_INVALIDATE) {
+                meta.pool_stat = POOL_INVALIDATE;
+            } else {
+                meta.count_pool = 0;
+            }
+        } else {
+            meta.pool_stat = POOL_LOOKUP_MISS;
+        }
+        if (meta.count_pool == 1) {
+            pool_stats.count(meta.pool_stat);
+        }
+    }
+}
+
+/*************************************************************************
+ ***********************  P O O L   (egress)  ****************************
+ *************************************************************************/
+
+// One register of served words: read into the reply, or written from the DATA.
+#define POOL_WORD(i)                                                                     \
+    Register<bit<32>, bit<32>>(POOL_SLOTS) word_##i;                                     \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(word_##i) word_##i##_read = {              \
+        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }                          \
+    };                                                                                   \
+    RegisterAction<bit<32>, bit<32>, bit<32>>(word_##i) word_##i##_write = {             \
+        void apply(inout bit<32> v) { v = hdr.words.w##i; }                              \
+    };
+
+#define POOL_WORD_READ(i)  hdr.words.w##i = word_##i##_read.execute(hdr.bridge.slot);
+#define POOL_WORD_WRITE(i) word_##i##_write.execute(hdr.bridge.slot);
+
+control PoolEgress(inout headers_t hdr,
+                   in egress_intrinsic_metadata_t standard_metadata) {
+
+    POOL_WORD(0)   POOL_WORD(1)   POOL_WORD(2)   POOL_WORD(3)
+    POOL_WORD(4)   POOL_WORD(5)   POOL_WORD(6)   POOL_WORD(7)
+    POOL_WORD(8)   POOL_WORD(9)   POOL_WORD(10)  POOL_WORD(11)
+    POOL_WORD(12)  POOL_WORD(13)  POOL_WORD(14)  POOL_WORD(15)
+    POOL_WORD(16)  POOL_WORD(17)  POOL_WORD(18)  POOL_WORD(19)
+    POOL_WORD(20)  POOL_WORD(21)  POOL_WORD(22)  POOL_WORD(23)
+#if SERVED_WORDS > 24
+    POOL_WORD(24)  POOL_WORD(25)  POOL_WORD(26)  POOL_WORD(27)
+#endif
+#if SERVED_WORDS > 28
+    POOL_WORD(28)  POOL_WORD(29)  POOL_WORD(30)  POOL_WORD(31)
+#endif
+
+    // The writer's check of the stored bytes, returned as is (two 32-bit halves).
+    Register<bit<32>, bit<32>>(POOL_SLOTS) slot_check_hi;
+    Register<bit<32>, bit<32>>(POOL_SLOTS) slot_check_lo;
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_hi) check_hi_read = {
+        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_hi) check_hi_write = {
+        void apply(inout bit<32> v) { v = hdr.kv.check[63:32]; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_lo) check_lo_read = {
+        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_lo) check_lo_write = {
+        void apply(inout bit<32> v) { v = hdr.kv.check[31:0]; }
+    };
+
+    apply {
+        if (hdr.bridge.pool_op == POOL_OP_SERVE && hdr.words.isValid()) {
+            POOL_WORD_READ(0)   POOL_WORD_READ(1)   POOL_WORD_READ(2)   POOL_WORD_READ(3)
+            POOL_WORD_READ(4)   POOL_WORD_READ(5)   POOL_WORD_READ(6)   POOL_WORD_READ(7)
+            POOL_WORD_READ(8)   POOL_WORD_READ(9)   POOL_WORD_READ(10)  POOL_WORD_READ(11)
+            POOL_WORD_READ(12)  POOL_WORD_READ(13)  POOL_WORD_READ(14)  POOL_WORD_READ(15)
+            POOL_WORD_READ(16)  POOL_WORD_READ(17)  POOL_WORD_READ(18)  POOL_WORD_READ(19)
+            POOL_WORD_READ(20)  POOL_WORD_READ(21)  POOL_WORD_READ(22)  POOL_WORD_READ(23)
+#if SERVED_WORDS > 24
+            POOL_WORD_READ(24)  POOL_WORD_READ(25)  POOL_WORD_READ(26)  POOL_WORD_READ(27)
+#endif
+#if SERVED_WORDS > 28
+            POOL_WORD_READ(28)  POOL_WORD_READ(29)  POOL_WORD_READ(30)  POOL_WORD_READ(31)
+#endif
+            hdr.kv.check[63:32] = check_hi_read.execute(hdr.bridge.slot);
+            hdr.kv.check[31:0] = check_lo_read.execute(hdr.bridge.slot);
+        } else if (hdr.bridge.pool_op == POOL_OP_FILL && hdr.words.isValid()
+                   && (hdr.bridge.release == 0
+                       || standard_metadata.egress_rid == (bit<16>)hdr.bridge.release_dst)) {
+            // A released DATA is written once: by the replica to the waiter it answered.
+            POOL_WORD_WRITE(0)   POOL_WORD_WRITE(1)   POOL_WORD_WRITE(2)   POOL_WORD_WRITE(3)
+            POOL_WORD_WRITE(4)   POOL_WORD_WRITE(5)   POOL_WORD_WRITE(6)   POOL_WORD_WRITE(7)
+            POOL_WORD_WRITE(8)   POOL_WORD_WRITE(9)   POOL_WORD_WRITE(10)  POOL_WORD_WRITE(11)
+            POOL_WORD_WRITE(12)  POOL_WORD_WRITE(13)  POOL_WORD_WRITE(14)  POOL_WORD_WRITE(15)
+            POOL_WORD_WRITE(16)  POOL_WORD_WRITE(17)  POOL_WORD_WRITE(18)  POOL_WORD_WRITE(19)
+            POOL_WORD_WRITE(20)  POOL_WORD_WRITE(21)  POOL_WORD_WRITE(22)  POOL_WORD_WRITE(23)
+#if SERVED_WORDS > 24
+            POOL_WORD_WRITE(24)  POOL_WORD_WRITE(25)  POOL_WORD_WRITE(26)  POOL_WORD_WRITE(27)
+#endif
+#if SERVED_WORDS > 28
+            POOL_WORD_WRITE(28)  POOL_WORD_WRITE(29)  POOL_WORD_WRITE(30)  POOL_WORD_WRITE(31)
+#endif
+            check_hi_write.execute(hdr.bridge.slot);
+            check_lo_write.execute(hdr.bridge.slot);
+        }
+    }
+}
+
+#endif  // KVPOOL_TNA_POOL_P4

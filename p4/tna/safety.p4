@@ -1,0 +1,132 @@
+/* -*- P4_16 -*- */
+/*
+ * Safety: the host-port source guard, header validation and the writers ACL, as
+ * ../include/safety.p4 (same tables, actions, order of checks and drop reasons).
+ *
+ * Tofino differences: there is no multiplier, so x * 1408 is (x << 10) + (x << 8) +
+ * (x << 7); and the payload of a DATA is not parsed in ingress, so a DATA shorter than its
+ * UDP length claims is not caught here (DROP_PARSE_ERROR in v1model) but in the egress
+ * parser, and only for a packet the egress pool writes (which then drops it).
+ */
+#ifndef KVPOOL_TNA_SAFETY_P4
+#define KVPOOL_TNA_SAFETY_P4
+
+/*************************************************************************
+ ***********************  S A F E T Y  ***********************************
+ *************************************************************************/
+
+control Safety(inout headers_t hdr,
+               inout ig_metadata_t meta,
+               in ingress_intrinsic_metadata_t standard_metadata) {
+
+    ip4Addr_t host_addr = 0;
+    bit<1> guarded = 0;
+
+    action guard_source(ip4Addr_t addr) {
+        guarded = 1;
+        host_addr = addr;
+    }
+
+    action fabric_port() {
+        meta.from_fabric = 1;
+    }
+
+    table host_guard {
+        key = { standard_metadata.ingress_port: exact; }
+        actions = { guard_source; fabric_port; NoAction; }
+        size = GUARD_ENTRIES;
+        default_action = NoAction();
+    }
+
+    action allow_writer() {
+        meta.is_writer = 1;
+    }
+
+    table writers {
+        key = {
+            standard_metadata.ingress_port: exact;
+            hdr.ipv4.srcAddr: exact;
+        }
+        actions = { allow_writer; NoAction; }
+        size = WRITER_ENTRIES;
+        default_action = NoAction();
+    }
+
+    apply {
+        host_guard.apply();
+        if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
+            meta.drop_reason = DROP_SPOOFED;
+        } else if (hdr.kv.isValid()) {
+            // One operation per statement: bf-p4c puts dependent statements in separate actions
+            // (stages) and does not split one expression into several ALU operations.
+            bit<32> idx = (bit<32>)hdr.kv.frag_index;
+            bit<32> cnt = (bit<32>)hdr.kv.frag_count;
+            bit<32> frag = (bit<32>)FRAG_PAYLOAD;
+            // idx * 1408 and cnt * 1408 (1408 = 1024 + 256 + 128).
+            bit<32> idx10 = idx << 10;
+            bit<32> idx8 = idx << 8;
+            bit<32> idx7 = idx << 7;
+            bit<32> cnt10 = cnt << 10;
+            bit<32> cnt8 = cnt << 8;
+            bit<32> cnt7 = cnt << 7;
+            bit<32> done = idx10 + idx8;
+            done = done + idx7;
+            bit<32> upto = cnt10 + cnt8;
+            upto = upto + cnt7;
+            bit<32> below = upto - frag;   // (cnt - 1) * 1408
+            bit<32> rest = hdr.kv.chunk_len - done;
+            bit<32> end = idx + cnt;
+            meta.frag_done = done;
+
+            if (hdr.kv.version != KVPOOL_VERSION) {
+                meta.drop_reason = DROP_BAD_VERSION;
+            } else if (hdr.kv.opcode == 0 || hdr.kv.opcode > OP_MAX) {
+                meta.drop_reason = DROP_BAD_OPCODE;
+            } else if ((hdr.kv.flags & ~KNOWN_FLAGS) != 0) {
+                meta.drop_reason = DROP_BAD_FLAGS;
+            } else if (hdr.kv.frag_count == 0 || hdr.kv.frag_index == MAX_FRAG_INDEX) {
+                meta.drop_reason = DROP_BAD_RANGE;
+            } else if (hdr.kv.opcode == OP_DATA) {
+                if (hdr.kv.frag_index >= hdr.kv.frag_count) {
+                    meta.drop_reason = DROP_BAD_RANGE;
+                } else if (hdr.kv.payload_len == 0 || hdr.kv.payload_len > FRAG_PAYLOAD) {
+                    meta.drop_reason = DROP_BAD_LENGTH;
+                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
+                    meta.drop_reason = DROP_BAD_LENGTH;
+                } else if (hdr.kv.chunk_len <= below || hdr.kv.chunk_len > upto) {
+                    meta.drop_reason = DROP_BAD_LENGTH;
+                } else if (rest >= frag && hdr.kv.payload_len != FRAG_PAYLOAD) {
+                    meta.drop_reason = DROP_BAD_LENGTH;
+                } else if (rest < frag && (bit<32>)hdr.kv.payload_len != rest) {
+                    meta.drop_reason = DROP_BAD_LENGTH;
+                }
+            } else if (hdr.kv.payload_len != 0) {
+                meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD
+                       && !(hdr.kv.opcode == OP_GET && hdr.udp.length == KV_UDP_LEN_DATA)) {
+                meta.drop_reason = DROP_BAD_LENGTH;
+            } else if (hdr.kv.opcode == OP_GET && end > (bit<32>)MAX_FRAG_INDEX) {
+                meta.drop_reason = DROP_BAD_RANGE;
+            }
+
+            if (meta.drop_reason == DROP_NONE) {
+                if (hdr.kv.opcode == OP_NACK) {
+                    if (hdr.kv.status == STATUS_OK || hdr.kv.status > STATUS_MAX) {
+                        meta.drop_reason = DROP_BAD_STATUS;
+                    }
+                } else if (hdr.kv.status != STATUS_OK) {
+                    meta.drop_reason = DROP_BAD_STATUS;
+                }
+            }
+
+            if (meta.drop_reason == DROP_NONE && hdr.kv.opcode != OP_GET) {
+                writers.apply();
+                if (hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
+                    meta.drop_reason = DROP_NOT_WRITER;
+                }
+            }
+        }
+    }
+}
+
+#endif  // KVPOOL_TNA_SAFETY_P4
