@@ -141,8 +141,10 @@ def test_agent_slow_then_down_then_restarted(rig: Rig) -> None:
     assert time.monotonic() - t0 < 20
 
     # Restarted (empty): a miss, then the prompt's chunks are saved again and load.
+    rig.settle()  # the down step's save fails against the down agent, not later against the new one
     rig.agent = start_agent(rig.port)
     assert rig.generate(prompt) == ref
+    assert rig.fetched() == 0
     rig.wait_saved(prompt, 4)
     assert rig.generate(prompt) == ref
     assert rig.fetched() == 4

@@ -87,6 +87,13 @@ class Rig:
             assert time.monotonic() < deadline, f"the agent never held {n} chunks of the prompt"
             time.sleep(0.05)
 
+    def settle(self) -> None:
+        """Wait for the connector's background saves: a save still in flight when the agent restarts
+        would land in the new agent, and the next prompt would hit instead of miss."""
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        get_kv_transfer_group().flush()
+
     def fetched(self) -> int:
         """Chunks the agent answered a fetch with (all from its tiers here)."""
         return int(self.agent.stats()["agent"]["fetch_local_hits"])
