@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-shared-transfers", dest="share_transfers", action="store_false", default=None,
                         help="every fetch transfers its own copy (default: concurrent fetches of one chunk share "
                         "one transfer)")
+    parser.add_argument("--no-udp-offload", dest="udp_offload", action="store_false", default=None,
+                        help="one send and one receive call per datagram (default: UDP GSO and GRO where the "
+                        "kernel and the path take them, falling back on their own)")
     parser.add_argument("--fetch-timeout", dest="fetch_timeout_s", type=float, help="default deadline of one fetch")
     parser.add_argument("--controller", help="controller API to register with (http://HOST:PORT or unix:/PATH)")
     parser.add_argument("--node-id", help="node id in the controller's directory (default: host name)")
@@ -123,8 +126,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes",
         "max_queue_s", "window_fragments", "servable_window", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "log_format", "controller", "node_id",
-        "role",
-        "advertise", "pool_bytes", "single_gets", "share_transfers", "token_file", "api_workers", "api_timeout_s",
+        "role", "advertise", "pool_bytes", "single_gets", "share_transfers", "udp_offload", "token_file",
+        "api_workers", "api_timeout_s",
         "integrity_retries", "verify_requesters", "allow", "source_budget", "serve_window")}
     if overrides["rate_bytes_per_s"] is not None:
         overrides["rate_bytes_per_s"] = float(overrides["rate_bytes_per_s"])

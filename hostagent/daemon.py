@@ -112,6 +112,8 @@ class AgentConfig:
     range GETs except for the chunks the controller's hints name."""
     share_transfers: bool = True
     """Concurrent fetches of one chunk on this node share one transfer (False: each its own)."""
+    udp_offload: bool = True
+    """Segmented sends (UDP GSO) and coalesced receives (UDP GRO) where the kernel and path take them."""
     fetch_timeout_s: float = 30.0
     """Default deadline of one API fetch."""
     max_body_bytes: int = MAX_BODY
@@ -157,7 +159,7 @@ class AgentConfig:
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
             single_fragment_gets=self.single_gets, share_transfers=self.share_transfers,
-            integrity_retries=self.integrity_retries,
+            integrity_retries=self.integrity_retries, gso=self.udp_offload, gro=self.udp_offload,
         )
 
     def validate(self) -> None:

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from hostagent.transport_config import Address, Counters
 from kvpool import wire
+from kvpool.sockets import GRO_CMSG_SPACE, gro_segment
 
 log = logging.getLogger("kvpool.transport")
 
@@ -36,6 +37,14 @@ _L: Final = wire.DATA_DATAGRAM_LEN
 _MSG_TRUNC: Final = getattr(socket, "MSG_TRUNC", 0x20)
 _DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 """version and opcode bytes of a DATA header read as one big-endian u16."""
+
+_GRO_SLACK: Final = -(-0x10000 // _L)
+"""Records one coalesced receive may fill (64 KiB at most)."""
+GRO_BATCH: Final = 1024
+"""Records a coalesced batch takes at least (about 1.5 MB, some 24 receives): with a syscall per
+64 KiB, what a batch costs in numpy calls and request bookkeeping is the per-record cost left,
+so a batch of 256 (one recv per datagram's worth of them) spent a fifth of the loop on it."""
+_CMSG_SPACE: Final = GRO_CMSG_SPACE
 
 Deliver = Callable[[int, npt.NDArray[np.void], float], None]
 """``(request id, its run of DATA records, now)``: the requester takes a run of one request's DATA."""
@@ -51,41 +60,114 @@ class DataRing:
         self._deliver = deliver
         self._on_nack = on_nack
         self._after_batch = after_batch
-        self._ring = np.zeros(n, dtype=wire.DATA_PACKET_DTYPE)
+        self._n = n
+        self._n_gro = max(n, GRO_BATCH)
+        self.gro = False
+        """Whether the requester socket delivers coalesced DATA (``Transport.start`` turns UDP GRO on)."""
+        self.gets_gro = False
+        """The same for the holder socket's GETs."""
+        # Room for a coalesced buffer past the batch: one receive may end up to _GRO_SLACK
+        # records past the n-th, so it never truncates.
+        cap = self._n_gro + _GRO_SLACK
+        self._ring = np.zeros(cap, dtype=wire.DATA_PACKET_DTYPE)
         # Strided view of each slot's (version, opcode) bytes as one big-endian u16 (no copy).
-        self._ring_vo: npt.NDArray[np.uint16] = np.ndarray((n,), dtype=">u2", buffer=self._ring.data, strides=(_L,))
+        self._ring_vo: npt.NDArray[np.uint16] = np.ndarray((cap,), dtype=">u2", buffer=self._ring.data,
+                                                           strides=(_L,))
         raw = self._ring.view(np.uint8).data
-        # One memoryview per slot, made once, so receiving creates no per-packet views.
-        self._slots = [raw[i * _L : (i + 1) * _L] for i in range(n)]
-        self._lens = [0] * n
+        # One memoryview per slot, made once, so receiving creates no per-packet views; and,
+        # for coalesced receives, one from each slot to the end of the ring.
+        self._slots = [raw[i * _L : (i + 1) * _L] for i in range(cap)]
+        self._tails = [raw[i * _L :] for i in range(self._n_gro)]
+        self._lens = [0] * cap
 
     def receive_data(self, sock: socket.socket) -> None:
         """Drain the requester socket in batches: fast path for DATA, slow path for the rest."""
-        recv = sock.recv_into
-        slots, lens = self._slots, self._lens
-        # Bounded, so a flood of incoming DATA cannot starve this agent's own sending.
-        for _ in range(16):
-            n = 0
-            try:
-                for slot in slots:
-                    lens[n] = recv(slot, _L, _MSG_TRUNC)
-                    n += 1
-            except BlockingIOError:
-                pass
-            except OSError as exc:  # e.g. an ICMP error queued on the socket
-                self._c.drop("socket_error")
-                log.debug("recv failed: %s", exc)
+        fill = self._fill_gro if self.gro else self._fill
+        # Bounded (16 plain batches' worth of records), so a flood of incoming DATA cannot
+        # starve this agent's own sending.
+        left = 16 * self._n
+        while left > 0:
+            n, more = fill(sock)
             if n == 0:
                 return
             self._c.datagrams_received += n
             self._c.recv_batches += 1
             self._process_batch(n)
             self._after_batch()
-            if n < len(slots):
+            if not more:
                 return
+            left -= n
+
+    def _fill(self, sock: socket.socket) -> tuple[int, bool]:
+        """Receive up to a batch of datagrams, one call each; (records received, the socket may hold more)."""
+        recv = sock.recv_into
+        slots, lens = self._slots, self._lens
+        n = 0
+        try:
+            for slot in slots[: self._n]:
+                lens[n] = recv(slot, _L, _MSG_TRUNC)
+                n += 1
+        except BlockingIOError:
+            return n, False
+        except OSError as exc:  # e.g. an ICMP error queued on the socket
+            self._c.drop("socket_error")
+            log.debug("recv failed: %s", exc)
+            return n, False
+        return n, True
+
+    def _fill_gro(self, sock: socket.socket) -> tuple[int, bool]:
+        """Receive a batch of coalesced buffers straight into the ring; (records received, the socket may hold more).
+
+        A buffer of 1448-byte segments (DATA) lies in the ring as consecutive records as it
+        came, so it is split without a copy: each segment is one record, its length noted
+        (a short last segment is a record the fast checks turn away).  A buffer of segments of
+        another size (NACKs a sender sent back to back) goes segment by segment to the slow path.
+        """
+        recvmsg = sock.recvmsg_into
+        tails, lens, n_max = self._tails, self._lens, self._n_gro
+        n = 0
+        try:
+            while n < n_max:
+                got, anc, flags, _ = recvmsg([tails[n]], _CMSG_SPACE)
+                seg = gro_segment(anc, got) if anc else got
+                if flags & _MSG_TRUNC:  # cannot happen with 64 KiB of room; never take a cut buffer
+                    self._c.drop("oversize")
+                    continue
+                if seg == got:  # one datagram (or one too large, which the slow path names)
+                    lens[n] = got
+                    n += 1
+                elif seg == _L:  # DATA-sized segments: consecutive records already
+                    k = -(-got // _L)
+                    lens[n : n + k] = [_L] * k
+                    lens[n + k - 1] = got - (k - 1) * _L
+                    n += k
+                else:
+                    # Segments of another size: each a datagram on its own.  It leaves the
+                    # ring's slots as they were (the next receive writes over its bytes).
+                    self._slow_segments(tails[n][:got], seg)
+        except BlockingIOError:
+            return n, False
+        except OSError as exc:  # e.g. an ICMP error queued on the socket
+            self._c.drop("socket_error")
+            log.debug("recvmsg failed: %s", exc)
+            return n, False
+        return n, True
+
+    def _slow_segments(self, buf: memoryview, seg: int) -> None:
+        """Each ``seg``-byte datagram of a coalesced buffer on the slow path (counted as received)."""
+        count = 0
+        for off in range(0, len(buf), seg):
+            part = buf[off : off + seg]
+            count += 1
+            hdr = self._parse(part, len(part), wire.Opcode.NACK)
+            if hdr is not None:
+                self._on_nack(hdr)
+        self._c.datagrams_received += count
 
     def receive_gets(self, sock: socket.socket) -> list[tuple[wire.Header, Address]]:
         """The GETs waiting on the holder socket (at most 1024), in arrival order; the rest dropped by reason."""
+        if self.gets_gro:
+            return self._receive_gets_gro(sock)
         buf = self._slots[0]  # the DATA ring was fully processed before this runs
         gets: list[tuple[wire.Header, Address]] = []
         for _ in range(1024):
@@ -101,6 +183,37 @@ class DataRing:
             hdr = self._parse(buf, n, wire.Opcode.GET)
             if hdr is not None:
                 gets.append((hdr, addr))
+        return gets
+
+    def _receive_gets_gro(self, sock: socket.socket) -> list[tuple[wire.Header, Address]]:
+        """``receive_gets`` on a socket with UDP GRO: each buffer split into its datagrams by the cmsg's size."""
+        buf = self._tails[0]  # the DATA ring was fully processed before this runs; room for 64 KiB
+        gets: list[tuple[wire.Header, Address]] = []
+        recvmsg = sock.recvmsg_into
+        datagrams = 0
+        while datagrams < 1024:
+            try:
+                got, anc, flags, addr = recvmsg([buf], _CMSG_SPACE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                self._c.drop("socket_error")
+                log.debug("recvmsg failed: %s", exc)
+                break
+            seg = (gro_segment(anc, got) if anc else got) or 1
+            if flags & _MSG_TRUNC:
+                self._c.drop("oversize")
+                continue
+            for off in range(0, got, seg):
+                datagrams += 1
+                n = min(seg, got - off)
+                hdr = self._parse(buf[off : off + n], n, wire.Opcode.GET)
+                if hdr is not None:
+                    gets.append((hdr, addr))
+            if got == 0:
+                datagrams += 1
+                self._parse(buf, 0, wire.Opcode.GET)  # counted as a drop by its reason
+        self._c.datagrams_received += datagrams
         return gets
 
     def _process_batch(self, n: int) -> None:

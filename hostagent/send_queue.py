@@ -22,6 +22,7 @@ here runs on the transport's loop thread.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import socket
 import time
@@ -35,6 +36,7 @@ from hostagent.holder import stamp
 from hostagent.timing import AnswerWaits
 from hostagent.transport_config import Address, Counters, TransportConfig
 from kvpool import wire
+from kvpool.sockets import UDP_MAX_GSO_BYTES, gso_cmsg, gso_path_refusal, gso_supported
 
 log = logging.getLogger("kvpool.transport")
 
@@ -42,6 +44,12 @@ _L: Final = wire.DATA_DATAGRAM_LEN
 
 _POOL_RECORDS: Final = 1 << 15
 """Most DATA records (about 47 MB) a holder keeps in its pool of free send arrays."""
+_GSO_SEGMENTS: Final = min(44, UDP_MAX_GSO_BYTES // _L)
+"""Most DATA datagrams in one segmented send: 44 x 1448 B, within one 64 KiB IPv4 send."""
+_GSO_CMSG: Final = gso_cmsg(_L)
+_GSO_REFUSED: Final = frozenset({errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EMSGSIZE})
+"""Errors of a segmented send that mean the kernel or the path cannot take one (udp_send_skb):
+EIO where the egress cannot checksum it, EINVAL where segments would exceed the path's MTU."""
 _DRAIN_WINDOW_S: Final = 0.25
 """Seconds of backlogged sending over which a holder measures the rate its queue drains at."""
 
@@ -217,6 +225,10 @@ class SendQueue:
         self.drain = DrainMeter()
         self.waits = AnswerWaits()  # how long answers waited in the queue (``_note_first_answer``)
         self.skipped_push_fragments = 0
+        self.gso_segments = 1
+        """Most DATA datagrams per send: 1 until ``use_gso`` turned segmented sends on, and after a refusal."""
+        self.gso_fallback = ""
+        """Why segmented sends are off ("" while on, or never asked for)."""
         self._tokens = config.pace_depth_bytes
         self._backlogged = False  # whether the last send pass left answers only the tokens held back
         self._last_refill = time.monotonic()
@@ -462,10 +474,38 @@ class SendQueue:
         """An answer's first DATA went out: note how long it waited since it was queued."""
         self.waits.add(time.monotonic() - job.enqueued)
 
+    def use_gso(self, sock: socket.socket, host: str = "127.0.0.1") -> None:
+        """Send runs of DATA as segmented sends on ``sock`` (the holder socket, bound to ``host``) where they are safe.
+
+        Off where the kernel refuses the option, or where the egress would pass segmented
+        frames whole to a virtual link (``kvpool.sockets.gso_path_refusal``); a send the path
+        refuses later turns it off too (``_send_quantum``).  Each logged once.
+        """
+        if not gso_supported(sock, _L):
+            self._gso_refused("the kernel refused UDP_SEGMENT on the socket")
+            return
+        why = gso_path_refusal(host)
+        if why:
+            self._gso_refused(why)
+            return
+        self.gso_segments = _GSO_SEGMENTS
+
+    def _gso_refused(self, why: str) -> None:
+        """Segmented sends are off for good on this socket: one call per datagram from now on (logged once)."""
+        self.gso_segments = 1
+        self.gso_fallback = why
+        log.warning("UDP GSO off, one send per DATA datagram: %s", why)
+
     def _send_quantum(self, job: SendJob, budget: int) -> tuple[int, bool]:
-        """Send ``job``'s next quantum (at most ``budget`` DATA); (datagrams sent, socket buffer full)."""
+        """Send ``job``'s next quantum (at most ``budget`` DATA); (datagrams sent, socket buffer full).
+
+        With GSO a run of k records goes in one send of k x 1448 bytes, which the kernel
+        splits into k ordinary datagrams (all DATA datagrams have one size, so every segment is
+        whole): one syscall per run instead of one per datagram.  The run is at most what the
+        quantum and the pacing budget allow, so a segmented send is one burst the pacer sized.
+        """
         assert self.sock is not None
-        sendto = self.sock.sendto
+        sendto, sendmsg = self.sock.sendto, self.sock.sendmsg
         blocked = False
         end = min(job.count, job.pos + self.config.send_quantum, job.pos + budget)
         view, addr = job.view, job.addr
@@ -474,11 +514,38 @@ class SendQueue:
             # Kept records are shared by every answer of the chunk: this answer's request
             # id and flags go in right before its datagrams are sent.
             stamp(job.records[pos:end], *job.stamp)
+        calls = 0
         try:
-            # The tightest loop Python offers: one slice and one syscall per datagram.
-            for off in range(pos * _L, end * _L, _L):
-                sendto(view[off : off + _L], addr)
-                pos += 1
+            while pos < end:
+                segs = self.gso_segments
+                if segs > 1:
+                    # Even runs: a 64-record quantum goes as 32 + 32, not 44 + 20.
+                    left = end - pos
+                    k = -(-left // -(-left // segs))
+                    try:
+                        if k > 1:
+                            sendmsg([view[pos * _L : (pos + k) * _L]], _GSO_CMSG, 0, addr)
+                        else:
+                            sendto(view[pos * _L : (pos + 1) * _L], addr)
+                    except OSError as exc:
+                        if k == 1 or exc.errno not in _GSO_REFUSED:
+                            raise
+                        # Nothing of a refused segmented send left.  If one datagram goes where
+                        # the run did not, the segmenting was refused: one by one from now on.
+                        # If it fails as well, the peer is at fault (the except below).
+                        sendto(view[pos * _L : (pos + 1) * _L], addr)
+                        pos += 1
+                        calls += 1
+                        self._gso_refused(f"segmented send to {addr} failed: {exc}")
+                        continue
+                    pos += k
+                    calls += 1
+                    continue
+                # The tightest loop Python offers: one slice and one syscall per datagram.
+                for off in range(pos * _L, end * _L, _L):
+                    sendto(view[off : off + _L], addr)
+                    pos += 1
+                    calls += 1
         except BlockingIOError:
             blocked = True
         except OSError as exc:
@@ -487,6 +554,7 @@ class SendQueue:
             # An unreachable peer: abandon the rest of the job; a live requester re-asks.
             self._dequeued(job, job.count - pos)
             job.count = pos
+        self._c.send_calls += calls
         sent = pos - job.pos
         if job.pos == 0 and sent and job.get is not None:
             self._note_first_answer(job)

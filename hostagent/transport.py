@@ -51,7 +51,7 @@ from hostagent.transport_config import (
     TransportConfig,
     parse_address,
 )
-from kvpool.sockets import set_buffers
+from kvpool.sockets import enable_gro, set_buffers
 
 __all__ = ["Address", "ChunkIntegrityError", "DrainMeter", "FetchResult", "TransferError", "Transport",
            "TransportConfig", "_Request", "merge_gets", "parse_address"]
@@ -108,6 +108,15 @@ class Transport:
             raise
         self._hsock, self._rsock = hsock, rsock
         self._queue.sock, self._transfers.sock = hsock, rsock
+        # Segmented sends and coalesced receives: the same datagrams on the wire, a syscall per
+        # run instead of per datagram.  Each falls back on its own where refused (logged once).
+        if cfg.gso:
+            self._queue.use_gso(hsock, cfg.host)
+        if cfg.gro:
+            self._ring.gro = enable_gro(rsock)
+            self._ring.gets_gro = enable_gro(hsock)
+            if not self._ring.gro:
+                log.warning("UDP GRO refused by the kernel: one receive call per datagram")
         # Without root the kernel caps the buffer at net.core.rmem_max: shrink the in-flight
         # budget to what the buffer really holds, or a burst would overflow it.
         rcvbuf = rsock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
@@ -223,6 +232,9 @@ class Transport:
             "gets_sent": c.gets_sent,
             "retransmit_gets": c.retransmit_gets,
             "datagrams_sent": c.datagrams_sent,
+            "send_calls": c.send_calls,
+            "udp_offload": {"gso": self._queue.gso_segments > 1, "gso_fallback": self._queue.gso_fallback,
+                            "gro": self._ring.gro},
             "bytes_sent": c.bytes_sent,
             "send_errors": c.send_errors,
             "nacks_sent": c.nacks_sent,

@@ -112,6 +112,11 @@ class TransportConfig:
     sending at ``rate_bytes_per_s`` (0: only ``max_queued_fragments`` bounds the queue)."""
     integrity_retries: int = 3
     """Rounds of re-asking for a chunk (or its fragments) that failed its checks before the fetch fails."""
+    gso: bool = True
+    """Holder: send runs of DATA as segmented sends (UDP GSO) where the kernel and the path take
+    them, one call per datagram otherwise (``SendQueue.use_gso``; the wire sees the same datagrams)."""
+    gro: bool = True
+    """Receive coalesced datagrams (UDP GRO) on both sockets where the kernel offers it (``hostagent.receive``)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -183,6 +188,8 @@ class Counters:
     gets_sent: int = 0
     retransmit_gets: int = 0
     datagrams_sent: int = 0
+    send_calls: int = 0
+    """Send calls DATA took (fewer than ``datagrams_sent`` with GSO: one per segmented run)."""
     bytes_sent: int = 0
     send_errors: int = 0
     nacks_sent: int = 0

@@ -24,3 +24,21 @@ def test_goodput_section_runs_and_reports_the_ratio(capsys: pytest.CaptureFixtur
     # The table names both paths, and the agents' transfer counters are reported honestly.
     assert "raw UDP blast" in out and "kvpool agents, UDP transfer" in out and "retransmit GETs" in out
     assert "goodput_vs_raw_udp=" in out.split("load average")[0]  # in the table's notes as well
+
+
+@pytest.mark.slow
+def test_limit_section_reports_fetch_against_the_blasts_mooncake_and_holder_cpu(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    mod = runpy.run_path(str(SCRIPT))
+    assert mod["main"](["--mib", "2", "--chunk-kib", "256", "--reps", "1", "--sections", "limit"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    summary = dict(line.split("=", 1) for line in lines if line.count("=") == 1 and " " not in line.split("=")[0])
+    for name in ("fetch_vs_gso_blast", "fetch4_vs_gso_blast", "fetch_vs_udp_blast"):
+        assert float(summary[name]) > 0, name
+    assert float(summary["holder_cpu_s_per_gib"]) >= 0  # /proc counts in clock ticks: 2 MiB may take none
+    # Mooncake's TCP get is measured where mooncake is installed, else skipped with the reason.
+    assert "fetch_vs_mooncake_tcp" in summary
+    mooncake = summary["fetch_vs_mooncake_tcp"]
+    assert mooncake.startswith("skipped (") or float(mooncake) > 0
+    assert "GSO+GRO blast, 4 flows" in out and "send calls" in out
