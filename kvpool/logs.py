@@ -107,4 +107,7 @@ def configure(fmt: str = "text", level: str = "info", *, logger: str = "", path:
     target = logging.getLogger(logger or None)
     target.addHandler(handler)
     target.setLevel(level.upper())
+    if logging.getLogger("httpx").level == logging.NOTSET:
+        # httpx logs every request at INFO: a controller's hint pushes would bury its own lines.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, target.getEffectiveLevel()))
     return handler

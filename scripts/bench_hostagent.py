@@ -353,110 +353,20 @@ def bench_pipeline(args: argparse.Namespace) -> Section:
 # coalesced buffers with UDP GRO and splits them by the segment size its cmsg gives.  The
 # datagrams are the same 1448-byte ones either way.  Both ends get the same socket buffers as
 # the agents (forced past rmem_max when root) and run as separate processes, like two agents.
-_RAW_RECEIVER = r"""
-import json, socket, sys, time
-L, size, gro = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):
-    try: s.setsockopt(socket.SOL_SOCKET, force, size)
-    except OSError: s.setsockopt(socket.SOL_SOCKET, plain, size)
-if gro:
-    s.setsockopt(socket.SOL_UDP, 104, 1)  # UDP_GRO
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1], flush=True)
-buf = memoryview(bytearray(65536 if gro else L))
-n = nbytes = 0
-first = last = 0.0
-if gro:
-    recvmsg_into, cms = s.recvmsg_into, socket.CMSG_SPACE(4)
-    def recv(_b):
-        global n
-        got, anc, _f, _a = recvmsg_into([buf], cms)
-        seg = got
-        for level, kind, data in anc:
-            if level == socket.SOL_UDP and kind == 104:
-                seg = int.from_bytes(data[:4], sys.byteorder)
-        n += -(-got // seg) - 1  # the segments one coalesced buffer splits into
-        return got
-else:
-    recv = s.recv_into
-s.settimeout(30.0)
-try:
-    nbytes += recv(buf); n += 1; first = last = time.perf_counter()
-    s.settimeout(0.5)  # the blast is over once the socket stays quiet this long
-    while True:
-        nbytes += recv(buf); n += 1; last = time.perf_counter()
-except (socket.timeout, TimeoutError):
-    pass
-print(json.dumps({"packets": n, "bytes": nbytes, "first": first, "last": last}), flush=True)
-"""
-
-_RAW_SENDER = r"""
-import socket, sys
-L, size, port, count, segs = (int(a) for a in sys.argv[1:6])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-try: s.setsockopt(socket.SOL_SOCKET, 32, size)
-except OSError: s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-if segs > 1:
-    s.setsockopt(socket.SOL_UDP, 103, L)  # UDP_SEGMENT: every sendto of k*L bytes leaves as k datagrams
-ring = 1024
-view = memoryview(bytearray(L * ring))
-addr = ("127.0.0.1", port)
-sendto = s.sendto
-i = 0
-while i < count:
-    k = min(segs, count - i, ring - i % ring)
-    off = (i % ring) * L
-    sendto(view[off:off + k * L], addr)
-    i += k
-"""
-
-_GSO_SEGMENTS = 44
-"""Datagrams per segmented send in the GSO blast: 44 x 1448 B fit one 64 KiB UDP send."""
+_UDP_BLAST = Path(__file__).with_name("udp_blast.py")
 
 
 def _udp_blast(count: int, sock_buf: int, *, gso: bool = False, flows: int = 1) -> dict[str, float]:
-    """Blast ``count`` DATA-sized datagrams per flow between process pairs; what arrived, all flows together.
-
-    ``gso``: segmented sends and coalesced receives (UDP GSO + GRO), else one call per
-    datagram.  ``flows`` sender/receiver pairs run at once; seconds span the first datagram
-    received by any receiver to the last (perf_counter is the system-wide monotonic clock).
-    """
+    """``scripts/udp_blast.py``: ``count`` DATA-sized datagrams per flow between processes, GSO+GRO or one
+    call per datagram, ``flows`` pairs at once; packets, bytes and seconds received, all flows together."""
     import json
     import subprocess
 
-    dlen = wire.DATA_DATAGRAM_LEN
-    segs = _GSO_SEGMENTS if gso else 1
-    recvs = [subprocess.Popen([sys.executable, "-c", _RAW_RECEIVER, str(dlen), str(sock_buf), str(int(gso))],
-                              stdout=subprocess.PIPE, text=True) for _ in range(flows)]
-    try:
-        ports = []
-        for r in recvs:
-            assert r.stdout is not None
-            ports.append(int(r.stdout.readline()))
-        senders = [subprocess.Popen([sys.executable, "-c", _RAW_SENDER, str(dlen), str(sock_buf), str(port),
-                                     str(count), str(segs)]) for port in ports]
-        for snd in senders:
-            if snd.wait(300) != 0:
-                raise RuntimeError(f"blast sender exited with {snd.returncode}")
-        outs = []
-        for r in recvs:
-            assert r.stdout is not None
-            outs.append(json.loads(r.stdout.readline()))
-            r.wait(30)
-    finally:
-        for r in recvs:
-            if r.poll() is None:
-                r.kill()
-                r.wait()
-    got = [o for o in outs if o["packets"] > 0]
-    span = max(o["last"] for o in got) - min(o["first"] for o in got) if got else 0.0
-    return {"packets": sum(o["packets"] for o in outs), "bytes": sum(o["bytes"] for o in outs), "seconds": span}
-
-
-def _raw_udp_blast(count: int, sock_buf: int) -> dict[str, float]:
-    """Blast ``count`` datagrams of ``DATA_DATAGRAM_LEN`` bytes, one call each, between two processes."""
-    return _udp_blast(count, sock_buf)
+    cmd = [sys.executable, str(_UDP_BLAST), "--count", str(count), "--size", str(wire.DATA_DATAGRAM_LEN),
+           "--sock-buf", str(sock_buf), "--flows", str(flows), *(["--gso"] if gso else [])]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
+    got: dict[str, float] = json.loads(out.splitlines()[-1])
+    return got
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -545,7 +455,7 @@ def bench_goodput(args: argparse.Namespace) -> Section:
                     raise RuntimeError(f"goodput: fetched {got['found']}/{count} chunks: {got['stopped']}")
                 for k in keys:  # forget them, so the next rep crosses the network again
                     rc.delete_chunk(k)
-                raw = _raw_udp_blast(frags, sock_buf)
+                raw = _udp_blast(frags, sock_buf)
                 if rep < 0:
                     continue
                 agent_bps.append(total / float(got["seconds"]))

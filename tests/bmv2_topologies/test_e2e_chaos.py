@@ -39,10 +39,13 @@ def test_switch_and_controller_restarts_lose_nothing(tmp_path: Path, capsys: pyt
         assert r.served_after_s is not None and r.served_after_s <= SERVES_AGAIN_WITHIN_S, why
 
 
-def _logs(out: Path, lines: int = 40) -> str:
-    """The last lines of every controller log and the holder's agent log: why a recovery took long."""
+def _logs(out: Path, lines: int = 25) -> str:
+    """The first and last lines of every controller log and the holder's agent log: how each controller
+    found the switch, and why a recovery took long."""
     text = []
     for log in [*sorted((out / "run").glob("controller-*.log")), out / "run" / "h0.agent.log"]:
         if log.exists():
-            text.append(f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+            got = log.read_text(errors="replace").splitlines()
+            shown = got if len(got) <= 2 * lines else [*got[:lines], "...", *got[-lines:]]
+            text.append(f"\n--- {log.name}\n" + "\n".join(shown))
     return "".join(text)
