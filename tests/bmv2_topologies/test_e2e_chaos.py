@@ -32,7 +32,7 @@ def test_switch_and_controller_restarts_lose_nothing(tmp_path: Path, capsys: pyt
     assert result.wrong == 0, result.errors
     assert result.ok > 0, result.errors
     assert result.controller_alive, "kvpool-controller exited\n" + why
-    assert result.adopted, "the restarted controller did not adopt the warm switch\n" + why
+    assert result.adoptions == [True, True], "a restarted controller did not adopt the warm switch\n" + why
     restarts = [r for r in result.restarts if r.what != "first admission"]
     assert [r.what.split()[0] for r in restarts] == ["switch", "controller", "switch", "controller", "switch"]
     for r in restarts:
