@@ -36,6 +36,7 @@ from kvpool.auth import Token
 from kvpool.hints import HintError, Hints
 from kvpool.hints import parse as parse_hints
 from kvpool.http_api import OCTETS, TEXT, ApiError, Doc, Request, Response, Router
+from kvpool.http_client import BodyReader, PiecesReader
 from kvpool.http_server import ApiServer
 from kvpool.metrics import exposition, registry
 
@@ -125,36 +126,11 @@ def unpack_bundle(body: bytes | memoryview) -> tuple[list[int], list[memoryview]
     return keys, blobs
 
 
-class _Pieces:
-    """Bytes that arrived in pieces, taken in order: each take copies its bytes once."""
-
-    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
-        self.pieces = [memoryview(p) for p in pieces]
-        self.i = 0
-        self.off = 0
-        self.left = sum(len(p) for p in self.pieces)
-
-    def take(self, n: int) -> bytes:
-        """The next ``n`` bytes; ``ValueError`` if fewer are left."""
-        if n > self.left:
-            raise ValueError(f"bundle needs {n} more bytes, {self.left} are left")
-        self.left -= n
-        out: list[memoryview] = []
-        while n:
-            piece = self.pieces[self.i]
-            part = piece[self.off : self.off + n]
-            out.append(part)
-            n -= len(part)
-            self.off += len(part)
-            if self.off == len(piece):
-                self.i += 1
-                self.off = 0
-        return out[0].tobytes() if len(out) == 1 else b"".join(out)
-
-
-def split_bundle(pieces: Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
-    """``unpack_bundle`` of a body still in the pieces it arrived in; each chunk copied once, as bytes."""
-    src = _Pieces(pieces)
+def split_bundle(src: BodyReader | Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
+    """``unpack_bundle`` of a body read in order (``kvpool.http_client.BodyReader``) or still in the
+    pieces it arrived in; each chunk copied once, as bytes."""
+    if not isinstance(src, BodyReader):
+        src = PiecesReader(src)
     (n,) = BUNDLE_COUNT.unpack(src.take(BUNDLE_COUNT.size))
     if n > MAX_BUNDLE_CHUNKS or n * BUNDLE_ENTRY.size > src.left:
         raise ValueError(f"bundle claims {n} chunks, its {src.left + BUNDLE_COUNT.size} bytes cannot hold their index")

@@ -143,12 +143,12 @@ class AgentClient:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        reply, pieces = self.http.request_pieces("POST", "/v1/fetch", json.dumps(doc).encode(),
-                                                 {"Content-Type": "application/json"})
-        try:
-            got_keys, blobs = split_bundle(pieces)  # megabytes: each chunk copied once, from the pieces
+        try:  # megabytes: each chunk copied once, from the socket (or from httpx's pieces)
+            reply, (got_keys, blobs) = self.http.request_with("POST", "/v1/fetch", split_bundle,
+                                                              json.dumps(doc).encode(),
+                                                              {"Content-Type": "application/json"})
         except ValueError as exc:
-            raise ApiError(reply.status, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
+            raise ApiError(200, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
             raise ApiError(reply.status, "bad_answer", "agent answered chunks for other keys than asked")
         timing: dict[str, Any] | None = None
