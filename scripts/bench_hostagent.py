@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import statistics
 import sys
 import time
@@ -33,6 +34,10 @@ from hostagent.tiers import HostTier, TieredStore
 from kvpool import wire
 
 MIB = 1 << 20
+REFS: dict[str, Any] = runpy.run_path(str(Path(__file__).with_name("bench_refs.py")))
+"""Same-run yardsticks (``scripts/bench_refs.py``): Mooncake's own get, HTTP bodies over a plain socket."""
+BEFORE_REV = "51f67d3b6cf47220ec45e9ef6eb2fc227395d07a"
+"""main before issue 46: the agent's API on the hand-written server and client (``kvpool/httpjson.py``)."""
 
 
 @dataclass
@@ -375,48 +380,6 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _mooncake_get_mbps(blobs: list[bytes], reps: int) -> tuple[list[float], str]:
-    """Mooncake Store's own TCP get of the same bytes on loopback: MB/s per round, or ([], why not).
-
-    One master and one store node holding every blob; one client in this process puts them
-    all, then gets them all in order, once per round (the raw library call, as
-    ``scripts/bench_mooncake.py``'s "raw upsert/get"); the first round is a warm-up.
-    """
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as exc:
-        return [], f"mooncake not importable ({exc})"
-    from hostagent.mooncake_master import MasterConfig, MooncakeMaster, MooncakeProcessError, MooncakeStoreNode
-
-    total = sum(len(b) for b in blobs)
-    os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"  # as MooncakeBackend: advertise loopback
-    rates: list[float] = []
-    try:
-        with MooncakeMaster(MasterConfig()) as pool, MooncakeStoreNode(pool, 2 * total + (64 << 20)):
-            raw: Any = MooncakeDistributedStore()
-            if raw.setup("127.0.0.1", pool.metadata_url, 0, max(64 << 20, 2 * len(blobs[0])), "tcp", "",
-                         pool.rpc_address) != 0:
-                return [], "mooncake client setup failed"
-            try:
-                names = [f"bench/limit/{i}" for i in range(len(blobs))]
-                for name, blob in zip(names, blobs, strict=True):
-                    if raw.upsert(name, blob) != 0:
-                        return [], f"mooncake upsert of {name} failed"
-                for rep in range(-1, reps):
-                    t0 = time.perf_counter()
-                    got = [raw.get(name) for name in names]
-                    dt = time.perf_counter() - t0
-                    if rep < 0 and any(g != b for g, b in zip(got, blobs, strict=True)):
-                        return [], "mooncake get returned other bytes"
-                    if rep >= 0:
-                        rates.append(total / dt)
-            finally:
-                raw.close()
-    except MooncakeProcessError as exc:
-        return [], f"mooncake pool did not start ({exc})"
-    return rates, ""
-
-
 def bench_goodput(args: argparse.Namespace) -> Section:
     """Chunks from a holder agent to a requester agent over UDP on loopback, vs a raw UDP blast."""
     import tempfile
@@ -439,8 +402,6 @@ def bench_goodput(args: argparse.Namespace) -> Section:
     api_bps: list[float] = []
     raw_bps: list[float] = []
     raw_loss: list[float] = []
-    body_fetch_bps: list[float] = []
-    body_publish_bps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
         holder = spawn_agent(Path(tmp) / "holder", "--log-level", "WARNING", *args.agent_args.split())
         requester = spawn_agent(Path(tmp) / "requester", "--log-level", "WARNING", *args.agent_args.split())
@@ -464,19 +425,6 @@ def bench_goodput(args: argparse.Namespace) -> Section:
                 raw_loss.append(1 - raw["packets"] / frags)
                 _progress(f"goodput rep {rep}: agents {agent_bps[-1] / 1e6:.0f} MB/s, "
                           f"raw UDP {raw_bps[-1] / 1e6:.0f} MB/s")
-            # The API's own bodies (megabytes each): a bundle of the holder's chunks out of its DRAM tier
-            # through /v1/fetch, and the same bytes in through /v1/publish; no UDP involved.
-            for rep in range(-1, reps):
-                t0 = time.perf_counter()
-                _, got_blobs, _ = hc.fetch_chunks(keys)
-                t1 = time.perf_counter()
-                hc.publish_chunks(keys, blobs)
-                t2 = time.perf_counter()
-                if len(got_blobs) != count:
-                    raise RuntimeError(f"goodput: /v1/fetch answered {len(got_blobs)}/{count} chunks")
-                if rep >= 0:
-                    body_fetch_bps.append(total / (t1 - t0))
-                    body_publish_bps.append(total / (t2 - t1))
             # Fetched chunks must be the published bytes (spot check one end to end).
             rc.fetch_chunks(keys[:1], holder.udp_address)
             if rc.get_chunk(keys[0]) != blobs[0]:
@@ -496,17 +444,12 @@ def bench_goodput(args: argparse.Namespace) -> Section:
                          ("kvpool agents, through the HTTP API", api_bps)):
         sec.rows.append([name, f"{max(series) / 1e6:.0f}", f"{statistics.median(series) / 1e6:.0f}",
                          f"{statistics.median(series) / med_raw:.2f}"])
-    for name, series in (("HTTP API bodies: /v1/fetch bundle of held chunks", body_fetch_bps),
-                         ("HTTP API bodies: /v1/publish bundle", body_publish_bps)):
-        sec.rows.append([name, f"{max(series) / 1e6:.0f}", f"{statistics.median(series) / 1e6:.0f}", "-"])
     sec.notes = [
         "agents: two kvpool-agent processes; /v1/prefetch on the requester fetches every chunk from the",
         "holder with windowed range GETs and stores it in its DRAM tier; goodput = chunk bytes / the",
         "requester's own transfer time.  raw: a sender process loops sendto() of 1440-byte datagrams as",
         "fast as it can to a receiver process that counts them (same count, same socket buffers); its",
         "rate counts all 1440 bytes of each datagram, the agents only the 1408 chunk bytes.",
-        "HTTP API bodies: the holder's own chunks through AgentClient, /v1/fetch (a bundle out of its DRAM",
-        "tier) and /v1/publish (the same bytes in): the API's body path alone, no UDP.",
         f"raw blast loss: median {statistics.median(raw_loss) * 100:.1f}% (it has no flow control); agents: "
         f"{tstats['retransmit_gets']} retransmit GETs, {tstats['drops_total']} drops, "
         f"{tstats['duplicates']} duplicate fragments over all reps",
@@ -517,8 +460,6 @@ def bench_goodput(args: argparse.Namespace) -> Section:
         "raw_udp_mbps": med_raw / 1e6,
         "agent_goodput_mbps": statistics.median(agent_bps) / 1e6,
         "api_goodput_mbps": statistics.median(api_bps) / 1e6,
-        "api_fetch_body_mbps": statistics.median(body_fetch_bps) / 1e6,
-        "api_publish_body_mbps": statistics.median(body_publish_bps) / 1e6,
         "goodput_vs_raw_udp": headline,  # the section's headline, printed last
     }
     return sec
@@ -633,7 +574,7 @@ def bench_limit(args: argparse.Namespace) -> Section:
             for r in requesters:
                 r.stop()
     _progress("limit: Mooncake Store TCP get of the same bytes")
-    mooncake, why_not = _mooncake_get_mbps(blobs, reps)
+    mooncake, why_not = REFS["mooncake_get_mbps"](blobs, reps)
     med = {n: statistics.median(v) for n, v in series.items()}
 
     def paired(a: str, b: str) -> float:
@@ -685,11 +626,71 @@ def bench_limit(args: argparse.Namespace) -> Section:
     return sec
 
 
+# ------------------------------------------------------------------ API bodies
+
+
+def bench_api(args: argparse.Namespace) -> Section:
+    """The agent's HTTP API bodies (one bundle per call) against a plain-socket HTTP peer and the API before."""
+    import tempfile
+
+    chunk_len = args.chunk_kib * 1024
+    count = max(1, args.mib * MIB // chunk_len)
+    total = count * chunk_len
+    reps = max(3, args.reps)
+    names = ["raw", "api"] + (["before"] if args.before != "none" else [])
+    secs: dict[tuple[str, str], list[float]] = {(n, op): [] for n in names for op in ("fetch", "publish")}
+    why_not = ""
+    with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
+        if "before" in names and (why_not := REFS["tree_at"](args.before, Path(tmp))):
+            names.remove("before")
+        _progress(f"api: {count} chunks x {chunk_len} B per bundle; {', '.join(names)}; {reps} reps")
+        sides = {n: REFS["BodiesSide"]("raw" if n == "raw" else "agent", count, chunk_len,
+                                       *([Path(tmp)] if n == "before" else [])) for n in names}
+        try:
+            for rep in range(-1, reps):  # rep -1: untimed warm-up; sides take turns, in turn first
+                for op in ("fetch", "publish"):
+                    for n in names[rep % len(names):] + names[: rep % len(names)]:
+                        dt = sides[n].seconds(op)
+                        if rep >= 0:
+                            secs[(n, op)].append(dt)
+        finally:
+            for side in sides.values():
+                side.close()
+    sec = Section(f"api: HTTP bodies of {total / MIB:.0f} MiB ({count} chunks of {chunk_len} B) on 127.0.0.1, "
+                  "one bundle per call", ["path", "best MB/s", "median MB/s", "median vs raw HTTP"])
+    for op, what in (("fetch", "/v1/fetch of held chunks"), ("publish", "/v1/publish")):
+        for n in names:
+            rates = [total / t for t in secs[(n, op)]]
+            paired = [r / t for r, t in zip(secs[("raw", op)], secs[(n, op)], strict=True)]
+            label = {"raw": "plain-socket HTTP peer", "api": "agent API now",
+                     "before": f"agent API at {args.before[:7]}"}[n]
+            sec.rows.append([f"{op}: {label}" if n == "raw" else f"{what}: {label}", f"{max(rates) / 1e6:.0f}",
+                             f"{statistics.median(rates) / 1e6:.0f}", f"{statistics.median(paired):.2f}"])
+            sec.summary[f"{n}_http_{op}_mbps" if n == "raw" else f"{n}_{op}_body_mbps"] = statistics.median(rates) / 1e6
+        for n in names[1:]:
+            sec.summary[f"{n}_{op}_vs_raw_http"] = statistics.median(
+                [r / t for r, t in zip(secs[("raw", op)], secs[(n, op)], strict=True)])
+        if "before" in names:
+            sec.summary[f"api_{op}_vs_before"] = statistics.median(
+                [b / t for b, t in zip(secs[("before", op)], secs[("api", op)], strict=True)])
+    sec.notes = [
+        "Each path is a client process: the agent's through AgentClient (fetch: the bundle out of the",
+        "agent's DRAM tier, each chunk returned as bytes; publish: the same bytes in), the raw peer a",
+        "plain socket (sendall of the parts, recv_into one reused buffer: kernel copies only, the floor).",
+        "Paths take turns per rep; ratios are medians of per-rep pairs.  'before' is the API of main",
+        "before issue 46 (hand-written server and http.client), its hostagent/ and kvpool/ from git.",
+    ]
+    if why_not:
+        sec.notes.append(f"before: skipped ({why_not})")
+    return sec
+
+
 SECTIONS: dict[str, SectionFn] = {
     "fragment": bench_fragment_reassemble,
     "serialize": bench_serialize,
     "pipeline": bench_pipeline,
     "goodput": bench_goodput,
+    "api": bench_api,
     "limit": bench_limit,
 }
 """Sections in run order; the fragment section's summary comes last in the output."""
@@ -718,6 +719,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads (default 1: the copies here are single-threaded too)")
     p.add_argument("--agent-args", default="",
                    help="extra kvpool-agent flags for the goodput and limit sections, e.g. --no-udp-offload")
+    p.add_argument("--before", default=BEFORE_REV,
+                   help="git revision whose agent API the api section also runs, or 'none' (default: main "
+                        "before issue 46, the hand-written HTTP server and client)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run, from {', '.join(SECTIONS)} (default all)")
     return p
