@@ -89,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impair", action="append", default=[], metavar="PORT:DIR:K=V,...",
                    help="impair the model switch's links (repeatable; switchmodel/impair.py), e.g. "
                    "--impair '*:both:corrupt=0.01,seed=1' (model target only)")
+    p.add_argument("--observe", action="store_true",
+                   help="run Prometheus (from PATH; Debian: apt-get install -y prometheus) scraping every agent, "
+                   "the controller and the model switches, and draw deploy/grafana/kvpool.json from it into "
+                   "OUT/observe/dashboard.png")
     p.add_argument("--vs-mooncake", action="store_true",
                    help="instead: Mooncake Store alone vs kvpool plain/multicast/pool fronting it, in waves "
                    "(scripts/bench_vs_mooncake.py runs it for several N); results in OUT/vs_mooncake/")
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                      servable_window=args.servable_window,
                      max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
                      deadline_s=args.deadline_s,
-                     holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair))
+                     holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair),
+                     observe=args.observe)
     try:
         cfg.validate()
     except ValueError as exc:

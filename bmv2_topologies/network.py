@@ -84,13 +84,17 @@ class SwitchHandle:
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     command: list[str] = field(default_factory=list, repr=False)
+    metrics_addr: str | None = None
+    """Where a model switch serves its own ``/metrics`` (``HOST:PORT``), when asked for."""
 
 
 def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int, str],
-                   log_path: Path, bmv2_json: Path | None = None, impair_file: Path | None = None) -> list[str]:
+                   log_path: Path, bmv2_json: Path | None = None, impair_file: Path | None = None,
+                   metrics_addr: str | None = None) -> list[str]:
     """The command line that starts one switch of ``target`` on ``ports``.
 
-    ``impair_file`` (model only) is the file of link impairments the switch watches.
+    ``impair_file`` (model only) is the file of link impairments the switch watches;
+    ``metrics_addr`` (model only) where it serves its own ``/metrics``.
     """
     if target == "bmv2":
         exe = find_simple_switch_grpc()
@@ -110,6 +114,8 @@ def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int,
             cmd += ["--interface", f"{port}@{intf}"]
         if impair_file is not None:
             cmd += ["--impair-file", str(impair_file)]
+        if metrics_addr is not None:
+            cmd += ["--metrics", metrics_addr]
         return cmd
     raise NetworkError(f"unknown target {target!r}; choose one of {TARGETS}")
 
@@ -118,7 +124,8 @@ class EmulatedNetwork:
     """A Mininet network of a ``Topology``; use as a context manager so it always stops."""
 
     def __init__(self, topo: Topology, target: str | None = None, log_dir: Path | str = "logs",
-                 switch_timeout: float = 30.0, extra_neighbours: dict[str, str] | None = None) -> None:
+                 switch_timeout: float = 30.0, extra_neighbours: dict[str, str] | None = None,
+                 metrics: bool = False) -> None:
         reason = mininet_available()
         if reason:
             raise NetworkError(reason)
@@ -130,6 +137,8 @@ class EmulatedNetwork:
         self.switch_timeout = switch_timeout
         #: Static ARP entries every host gets besides the other hosts (e.g. the fill sink).
         self.extra_neighbours = dict(extra_neighbours or {})
+        #: Model switches serve their own ``/metrics`` on loopback (``SwitchHandle.metrics_addr``).
+        self.metrics = metrics
         #: Per switch, the file of link impairments a model switch watches (``set_impairment``).
         self.impair_files: dict[str, Path] = {}
         self.switches: dict[str, SwitchHandle] = {}
@@ -214,8 +223,16 @@ class EmulatedNetwork:
             impair_file = (self.log_dir / f"{name}.impair").resolve()
             impair_file.unlink(missing_ok=True)  # a previous run's file would impair this one
             self.impair_files[name] = impair_file
-        cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path, impair_file=impair_file)
-        self.switches[name] = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, None, cmd)
+        metrics_addr = None
+        if self.metrics and self.target == "model":
+            try:
+                metrics_addr = f"127.0.0.1:{free_port(start=port + 1000)}"
+            except OSError as exc:
+                raise NetworkError(str(exc)) from None
+        cmd = switch_command(self.target, device_id, grpc_addr, ports, log_path, impair_file=impair_file,
+                             metrics_addr=metrics_addr)
+        self.switches[name] = SwitchHandle(name, self.target, device_id, grpc_addr, ports, log_path, None, cmd,
+                                           metrics_addr)
         log_path.write_bytes(b"")  # this run's log only; a restart appends to it
         self._spawn(self.switches[name])
 

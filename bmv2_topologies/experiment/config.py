@@ -91,6 +91,8 @@ class DemoConfig:
     False: the answers that cross the switch fill it."""
     impair: tuple[str, ...] = ()
     """Link impairments of the model switch (``switchmodel.impair`` specs, e.g. ``*:both:loss=0.1``)."""
+    observe: bool = False
+    """Run Prometheus beside the demo and draw the dashboard from it (``experiment.observe``)."""
 
     @property
     def in_flight(self) -> int:

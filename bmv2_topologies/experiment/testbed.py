@@ -35,6 +35,7 @@ from bmv2_topologies.experiment import load
 from bmv2_topologies.experiment.backlog import BacklogSampler, backlog_warnings
 from bmv2_topologies.experiment.capture import LinkCapture, fabric_links, holder_links, link_bytes, peak_gets
 from bmv2_topologies.experiment.config import DemoConfig
+from bmv2_topologies.experiment.observe import Observer
 from bmv2_topologies.experiment.report import ModeResult, SwitchCounts, demo_plot, demo_table
 from bmv2_topologies.experiment.why import TIMING_FILE, request_row, timing_document
 from bmv2_topologies.experiment.workload import Request, Workload, build_workload
@@ -52,6 +53,7 @@ from kvpool import auth, wire
 from kvpool import contract as n
 from kvpool.auth import Token
 from kvpool.contract import CoalesceStat, PoolStat
+from kvpool.dashboard import NO_PROMETHEUS
 from kvpool.http_api import ApiError
 from kvpool.report import run_info
 from kvpool.topology import Host, Topology, TopologyError, leaf_spine, star
@@ -70,13 +72,14 @@ def fabric_sinks(topo: Topology) -> dict[str, str]:
     return sink_addresses(topo, FabricSettings(fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC))
 
 
-def fresh_network(run_dir: Path, topo: Topology, target: str | None) -> EmulatedNetwork:
-    """An emptied ``run_dir`` and a network (not started yet) on ``topo`` whose hosts know every switch's sink."""
+def fresh_network(run_dir: Path, topo: Topology, target: str | None, metrics: bool = False) -> EmulatedNetwork:
+    """An emptied ``run_dir`` and a network (not started yet) on ``topo`` whose hosts know every switch's sink
+    (``metrics``: model switches serve their own ``/metrics``)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     return EmulatedNetwork(topo, target, log_dir=run_dir,
-                           extra_neighbours=dict.fromkeys(fabric_sinks(topo).values(), SINK_MAC))
+                           extra_neighbours=dict.fromkeys(fabric_sinks(topo).values(), SINK_MAC), metrics=metrics)
 
 
 def reap(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -156,6 +159,8 @@ class Testbed(StarHosts):
         """Per model switch, frames its ports lost during the last run (``EmulatedNetwork.frames_lost``)."""
         self.token: Token | None = None
         """The operator's token (made if missing): the agents check it, the clients here send it."""
+        self.observer: Observer | None = None
+        """Prometheus beside the run (``kvpool demo --observe``): it watches ``running`` and each mode's controller."""
         chunk_len = {k: len(v) for k, v in workload.blobs.items()}
         capacity = cfg.holder_mbps * 1e6 / 8
         # Chunks are dealt over the holders: each holder's link carries its share of every request.
@@ -183,7 +188,7 @@ class Testbed(StarHosts):
     def running(self, holder_backend: HolderBackend | None = None) -> Iterator[Testbed]:
         """Build the network, start ``holder_backend`` and the agents; stop everything (by PID) on the way out."""
         self.token = auth.load_or_create()
-        self.net = fresh_network(self.run_dir, self.topo, self.cfg.target)
+        self.net = fresh_network(self.run_dir, self.topo, self.cfg.target, metrics=self.observer is not None)
         try:
             self.net.start()
             for sw in self.net.switches:
@@ -195,6 +200,8 @@ class Testbed(StarHosts):
             with contextlib.ExitStack() as stack:  # unwinds in reverse: captures, agents, backend
                 holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else {}
                 stack.enter_context(self._agents(holder_args))
+                if self.observer is not None:
+                    stack.enter_context(self.observer.watching(self))
                 # One capture per holder link for the whole run; each mode reads its time window.
                 for name, intf in self.holder_links.items():
                     pcap = self.run_dir / f"holder_link_{name}.pcap"
@@ -305,7 +312,7 @@ class Testbed(StarHosts):
         stop = threading.Event()
         agents_before = self.agent_counters()
         waits_before = self.holder_waits()
-        with ctl:
+        with ctl, (self.observer.controller(ctl) if self.observer else contextlib.nullcontext()):
             # A clean slate: registers and counters of the last mode are gone; the driver
             # replays this controller's intended entries onto the fresh pipeline.
             ctl.clean_slate()
@@ -494,6 +501,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     """``kvpool demo`` for a validated ``cfg``: every mode on one network; 0 when every chunk was bit-identical."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     reason = mininet_available()
+    if not reason and cfg.observe and shutil.which("prometheus") is None:
+        reason = f"--observe: {NO_PROMETHEUS}"
     if reason:
         print(f"kvpool demo: {reason}", file=sys.stderr)
         return 1
@@ -503,6 +512,8 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
             cfg.requesters = len(topo.inference_hosts())  # a file's requesters are its inference hosts
         workload = build_workload(cfg)
         bed = Testbed(cfg, workload, topo)
+        if cfg.observe:
+            bed.observer = Observer(cfg.out / "observe", ["kvpool", *sys.argv[1:]])
     except (TopologyError, ValueError, OSError) as exc:
         print(f"kvpool demo: {exc}", file=sys.stderr)
         return 1
@@ -554,6 +565,9 @@ def run_demo(cfg: DemoConfig, print_json: bool = False) -> int:
     demo_plot(results, cfg.out / "demo.png")
     print(f"kvpool demo: results and plot in {cfg.out}/ (results.json, {TIMING_FILE}, results.txt, demo.png); "
           f"where the time went: kvpool why {cfg.out}", file=sys.stderr)
+    if bed.observer is not None and bed.observer.dashboard is not None:
+        print(f"kvpool demo: dashboard drawn from Prometheus in {bed.observer.dashboard}; draw it again with "
+              f"python scripts/render_dashboard.py --tsdb {bed.observer.dir / 'tsdb'}", file=sys.stderr)
     if print_json:
         print(json.dumps(doc))
     return 0 if all(r.failed == 0 for r in results) else 1
