@@ -1,4 +1,5 @@
-"""Smoke test of the goodput section of scripts/bench_hostagent.py (two real agents, small data; no timing asserted)."""
+"""Smoke tests of the agent-process sections of scripts/bench_hostagent.py (goodput, limit, api):
+real agents, small data; no timing asserted."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def test_limit_section_reports_fetch_against_the_blasts_mooncake_and_holder_cpu(
     mooncake = summary["fetch_vs_mooncake_tcp"]
     assert mooncake.startswith("skipped (") or float(mooncake) > 0
     assert "GSO+GRO blast, 4 flows" in out and "send calls" in out
+
+
+@pytest.mark.slow
+def test_api_section_compares_the_bodies_with_a_raw_http_peer_and_the_api_before(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    mod = runpy.run_path(str(SCRIPT))
+    assert mod["main"](["--mib", "2", "--chunk-kib", "256", "--reps", "1", "--sections", "api"]) == 0
+    out = capsys.readouterr().out
+    summary = dict(line.split("=", 1) for line in out.splitlines() if line.count("=") == 1 and " " not in line)
+    for op in ("fetch", "publish"):
+        for name in (f"api_{op}_vs_raw_http", f"before_{op}_vs_raw_http", f"api_{op}_vs_before",
+                     f"api_{op}_body_mbps", f"raw_http_{op}_mbps"):
+            assert float(summary[name]) > 0, name
+    assert "plain-socket HTTP peer" in out and "agent API at 51f67d3" in out
