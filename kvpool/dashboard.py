@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,8 +142,13 @@ def _axis_format(unit: str) -> Callable[[float, Any], str]:
     return formats.get(unit, lambda v, _pos: si(v, ""))
 
 
-def draw(panels: list[Panel], path: Path, title: str, caption: str, start: float, end: float) -> None:
-    """Draw ``panels`` on the dashboard's grid into a PNG at ``path`` (matplotlib, no display)."""
+def draw(panels: list[Panel], path: Path, title: str, caption: str, start: float, end: float,
+         marks: Sequence[tuple[float, str]] = ()) -> None:
+    """Draw ``panels`` on the dashboard's grid into a PNG at ``path`` (matplotlib, no display).
+
+    ``marks``: ``(time, label)`` of moments to show on every panel (a demo's modes, say), as
+    Grafana draws annotations: a dotted line, the label at its top.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,6 +175,10 @@ def draw(panels: list[Panel], path: Path, title: str, caption: str, start: float
                 ax.plot([t - start for t in s.times], s.values, label=s.legend, linewidth=1.2)
                 drawn += 1
         ax.set_xlim(0, max(1.0, end - start))
+        for t, label in marks:
+            ax.axvline(t - start, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(label, (t - start, 1), xycoords=("data", "axes fraction"), xytext=(2, -9),
+                        textcoords="offset points", fontsize=7, color="dimgrey")
         ax.yaxis.set_major_formatter(FuncFormatter(_axis_format(pn.unit)))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -188,11 +197,11 @@ def draw(panels: list[Panel], path: Path, title: str, caption: str, start: float
 
 
 def render(dashboard_path: Path, query: Query, out: Path, start: float, end: float, *, step_s: float = 2.0,
-           scrape_s: float = 5.0, caption: str = "") -> list[Panel]:
+           scrape_s: float = 5.0, caption: str = "", marks: Sequence[tuple[float, str]] = ()) -> list[Panel]:
     """Evaluate and draw the dashboard at ``dashboard_path`` into ``out``; the panels drawn."""
     dashboard = json.loads(dashboard_path.read_text())
     panels = evaluate(dashboard, query, start, end, step_s, scrape_s)
-    draw(panels, out, dashboard.get("title", dashboard_path.stem), caption, start, end)
+    draw(panels, out, dashboard.get("title", dashboard_path.stem), caption, start, end, marks)
     return panels
 
 

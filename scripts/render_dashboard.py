@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from kvpool import dashboard
 
@@ -33,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tsdb", type=Path, metavar="DIR", help="a Prometheus storage directory to read (starts a "
                      "prometheus from PATH on it)")
     p.add_argument("--dashboard", type=Path, default=REPO / "deploy" / "grafana" / "kvpool.json")
-    p.add_argument("--window", type=Path, help="JSON with start, end (Unix seconds) and scrape_s (default: "
-                   "window.json beside --tsdb)")
+    p.add_argument("--window", type=Path, help="JSON with start, end (Unix seconds), scrape_s and marks "
+                   "([time, label] pairs drawn on every panel) (default: window.json beside --tsdb)")
     p.add_argument("--start", type=float, help="start of the span drawn, Unix seconds")
     p.add_argument("--end", type=float, help="end of the span drawn, Unix seconds (default now)")
     p.add_argument("--last", type=float, default=1800, help="without a start: the last N seconds (default 1800)")
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Render; 0 on success, 1 when Prometheus is missing or refuses."""
     args = build_parser().parse_args(argv)
-    window: dict[str, float] = {}
+    window: dict[str, Any] = {}
     window_file = args.window or (args.tsdb.parent / "window.json" if args.tsdb else None)
     if window_file is not None and window_file.exists():
         window = json.loads(window_file.read_text())
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 url = stack.enter_context(dashboard.prometheus(tmp / "prometheus.yml", args.tsdb.resolve(),
                                                                tmp / "prometheus.log"))
             panels = dashboard.render(args.dashboard, dashboard.prometheus_query(url), args.out, start, end,
-                                      step_s=step, scrape_s=scrape, caption=caption)
+                                      step_s=step, scrape_s=scrape, caption=caption,
+                                      marks=[(float(t), str(label)) for t, label in window.get("marks", [])])
     except (RuntimeError, OSError) as exc:
         print(f"render_dashboard: {exc}", file=sys.stderr)
         return 1

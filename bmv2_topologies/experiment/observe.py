@@ -38,7 +38,6 @@ from kvpool.http_client import JsonClient
 from kvpool.tcp import free_port
 
 if TYPE_CHECKING:
-    from bmv2_topologies.experiment.testbed import Testbed
     from controller.daemon import Controller
 
 SCRAPE_S = 2.0
@@ -109,19 +108,21 @@ class Observer:
         self.token: Token | None = None
         self.dashboard: Path | None = None
         """The PNG drawn at the end of the run (None until then, or when drawing failed)."""
+        self.marks: list[tuple[float, str]] = []
+        """When each mode's controller started, and the mode: drawn on every panel."""
 
     @contextlib.contextmanager
-    def watching(self, bed: Testbed) -> Iterator[None]:
-        """While the agents and switches of ``bed`` run: Prometheus scraping them; the dashboard drawn after."""
-        assert bed.net is not None and bed.token is not None
+    def watching(self, agents: dict[str, tuple[str, str]], switches: dict[str, str], token: Token) -> Iterator[None]:
+        """While the run's agents (``name -> (API address, role)``) and model switches (``name -> metrics
+        address``) run: Prometheus scraping them; the dashboard drawn after. ``token``: the agents' and
+        the controller's."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.token = bed.token
+        self.token = token
         self.controller_port = free_port()
-        proxies = {h.name: _UnixMetrics(bed.api(h.name)) for h in bed.topo.hosts.values()}
+        proxies = {name: _UnixMetrics(api) for name, (api, _role) in agents.items()}
         try:
-            config = scrape_config({n: (p.address, bed.topo.hosts[n].role) for n, p in proxies.items()},
-                                   f"127.0.0.1:{self.controller_port}",
-                                   {n: sw.metrics_addr for n, sw in bed.net.switches.items() if sw.metrics_addr})
+            config = scrape_config({n: (p.address, agents[n][1]) for n, p in proxies.items()},
+                                   f"127.0.0.1:{self.controller_port}", switches)
             (self.dir / "prometheus.yml").write_text(json.dumps(config, indent=1) + "\n")
             with dashboard.prometheus(self.dir / "prometheus.yml", self.dir / "tsdb", self.dir / "prometheus.log") \
                     as url:
@@ -136,13 +137,16 @@ class Observer:
                 proxy.close()
 
     def _draw(self, url: str, start: float, end: float) -> None:
-        (self.dir / "window.json").write_text(json.dumps({"start": start, "end": end, "scrape_s": SCRAPE_S}) + "\n")
+        window = {"start": start, "end": end, "scrape_s": SCRAPE_S, "marks": self.marks}
+        (self.dir / "window.json").write_text(json.dumps(window) + "\n")
         out = self.dir / "dashboard.png"
-        caption = (f"kvpool demo {shlex.join(self.command)}: deploy/grafana/kvpool.json drawn from its own PromQL "
-                   "over Prometheus (kvpool.dashboard; Grafana is not packaged here)")
+        caption = (f"{shlex.join(self.command)}: deploy/grafana/kvpool.json drawn from its own PromQL over "
+                   "Prometheus' data of the run (kvpool/dashboard.py; Grafana is not packaged here); dotted: "
+                   "each mode's start")
         try:
             dashboard.render(DASHBOARD, dashboard.prometheus_query(url), out, start, end,
-                             step_s=max(SCRAPE_S, (end - start) / 240), scrape_s=SCRAPE_S, caption=caption)
+                             step_s=max(SCRAPE_S, (end - start) / 240), scrape_s=SCRAPE_S, caption=caption,
+                             marks=self.marks)
         except (ImportError, OSError, ValueError) as exc:
             print(f"kvpool demo: the dashboard was not drawn: {exc}", file=sys.stderr)
             return
@@ -151,6 +155,7 @@ class Observer:
     @contextlib.contextmanager
     def controller(self, ctl: Controller) -> Iterator[None]:
         """While ``ctl`` runs a mode: its API (and ``/metrics``) on the run's controller port."""
+        self.marks.append((time.time(), ctl.settings.mode.value))
         api = ControllerAPI(ctl, "127.0.0.1", self.controller_port, token=self.token).start()
         try:
             yield

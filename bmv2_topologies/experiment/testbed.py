@@ -201,7 +201,9 @@ class Testbed(StarHosts):
                 holder_args = stack.enter_context(holder_backend(self)) if holder_backend is not None else {}
                 stack.enter_context(self._agents(holder_args))
                 if self.observer is not None:
-                    stack.enter_context(self.observer.watching(self))
+                    stack.enter_context(self.observer.watching(
+                        {h.name: (self.api(h.name), h.role) for h in self.topo.hosts.values()},
+                        {n: sw.metrics_addr for n, sw in self.net.switches.items() if sw.metrics_addr}, self.token))
                 # One capture per holder link for the whole run; each mode reads its time window.
                 for name, intf in self.holder_links.items():
                     pcap = self.run_dir / f"holder_link_{name}.pcap"
