@@ -37,8 +37,8 @@ from kvpool.http_api import BODY_METHODS, ApiError, ApiUnreachableError, Buffer
 KEEPALIVE_S = 20.0
 """How long an idle pooled connection is reused (servers close theirs after 60 s by default)."""
 READ_BYTES = 1 << 20
-"""httpcore's read size over HTTP/1.1 (64 KiB by default): kvpool's answers are megabytes of KV chunks,
-and per read, h11 copies and parses; 1 MiB reads double the fetch goodput (docs/design/notes-http.md)."""
+"""httpcore's read size over HTTP/1.1 (64 KiB by default) for the answers h11 reads (JSON, octet streams
+under ``DIRECT_BODY``): per read, h11 copies and parses, so fewer, larger reads cost less."""
 
 DIRECT_BODY = 256 << 10
 """An octet-stream answer at least this long is read past h11, straight into its buffer."""

@@ -25,7 +25,8 @@ exit. What a slow, stalled or hostile client can hold is bounded in three layers
   body was not read closes its connection (its bytes cannot be told from a next request).
 * The FastAPI app: one route per ``Router`` route (its OpenAPI schema is served at
   ``/openapi.json``); each runs its handler in the thread pool and writes the answer's
-  buffers in order, without joining them, each write within ``timeout_s``.
+  buffers in order, without joining them, each write within ``timeout_s`` (megabyte answers
+  straight from their buffers, ``_Protocol.write_direct``).
 
 Every refusal is a one-line JSON ``ApiError`` and is counted by code (``counters``); an
 exception a handler did not expect is 500 ``internal`` (logged with its traceback).
