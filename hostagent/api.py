@@ -25,6 +25,8 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import numpy as np
+
 from hostagent import api_models as m
 from hostagent import metrics
 from hostagent.chunking import chunk_keys
@@ -49,6 +51,9 @@ TITLE: Final = "kvpool agent API"
 DESCRIPTION: Final = ("An inference engine's local API to its kvpool host agent: publish, fetch and look up "
                       "KV-cache chunks. Chunk bundles: u64 n, n x (u64 key, u64 length), then the chunks "
                       "(little-endian). Every call but GET needs the operator's token. docs/design/notes-agent-api.md")
+CHUNK_ALIGN: Final = 64
+"""``split_bundle_into`` starts each chunk at an address that is a multiple of this (a cache line, more
+than any dtype needs): a blob's header is padded to 16 bytes, so its payload stays aligned too."""
 MAX_BODY: Final = wire.MAX_CHUNK_LEN + BUNDLE_COUNT.size + BUNDLE_ENTRY.size
 """Default body limit: the largest chunk, alone in a bundle (larger publishes are split by the client)."""
 
@@ -126,11 +131,8 @@ def unpack_bundle(body: bytes | memoryview) -> tuple[list[int], list[memoryview]
     return keys, blobs
 
 
-def split_bundle(src: BodyReader | Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
-    """``unpack_bundle`` of a body read in order (``kvpool.http_client.BodyReader``) or still in the
-    pieces it arrived in; each chunk copied once, as bytes."""
-    if not isinstance(src, BodyReader):
-        src = PiecesReader(src)
+def _bundle_index(src: BodyReader) -> list[tuple[int, int]]:
+    """The ``(key, length)`` entries of a bundle read in order, checked against the body's length."""
     (n,) = BUNDLE_COUNT.unpack(src.take(BUNDLE_COUNT.size))
     if n > MAX_BUNDLE_CHUNKS or n * BUNDLE_ENTRY.size > src.left:
         raise ValueError(f"bundle claims {n} chunks, its {src.left + BUNDLE_COUNT.size} bytes cannot hold their index")
@@ -139,7 +141,66 @@ def split_bundle(src: BodyReader | Sequence[bytes | memoryview]) -> tuple[list[i
     if sum(length for _, length in entries) != src.left:
         raise ValueError(f"bundle index lists {sum(length for _, length in entries)} chunk bytes, the body has "
                          f"{src.left}")
+    return entries
+
+
+def split_bundle(src: BodyReader | Sequence[bytes | memoryview]) -> tuple[list[int], list[bytes]]:
+    """``unpack_bundle`` of a body read in order (``kvpool.http_client.BodyReader``) or still in the
+    pieces it arrived in; each chunk copied once, as bytes."""
+    if not isinstance(src, BodyReader):
+        src = PiecesReader(src)
+    entries = _bundle_index(src)
     return [key for key, _ in entries], [src.take(length) for _, length in entries]
+
+
+class BufferTooSmallError(ValueError):
+    """The caller's buffer cannot hold an answer's chunks; nothing was written into it."""
+
+    def __init__(self, needed: int, size: int) -> None:
+        super().__init__(f"the answer's chunks need a buffer of {needed} bytes here, this one holds {size} "
+                         f"(hostagent.api.bundle_space gives enough wherever a buffer starts)")
+        self.needed = needed
+        """Bytes this buffer would have needed (where it starts decides the padding)."""
+        self.size = size
+
+
+def _align_up(addr: int) -> int:
+    return -(-addr // CHUNK_ALIGN) * CHUNK_ALIGN
+
+
+def bundle_space(lengths: Sequence[int]) -> int:
+    """Bytes a buffer needs so that ``split_bundle_into`` can place chunks of these lengths in it,
+    wherever the buffer starts (each chunk at a ``CHUNK_ALIGN`` boundary)."""
+    if not lengths:
+        return 0
+    return CHUNK_ALIGN - 1 + sum(_align_up(n) for n in lengths[:-1]) + lengths[-1]
+
+
+def split_bundle_into(src: BodyReader, out: memoryview) -> tuple[list[int], list[memoryview]]:
+    """A bundle read in order, each chunk written once straight into ``out`` (a writable byte view):
+    its keys and a view of ``out`` per chunk, each starting at an address that is a multiple of
+    ``CHUNK_ALIGN``.
+
+    The index is read and checked first: a bundle that does not fit raises
+    ``BufferTooSmallError`` before a byte is written, and no write ever goes past ``out``. Other
+    failures (``ValueError`` for a malformed bundle, ``OSError`` for a body cut short) leave
+    ``out``'s content undefined and return nothing.
+    """
+    if out.readonly or out.ndim != 1 or out.itemsize != 1:
+        raise ValueError("the buffer must be a writable, flat byte view")
+    entries = _bundle_index(src)
+    base = int(np.frombuffer(out, dtype=np.uint8).ctypes.data)
+    offsets: list[int] = []
+    end = 0
+    for _, length in entries:
+        offsets.append(_align_up(base + end) - base)
+        end = offsets[-1] + length
+    if end > out.nbytes:
+        raise BufferTooSmallError(end, out.nbytes)
+    views = [out[off : off + length] for off, (_, length) in zip(offsets, entries, strict=True)]
+    for view in views:
+        src.take_into(view)
+    return [key for key, _ in entries], views
 
 
 def parse_key(text: str) -> int:

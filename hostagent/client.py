@@ -20,19 +20,34 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from hostagent.api import BUNDLE_COUNT, BUNDLE_ENTRY, MAX_BODY, format_key, pack_bundle, split_bundle
+from hostagent.api import (
+    BUNDLE_COUNT,
+    BUNDLE_ENTRY,
+    CHUNK_ALIGN,
+    MAX_BODY,
+    BufferTooSmallError,
+    bundle_space,
+    format_key,
+    pack_bundle,
+    split_bundle,
+    split_bundle_into,
+)
 from hostagent.chunking import TokenIds, chunk_keys
 from hostagent.layouts import chunks_from_hf, hf_cache_from_chunks
-from hostagent.serialize import Quant, deserialize, serialize
+from hostagent.serialize import Quant, deserialize, serialize, tensor_bytes
 from kvpool import auth
 from kvpool.http_api import ApiError
-from kvpool.http_client import JsonClient
+from kvpool.http_client import DIRECT_BODY, BodyReader, JsonClient, Reply
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,28 +153,54 @@ class AgentClient:
                            ) -> tuple[list[int], list[bytes], str | None, dict[str, Any] | None]:
         """``fetch_chunks``, and where the fetched chunks' transfer time went, summed over them
         (``hostagent.timing.summarize``; None from an agent that does not say)."""
+        # megabytes: each chunk copied once, from the socket (or from httpx's pieces)
+        reply, got_keys, blobs = self._fetch(keys, holder, split_bundle, timeout=timeout, generation=generation,
+                                             local=local)
+        return got_keys, blobs, reply.header("X-Kvpool-Stopped"), _timing(reply)
+
+    def fetch_chunks_into(self, keys: Sequence[int], buffer: torch.Tensor | npt.NDArray[Any] | bytearray | memoryview,
+                          holder: str | None = None, *, timeout: float | None = None, generation: int = 0,
+                          local: bool = True) -> tuple[list[int], list[memoryview], str | None]:
+        """``fetch_chunks``, each chunk received straight into ``buffer``: keys, a view of ``buffer`` per
+        chunk, stop reason.
+
+        ``buffer`` is the caller's memory, reused across fetches: a contiguous CPU tensor (pinned
+        for a later device copy: ``staging_buffer``), a numpy array, a ``bytearray`` or a writable
+        ``memoryview``; ``bundle_space`` says how much the chunks need. Every chunk starts at a
+        ``CHUNK_ALIGN`` boundary, so ``deserialize(view)`` is a tensor on the same memory (no copy,
+        the checksum verified). Nothing is written past ``buffer``: chunks that do not fit raise
+        ``BufferTooSmallError`` (``.needed`` bytes) before a byte is written. A failed or short
+        answer raises as ``fetch_chunks`` does (``ApiError``, ``ApiUnreachableError``), never a
+        partial result; ``buffer`` then holds undefined bytes. The views are valid until the
+        buffer is reused.
+
+        The answer's body, of any length, is read past h11 (that connection closes after): the
+        kernel writes each chunk into ``buffer`` (``recv_into``), no bytes object, no join.
+        """
+        out = _byte_buffer(buffer)
+        reply, got_keys, views = self._fetch(keys, holder, lambda src: split_bundle_into(src, out), direct=1,
+                                             timeout=timeout, generation=generation, local=local)
+        return got_keys, views, reply.header("X-Kvpool-Stopped")
+
+    def _fetch(self, keys: Sequence[int], holder: str | None, split: Callable[[BodyReader], tuple[list[int], list[T]]],
+               *, direct: int = DIRECT_BODY, timeout: float | None, generation: int, local: bool,
+               ) -> tuple[Reply, list[int], list[T]]:
+        """``POST /v1/fetch``, its bundle taken apart by ``split``; the keys checked against ``keys``."""
         doc: dict[str, Any] = {"keys": [format_key(k) for k in keys], "generation": generation, "local": local}
         if holder is not None:
             doc["holder"] = holder
         if timeout is not None:
             doc["timeout"] = timeout
-        try:  # megabytes: each chunk copied once, from the socket (or from httpx's pieces)
-            reply, (got_keys, blobs) = self.http.request_with("POST", "/v1/fetch", split_bundle,
-                                                              json.dumps(doc).encode(),
-                                                              {"Content-Type": "application/json"})
+        try:
+            reply, (got_keys, blobs) = self.http.request_with("POST", "/v1/fetch", split, json.dumps(doc).encode(),
+                                                              {"Content-Type": "application/json"}, direct=direct)
+        except BufferTooSmallError:
+            raise
         except ValueError as exc:
             raise ApiError(200, "bad_answer", f"agent answered a malformed bundle: {exc}") from None
         if got_keys != list(keys[: len(got_keys)]):
             raise ApiError(reply.status, "bad_answer", "agent answered chunks for other keys than asked")
-        timing: dict[str, Any] | None = None
-        raw = reply.header("X-Kvpool-Timing")
-        if raw:
-            try:
-                parsed = json.loads(raw)
-            except ValueError:
-                parsed = None
-            timing = parsed if isinstance(parsed, dict) else None
-        return got_keys, blobs, reply.header("X-Kvpool-Stopped"), timing
+        return reply, got_keys, blobs
 
     def lookup(self, keys: Sequence[int]) -> dict[str, Any]:
         """How long a prefix of ``keys`` the agent could answer, no bytes moved:
@@ -223,3 +264,51 @@ class AgentClient:
         chunks = torch.stack(tensors) if tensors else None
         return FetchedPrefix(got, chunks, block_size, len(keys), stopped)
 
+
+
+def _timing(reply: Reply) -> dict[str, Any] | None:
+    """The answer's ``X-Kvpool-Timing`` object, None when absent or not one."""
+    raw = reply.header("X-Kvpool-Timing")
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def staging_buffer(nbytes: int, *, pin: bool | None = None) -> torch.Tensor:
+    """A uint8 CPU tensor of ``nbytes`` for ``AgentClient.fetch_chunks_into``, to keep and reuse.
+
+    ``pin`` (default: when CUDA is there) page-locks it, so that a copy from it to a device is
+    one DMA that can run ``non_blocking``. Its pages are not touched here: the first fetch
+    faults them in, later ones reuse them.
+    """
+    if pin is None:
+        pin = torch.cuda.is_available()
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+
+def _byte_buffer(buffer: torch.Tensor | npt.NDArray[Any] | bytearray | memoryview) -> memoryview:
+    """A flat, writable byte view of the caller's memory (no copy); ``ValueError`` for anything else."""
+    if isinstance(buffer, torch.Tensor):
+        if buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise ValueError(f"the buffer must be a contiguous CPU tensor, got one on {buffer.device}"
+                             f"{'' if buffer.is_contiguous() else ', not contiguous'}")
+        view = tensor_bytes(buffer) if buffer.numel() else memoryview(bytearray())
+    elif isinstance(buffer, np.ndarray):
+        if not buffer.flags.c_contiguous:
+            raise ValueError("the buffer must be a C-contiguous array")
+        view = buffer.reshape(-1).view(np.uint8).data
+    else:
+        try:
+            view = memoryview(buffer).cast("B")
+        except TypeError as exc:
+            raise ValueError(f"the buffer must be contiguous bytes: {exc}") from None
+    if view.readonly:
+        raise ValueError("the buffer must be writable")
+    return view
+
+
+__all__ = ["CHUNK_ALIGN", "AgentClient", "BufferTooSmallError", "FetchedPrefix", "bundle_space", "staging_buffer"]

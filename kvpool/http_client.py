@@ -13,8 +13,9 @@ and httpcore once more): each connection is a ``_Stream``, which reads a respons
 exactly to its end (peeking for it), so that an ``application/octet-stream`` answer's body is
 still all in the socket when its head is parsed. ``JsonClient.request_with`` hands such a
 body to the caller as a ``BodyReader`` whose every ``take`` is one ``recv`` of exactly that
-many bytes (one copy, from the kernel); that connection is then closed (h11 did not see the
-body). Request bodies go out with ``sendall``, ``bytes`` parts without a copy.
+many bytes (one copy, from the kernel), and every ``take_into`` one ``recv_into`` of the
+caller's memory (``AgentClient.fetch_chunks_into``); that connection is then closed (h11 did
+not see the body). Request bodies go out with ``sendall``, ``bytes`` parts without a copy.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class _Stream(httpcore.NetworkStream):
 
 
 class BodyReader:
-    """An answer's body, taken in order: ``take(n)`` is its next ``n`` bytes, each copied once."""
+    """An answer's body, taken in order: ``take(n)`` is its next ``n`` bytes, each copied once;
+    ``take_into(view)`` writes them into the caller's memory instead."""
 
     def __init__(self, length: int) -> None:
         self.left = length
@@ -159,8 +161,20 @@ class BodyReader:
         self.left -= n
         return self._take(n)
 
+    def take_into(self, out: memoryview) -> None:
+        """The next ``len(out)`` bytes, written into ``out`` (a writable byte view) and nowhere else;
+        ``ValueError`` if fewer are left. Past a failure, what ``out`` holds is undefined."""
+        n = out.nbytes
+        if not 0 <= n <= self.left:
+            raise ValueError(f"the body has {self.left} more bytes, not {n}")
+        self.left -= n
+        self._take_into(out)
+
     def _take(self, n: int) -> bytes:
         raise NotImplementedError
+
+    def _take_into(self, out: memoryview) -> None:
+        out[:] = self._take(out.nbytes)
 
 
 class PiecesReader(BodyReader):
@@ -186,6 +200,18 @@ class PiecesReader(BodyReader):
         if len(out) == 1 and isinstance(out[0].obj, bytes) and out[0].nbytes == len(out[0].obj):
             return out[0].obj  # a whole piece, as it came
         return out[0].tobytes() if len(out) == 1 else b"".join(out)
+
+    def _take_into(self, out: memoryview) -> None:
+        at = 0
+        while at < out.nbytes:  # each piece's part copied once, straight into out
+            piece = self.pieces[self._i]
+            part = piece[self._off : self._off + out.nbytes - at]
+            out[at : at + len(part)] = part
+            at += len(part)
+            self._off += len(part)
+            if self._off == len(piece):
+                self._i += 1
+                self._off = 0
 
 
 class _SocketReader(BodyReader):
@@ -217,6 +243,17 @@ class _SocketReader(BodyReader):
             parts.append(data)
             got += len(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _take_into(self, out: memoryview) -> None:
+        got, n = 0, out.nbytes
+        while got < n:  # the kernel writes into out[got:n] and no further
+            try:
+                step = self.sock.recv_into(out[got:], n - got, socket.MSG_WAITALL)
+            except BlockingIOError:
+                raise TimeoutError("the answer's body stopped arriving") from None
+            if not step:
+                raise ConnectionError("the answer's body ended early")
+            got += step
 
 
 class _Backend(httpcore.SyncBackend):
@@ -289,13 +326,14 @@ class JsonClient:
 
     def request_with(self, method: str, path: str, consume: Callable[[BodyReader], T],
                      body: Buffer | Sequence[Buffer] | None = None,
-                     headers: Mapping[str, str] | None = None) -> tuple[Reply, T]:
+                     headers: Mapping[str, str] | None = None, *, direct: int = DIRECT_BODY) -> tuple[Reply, T]:
         """``request``, the successful answer's body handed to ``consume`` as a ``BodyReader``
         (``Reply.body`` empty): what ``consume`` returns.
 
         For megabyte answers that the caller splits anyway (a chunk bundle): each part is
-        copied once, from the socket when the answer is a large octet stream, instead of
-        through h11's buffers and one joined body. ``consume`` need not take every byte.
+        copied once, from the socket when the answer is an octet stream of at least ``direct``
+        bytes, instead of through h11's buffers and one joined body (``BodyReader.take_into``
+        writes it where the caller says). ``consume`` need not take every byte.
         """
         parts: Sequence[Buffer] = [] if body is None else [body] if isinstance(body, Buffer) else body
         hdrs = dict(headers or {})
@@ -308,7 +346,7 @@ class JsonClient:
         try:
             with self._http.stream(method, path, content=content, headers=hdrs) as resp:
                 stream = resp.extensions.get("network_stream")
-                length = _direct_length(resp)
+                length = _direct_length(resp, direct)
                 if length and isinstance(stream, _Stream) and stream.at_body:
                     # Straight from the socket; h11 never sees these bytes, so the connection closes after.
                     stream.at_body = False
@@ -359,12 +397,12 @@ class JsonClient:
         return self.call("DELETE", path, None, headers)
 
 
-def _direct_length(resp: httpx.Response) -> int:
-    """The body length of a successful octet-stream answer worth reading past h11, else 0."""
+def _direct_length(resp: httpx.Response, least: int = DIRECT_BODY) -> int:
+    """The body length of a successful octet-stream answer of at least ``least`` bytes (read past h11), else 0."""
     if resp.status_code >= 400 or resp.headers.get("content-type") != "application/octet-stream":
         return 0
     text = resp.headers.get("content-length", "")
-    return int(text) if text.isdigit() and int(text) >= DIRECT_BODY else 0
+    return int(text) if text.isdigit() and int(text) >= max(1, least) else 0
 
 
 def _stream(parts: Sequence[Buffer]) -> Iterator[bytes]:
