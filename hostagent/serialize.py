@@ -137,8 +137,12 @@ def _payload_len(dtype: torch.dtype, shape: tuple[int, ...], quant: Quant) -> in
 
 def serialized_size(tensor: torch.Tensor, quant: Quant = Quant.NONE) -> int:
     """Bytes ``serialize`` produces for ``tensor``."""
-    shape = tuple(tensor.shape)
-    return header_len(len(shape)) + _payload_len(tensor.dtype, shape, quant)
+    return blob_size(tensor.dtype, tuple(tensor.shape), quant)
+
+
+def blob_size(dtype: torch.dtype, shape: tuple[int, ...], quant: Quant = Quant.NONE) -> int:
+    """Bytes of the blob of a ``dtype`` tensor of ``shape`` (what a buffer for it must hold)."""
+    return header_len(len(shape)) + _payload_len(dtype, shape, quant)
 
 
 def _check_tensor(tensor: torch.Tensor, quant: Quant) -> None:

@@ -17,9 +17,11 @@ Both halves talk to the host's ``kvpool-agent`` through its local API (``AgentCl
   answer (``POST /v1/lookup``: its tiers' index and its directory, no bytes move) and offers
   them, never the prompt's last token (the engine must compute at least one).
 * **Worker**: ``start_load_kv`` fetches the matched chunks through the agent (so the switches
-  coalesce, multicast and serve them) and writes them into the paged cache of every layer
-  before the forward pass reads it; ``wait_for_save`` copies the chunks a step completed out
-  of the paged cache and publishes them to the agent from a background thread.
+  coalesce, multicast and serve them) straight into a staging buffer it keeps
+  (``AgentClient.fetch_chunks_into``: no bytes object, no join, deserialized as views) and
+  writes them from there into the paged cache of every layer before the forward pass reads
+  it; ``wait_for_save`` copies the chunks a step completed out of the paged cache and
+  publishes them to the agent from a background thread.
 
 Failure is a recompute, never wrong KV and never a hung engine: every call to the agent is
 bounded by a timeout; a fetch that fails, stops short, times out or fails its integrity
@@ -54,9 +56,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from hostagent.api import MAX_LOOKUP_KEYS
 from hostagent.chunking import chunk_keys
-from hostagent.client import AgentClient
+from hostagent.client import AgentClient, bundle_space, staging_buffer
 from hostagent.layouts import chunks_from_paged, write_chunks_to_paged
-from hostagent.serialize import ChunkFormatError, deserialize, serialize
+from hostagent.serialize import ChunkFormatError, blob_size, deserialize, serialize
 from kvpool.http_api import ApiError
 
 if TYPE_CHECKING:
@@ -215,6 +217,8 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
         self._layers: list[torch.Tensor] = []
+        self._staging: torch.Tensor | None = None
+        """Where fetched chunks land (``AgentClient.fetch_chunks_into``), kept across loads, grown on demand."""
         self._failed_blocks: set[int] = set()
         self._load_failed = False
         self._saver: ThreadPoolExecutor | None = None
@@ -382,10 +386,13 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
         try:
             if client is None:
                 raise _QuietError
-            _, blobs, stopped = client.fetch_chunks(load.keys, self.settings.holder,
-                                                    timeout=self.settings.fetch_timeout_s, local=self.settings.keep)
+            # The agent's answer goes from the socket straight into the staging buffer; each chunk is
+            # checked there and copied from there into the paged blocks (docs/design/notes-http.md).
+            _, blobs, stopped = client.fetch_chunks_into(load.keys, self._staging_for(len(load.keys)),
+                                                         self.settings.holder, timeout=self.settings.fetch_timeout_s,
+                                                         local=self.settings.keep)
             for i, blob in enumerate(blobs):
-                chunk = deserialize(bytearray(blob))
+                chunk = deserialize(blob)  # a view of the staging buffer, its checksum verified
                 blocks = self._blocks_of(chunk, cb)
                 lo = load.skip if i == 0 else 0
                 write_chunks_to_paged(self._layers, load.block_ids[i * cb + lo : (i + 1) * cb], blocks[lo:])
@@ -407,6 +414,24 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._failed_blocks.update(load.block_ids[max(written * cb, load.skip) :])
             return False
         return True
+
+    def _staging_for(self, n: int) -> torch.Tensor:
+        """A staging buffer with room for ``n`` chunks of this cache's shape and dtype (kept, grown when short).
+
+        Pinned when the paged cache is on a device, so that the copy into it is one DMA. A chunk
+        of another shape or dtype either fits (and ``_blocks_of`` refuses it) or raises
+        ``BufferTooSmallError``: both are recomputes.
+        """
+        if not self._layers:
+            raise ValueError("no paged cache registered")
+        _, two, block, heads, dim = self._layers[0].shape
+        shape = (len(self._layers), two, heads, self.settings.chunk_blocks * block, dim)
+        size = blob_size(self._layers[0].dtype, shape)
+        need = bundle_space([size] * n)
+        if self._staging is None or self._staging.numel() < need:
+            self._staging = None  # the old one goes first: only one staging buffer at a time
+            self._staging = staging_buffer(need, pin=self._layers[0].device.type == "cuda")
+        return self._staging
 
     def _blocks_of(self, chunk: torch.Tensor, cb: int) -> torch.Tensor:
         """A chunk ``[L, 2, H, cb * B, D]`` as ``cb`` per-block chunks ``[cb, L, 2, H, B, D]``."""

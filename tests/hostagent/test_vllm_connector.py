@@ -162,7 +162,7 @@ def test_agent_dies_between_lookup_and_fetch(rig: Rig, monkeypatch: pytest.Monke
         failed.set()
         raise OSError("connection reset by a test")
 
-    monkeypatch.setattr(AgentClient, "fetch_chunks", broken_fetch)
+    monkeypatch.setattr(AgentClient, "fetch_chunks_into", broken_fetch)
     assert rig.generate(prompt) == ref
     assert failed.is_set()
 
