@@ -639,6 +639,7 @@ def bench_api(args: argparse.Namespace) -> Section:
     reps = max(3, args.reps)
     names = ["raw", "api"] + (["before"] if args.before != "none" else [])
     secs: dict[tuple[str, str], list[float]] = {(n, op): [] for n in names for op in ("fetch", "publish")}
+    secs[("api", "fetch_into")] = []  # this tree's fetch into the caller's buffer, next to its plain fetch
     why_not = ""
     with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as tmp:
         if "before" in names and (why_not := REFS["tree_at"](args.before, Path(tmp))):
@@ -648,11 +649,11 @@ def bench_api(args: argparse.Namespace) -> Section:
                                        *([Path(tmp)] if n == "before" else [])) for n in names}
         try:
             for rep in range(-1, reps):  # rep -1: untimed warm-up; sides take turns, in turn first
-                for op in ("fetch", "publish"):
+                for op in ("fetch_into", "fetch", "publish") if rep % 2 else ("fetch", "fetch_into", "publish"):
                     for n in names[rep % len(names):] + names[: rep % len(names)]:
-                        dt = sides[n].seconds(op)
-                        if rep >= 0:
-                            secs[(n, op)].append(dt)
+                        if (n, op) in secs:
+                            dt = sides[n].seconds(op)
+                            secs[(n, op)].extend([dt] if rep >= 0 else [])
         finally:
             for side in sides.values():
                 side.close()
@@ -673,9 +674,18 @@ def bench_api(args: argparse.Namespace) -> Section:
         if "before" in names:
             sec.summary[f"api_{op}_vs_before"] = statistics.median(
                 [b / t for b, t in zip(secs[("before", op)], secs[("api", op)], strict=True)])
+    into = secs[("api", "fetch_into")]
+    paired = [r / t for r, t in zip(secs[("raw", "fetch")], into, strict=True)]
+    sec.rows.insert(len(names), ["/v1/fetch into a kept buffer (fetch_chunks_into)", f"{total / min(into) / 1e6:.0f}",
+                                 f"{total / statistics.median(into) / 1e6:.0f}", f"{statistics.median(paired):.2f}"])
+    sec.summary["api_fetch_into_body_mbps"] = total / statistics.median(into) / 1e6
+    sec.summary["api_fetch_into_vs_raw_http"] = statistics.median(paired)
+    sec.summary["api_fetch_into_vs_fetch"] = statistics.median(
+        [f / t for f, t in zip(secs[("api", "fetch")], into, strict=True)])
     sec.notes = [
         "Each path is a client process: the agent's through AgentClient (fetch: the bundle out of the",
-        "agent's DRAM tier, each chunk returned as bytes; publish: the same bytes in), the raw peer a",
+        "agent's DRAM tier, each chunk returned as bytes; fetch into a kept buffer: the same, each chunk",
+        "received into one staging tensor and returned as a view of it; publish: the same bytes in), the raw peer a",
         "plain socket (sendall of the parts, recv_into one reused buffer: kernel copies only, the floor).",
         "Paths take turns per rep; ratios are medians of per-rep pairs.  'before' is the API of main",
         "before issue 46 (hand-written server and http.client), its hostagent/ and kvpool/ from git.",

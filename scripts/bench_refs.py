@@ -140,6 +140,12 @@ if side == "agent":  # the agent's API, through its own client, of whatever tree
         assert len(got) == count and got[-1] == parts[-1], "/v1/fetch answered other chunks"
     def publish():
         client.publish_chunks(keys, parts[1:])
+    if hasattr(AgentClient, "fetch_chunks_into"):  # this tree: the bundle into one kept buffer, as views
+        from hostagent.client import bundle_space, staging_buffer
+        into = staging_buffer(bundle_space([clen] * count))
+        def fetch_into():
+            got = client.fetch_chunks_into(keys, into)[1]
+            assert len(got) == count and got[-1] == parts[-1], "/v1/fetch answered other chunks"
     stop = agent.stop
 else:  # the plain-socket peer
     server = subprocess.Popen([sys.executable, "-c", sys.argv[4], str(count), str(clen)], stdout=subprocess.PIPE)
@@ -161,7 +167,7 @@ print("ready", flush=True)
 try:
     for line in sys.stdin:
         t0 = time.perf_counter()
-        fetch() if line.strip() == "fetch" else publish()
+        {"fetch": fetch, "publish": publish, "fetch_into": globals().get("fetch_into")}[line.strip()]()
         print(time.perf_counter() - t0, flush=True)
 finally:
     stop()
@@ -186,7 +192,8 @@ class BodiesSide:
     """A client process moving ``count`` chunks of ``chunk_len`` bytes as one bundle per call, on request.
 
     ``side`` is ``"agent"`` (an agent of ``tree`` and its ``AgentClient``: ``/v1/fetch`` of
-    held chunks, ``/v1/publish`` of the same) or ``"raw"`` (the plain-socket HTTP peer).
+    held chunks, ``/v1/publish`` of the same, and in this tree ``"fetch_into"``, the same fetch
+    into one kept staging buffer) or ``"raw"`` (the plain-socket HTTP peer).
     """
 
     def __init__(self, side: str, count: int, chunk_len: int, tree: Path = ROOT) -> None:
@@ -205,7 +212,7 @@ class BodiesSide:
         return line
 
     def seconds(self, op: str) -> float:
-        """Time one ``"fetch"`` or ``"publish"`` of the whole bundle."""
+        """Time one ``"fetch"``, ``"fetch_into"`` or ``"publish"`` of the whole bundle."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(op + "\n")
         self.proc.stdin.flush()

@@ -56,4 +56,6 @@ def test_api_section_compares_the_bodies_with_a_raw_http_peer_and_the_api_before
         for name in (f"api_{op}_vs_raw_http", f"before_{op}_vs_raw_http", f"api_{op}_vs_before",
                      f"api_{op}_body_mbps", f"raw_http_{op}_mbps"):
             assert float(summary[name]) > 0, name
-    assert "plain-socket HTTP peer" in out and "agent API at 51f67d3" in out
+    for name in ("api_fetch_into_vs_fetch", "api_fetch_into_vs_raw_http", "api_fetch_into_body_mbps"):
+        assert float(summary[name]) > 0, name
+    assert "plain-socket HTTP peer" in out and "agent API at 51f67d3" in out and "into a kept buffer" in out
