@@ -21,9 +21,11 @@ not see the body). Request bodies go out with ``sendall``, ``bytes`` parts witho
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import select
 import socket
+import ssl
 import struct
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -272,10 +274,18 @@ class _Backend(httpcore.SyncBackend):
         return _Stream(stream.get_extra_info("socket"))
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """A TLS context (the system's CAs, certificates checked), made once per process: no kvpool address uses TLS."""
+    return ssl.create_default_context()
+
+
 def _transport(uds: str | None) -> httpx.HTTPTransport:
     """httpx's transport over ``_Backend``'s connections (httpx has no argument for a backend: its pool is replaced)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_S)
-    transport = httpx.HTTPTransport(uds=uds, retries=0, limits=limits)
+    # Our addresses are plain HTTP (check_url), but a transport builds a TLS context all the same,
+    # loading the CA bundle: about 30 ms per client here. One context, made once, serves them all.
+    transport = httpx.HTTPTransport(uds=uds, retries=0, limits=limits, verify=_tls_context())
     if not isinstance(getattr(transport, "_pool", None), httpcore.ConnectionPool):
         return transport  # another httpx: its own connections (correct, only slower on megabyte answers)
     transport._pool = httpcore.ConnectionPool(
