@@ -155,11 +155,11 @@ class Bench:
             if not self.worker._load(LoadSpec("bench", keys, block_ids)):
                 raise RuntimeError(f"the connector's load failed: {self.worker.counters}")
 
-        fetched: list[bytes] = []
+        fetched: list[memoryview] = []
 
         def copy_only() -> None:
-            for blob in fetched:  # what _load does after the fetch, from bytes already here
-                chunk = deserialize(bytearray(blob))
+            for blob in fetched:  # what _load does after the fetch, from chunks already in writable memory
+                chunk = deserialize(blob)  # a view: no copy, the checksum checked
                 blocks = self.worker._blocks_of(chunk, self.worker.settings.chunk_blocks)
                 write_chunks_to_paged(layers, block_ids[: len(blocks)], blocks)
 
@@ -180,7 +180,7 @@ class Bench:
         want = chunks.view(n, len(layers), 2, heads, cb, self.worker.block_size, dim).permute(0, 4, 1, 2, 3, 5, 6)
         if not torch.equal(back, want.reshape(back.shape)):
             raise RuntimeError("the paged cache does not hold the chunks the holder was given")
-        fetched.extend(blobs[: max(1, n // 4)])
+        fetched.extend(memoryview(bytearray(b)) for b in blobs[: max(1, n // 4)])
         copy_times = []
         for _ in range(self.args.reps):
             t0 = time.perf_counter()
