@@ -416,7 +416,7 @@ TNA_POOL_ENTRIES: Final = TNA_POOL_SLOTS + 1
 TNA_PENDING_SLOTS: Final = 2048
 TNA_MAX_WAITERS: Final = MAX_WAITERS
 TNA_PENDING_REPLIES: Final = TNA_PENDING_SLOTS * TNA_MAX_WAITERS
-TNA_SERVED_WORDS: Final = 32
+TNA_SERVED_WORDS: Final = 8
 TNA_SERVED_BYTES: Final = 4 * TNA_SERVED_WORDS
 """The part of a fragment a TNA pool stores and serves; only fragments this short are served."""
 

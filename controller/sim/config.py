@@ -169,7 +169,7 @@ class SwitchPreset:
 #: Switches that exist (``kvpool sim --switch-preset``, q4's ``tofino1``).  ``tofino1``: the TNA
 #: program on one Tofino 1 pipe (p4/README.md, "v1model and TNA"): 2,048 pending slots and 32
 #: waiters per switch, and no pool memory for KV chunks: its pool serves only fragments of at
-#: most 128 bytes, and every fragment of a KV chunk but the last carries 1,408.
+#: most 32 bytes, and every fragment of a KV chunk but the last carries 1,408.
 SWITCH_PRESETS: dict[str, SwitchPreset] = {
     "tofino1": SwitchPreset(0.0, contract.TNA_PENDING_SLOTS, contract.TNA_MAX_WAITERS),
 }

@@ -9,7 +9,7 @@
  * - A register lives in one stage, next to its stateful ALU (4 per stage, 12 stages per
  *   gress), and a stage has 80 SRAM blocks of 128 Kbit and 48 map RAMs; a stateful table
  *   also takes one map RAM per SRAM block.  A register of 16384 32-bit cells is 4 blocks.
- * - The served part of a fragment is the first SERVED_BYTES of its payload: 32 registers of
+ * - The served part of a fragment is the first SERVED_BYTES of its payload: 8 registers of
  *   32-bit words in egress, one stateful ALU each (see pool.p4 for why not more).
  */
 #ifndef KVPOOL_TNA_GEOMETRY_P4
@@ -40,8 +40,8 @@
 // 64, so it lasts 2.4% longer than on BMv2, at a resolution of 65.5 us.
 const bit<32> DEFAULT_PENDING_TIMEOUT_US = 100000;
 
-// TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits (24, 28 or 32).
-#define SERVED_WORDS    32
+// TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits (a multiple of 4, 8 to 32; 8 on Tofino 1: see pool.p4).
+#define SERVED_WORDS    8
 const bit<16> SERVED_BYTES = 4 * SERVED_WORDS;
 
 // How the egress pool treats a packet (bridged from ingress).

@@ -25,15 +25,23 @@
 header kvWords_t {
     bit<32> w0;  bit<32> w1;  bit<32> w2;  bit<32> w3;
     bit<32> w4;  bit<32> w5;  bit<32> w6;  bit<32> w7;
-    bit<32> w8;  bit<32> w9;  bit<32> w10; bit<32> w11;
-    bit<32> w12; bit<32> w13; bit<32> w14; bit<32> w15;
-    bit<32> w16; bit<32> w17; bit<32> w18; bit<32> w19;
-    bit<32> w20; bit<32> w21; bit<32> w22; bit<32> w23;
+#if SERVED_WORDS > 8
+    bit<32> w8;  bit<32> w9;  bit<32> w10;  bit<32> w11;
+#endif
+#if SERVED_WORDS > 12
+    bit<32> w12;  bit<32> w13;  bit<32> w14;  bit<32> w15;
+#endif
+#if SERVED_WORDS > 16
+    bit<32> w16;  bit<32> w17;  bit<32> w18;  bit<32> w19;
+#endif
+#if SERVED_WORDS > 20
+    bit<32> w20;  bit<32> w21;  bit<32> w22;  bit<32> w23;
+#endif
 #if SERVED_WORDS > 24
-    bit<32> w24; bit<32> w25; bit<32> w26; bit<32> w27;
+    bit<32> w24;  bit<32> w25;  bit<32> w26;  bit<32> w27;
 #endif
 #if SERVED_WORDS > 28
-    bit<32> w28; bit<32> w29; bit<32> w30; bit<32> w31;
+    bit<32> w28;  bit<32> w29;  bit<32> w30;  bit<32> w31;
 #endif
 }
 
@@ -124,6 +132,9 @@ struct ig_metadata_t {
 }
 
 struct eg_metadata_t {
+    // Set in egress, read by the deparser (whose conditions may test metadata only): the
+    // IPv4 header has no options, so its checksum is recomputed (as the v1model program).
+    bit<1> ipv4_checksum;
 }
 
 #endif  // KVPOOL_TNA_HEADERS_P4

@@ -147,6 +147,7 @@ parser MyEgressParser(packet_in pkt,
                       out egress_intrinsic_metadata_t standard_metadata) {
 
     state start {
+        meta.ipv4_checksum = 0;  // set in egress
         pkt.extract(standard_metadata);
         pkt.extract(hdr.bridge);
         transition parse_ethernet;
@@ -212,7 +213,7 @@ control MyEgressDeparser(packet_out pkt,
 
     apply {
         // As the v1model program: a header with options keeps the checksum it came with.
-        if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
+        if (meta.ipv4_checksum == 1) {
             hdr.ipv4.hdrChecksum = ipv4_checksum.update({
                 hdr.ipv4.version,
                 hdr.ipv4.ihl,

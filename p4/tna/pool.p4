@@ -8,23 +8,23 @@
  * whose {placement, frag_index} decides hit, miss and fill.  A hit rewrites the GET into
  * the DATA reply here; a fill or a hit is handed to egress in bridge.pool_op.
  * Egress (control PoolEgress): the bytes.  SERVED_WORDS registers of 32-bit words
- * (word_0 .. word_31) and the writer's check (slot_check_hi, slot_check_lo), indexed
+ * (word_0 .. word_7) and the writer's check (slot_check_hi, slot_check_lo), indexed
  * by the slot, are read into a served reply or written from a passing DATA.
  *
- * What a Tofino 1 pipe can serve, and why 128 bytes.  A stateful ALU reads or writes one
+ * What a Tofino 1 pipe can serve, and why 32 bytes.  A stateful ALU reads or writes one
  * cell of at most 32 bits (or a pair of 32-bit halves, returning 32 bits) once per packet,
- * and a stage has 4 of them, shared by ingress and egress: 48 in a pipe.  The ingress
- * takes 11 (slot_tag, mismatch_seen, 3 sketch rows, 2 Bloom rows, 4 pending registers),
- * the reply records 2 and slot_check 2, which leaves 33 for words: 32 words, 128 bytes,
- * per pass (SERVED_WORDS can drop to 28 or 24 if a change needs ALUs back).  More passes
- * (recirculation) do not help: a switch only rewrites bytes its parser put into the PHV
- * (4 Kbit), so it never writes payload bytes past the first few hundred, whatever the
- * number of passes.  So the
- * TNA pool stores and serves the first SERVED_BYTES = 128 bytes of a fragment, and only a
- * fragment whose payload_len is at most that is served or filled (a chunk of at most 128
- * bytes, or the short last fragment of a chunk).  Its reply is still a full DATA: the
- * GET's 1408-byte room carries it, the switch writes the first 128 bytes and the rest
- * leaves as the requester sent it (zeros), past payload_len, which no receiver reads.
+ * 4 per stage: one register per served word.  And a switch only rewrites bytes its parser
+ * put into the PHV: Tofino 1's egress parser reads at most 160 bytes of a packet (bf-p4c,
+ * specs/parde_spec.h), of which the egress intrinsic metadata (27), the bridged header
+ * (16), Ethernet + IPv4 + UDP (42) and the kvpool header (40) take 125.  That leaves 35:
+ * SERVED_WORDS = 8, 32 bytes.  More passes (recirculation) do not help: no pass reaches
+ * further into the payload.  (Serving from ingress, whose parser has no such limit, would
+ * lift it to the PHV's and the stateful ALUs' budget, about 128 bytes.)  So the TNA pool
+ * stores and serves the first SERVED_BYTES = 32 bytes of a fragment, and only a fragment
+ * whose payload_len is at most that is served or filled (a chunk of at most 32 bytes, or
+ * the short last fragment of a chunk).  Its reply is still a full DATA: the GET's
+ * 1408-byte room carries it, the switch writes the first 32 bytes and the rest leaves as
+ * the requester sent it (zeros), past payload_len, which no receiver reads.
  * A fragment longer than SERVED_BYTES counts as POOL_BYPASS (GET) or is not written (DATA,
  * POOL_BYPASS too): the controller admits to a TNA pool only chunks that fit.
  *
@@ -283,10 +283,18 @@ control PoolEgress(inout headers_t hdr,
 
     POOL_WORD(0)   POOL_WORD(1)   POOL_WORD(2)   POOL_WORD(3)
     POOL_WORD(4)   POOL_WORD(5)   POOL_WORD(6)   POOL_WORD(7)
-    POOL_WORD(8)   POOL_WORD(9)   POOL_WORD(10)  POOL_WORD(11)
+#if SERVED_WORDS > 8
+    POOL_WORD(8)  POOL_WORD(9)  POOL_WORD(10)  POOL_WORD(11)
+#endif
+#if SERVED_WORDS > 12
     POOL_WORD(12)  POOL_WORD(13)  POOL_WORD(14)  POOL_WORD(15)
+#endif
+#if SERVED_WORDS > 16
     POOL_WORD(16)  POOL_WORD(17)  POOL_WORD(18)  POOL_WORD(19)
+#endif
+#if SERVED_WORDS > 20
     POOL_WORD(20)  POOL_WORD(21)  POOL_WORD(22)  POOL_WORD(23)
+#endif
 #if SERVED_WORDS > 24
     POOL_WORD(24)  POOL_WORD(25)  POOL_WORD(26)  POOL_WORD(27)
 #endif
@@ -314,10 +322,18 @@ control PoolEgress(inout headers_t hdr,
         if (hdr.bridge.pool_op == POOL_OP_SERVE && hdr.words.isValid()) {
             POOL_WORD_READ(0)   POOL_WORD_READ(1)   POOL_WORD_READ(2)   POOL_WORD_READ(3)
             POOL_WORD_READ(4)   POOL_WORD_READ(5)   POOL_WORD_READ(6)   POOL_WORD_READ(7)
-            POOL_WORD_READ(8)   POOL_WORD_READ(9)   POOL_WORD_READ(10)  POOL_WORD_READ(11)
+#if SERVED_WORDS > 8
+            POOL_WORD_READ(8)  POOL_WORD_READ(9)  POOL_WORD_READ(10)  POOL_WORD_READ(11)
+#endif
+#if SERVED_WORDS > 12
             POOL_WORD_READ(12)  POOL_WORD_READ(13)  POOL_WORD_READ(14)  POOL_WORD_READ(15)
+#endif
+#if SERVED_WORDS > 16
             POOL_WORD_READ(16)  POOL_WORD_READ(17)  POOL_WORD_READ(18)  POOL_WORD_READ(19)
+#endif
+#if SERVED_WORDS > 20
             POOL_WORD_READ(20)  POOL_WORD_READ(21)  POOL_WORD_READ(22)  POOL_WORD_READ(23)
+#endif
 #if SERVED_WORDS > 24
             POOL_WORD_READ(24)  POOL_WORD_READ(25)  POOL_WORD_READ(26)  POOL_WORD_READ(27)
 #endif
@@ -332,10 +348,18 @@ control PoolEgress(inout headers_t hdr,
             // A released DATA is written once: by the replica to the waiter it answered.
             POOL_WORD_WRITE(0)   POOL_WORD_WRITE(1)   POOL_WORD_WRITE(2)   POOL_WORD_WRITE(3)
             POOL_WORD_WRITE(4)   POOL_WORD_WRITE(5)   POOL_WORD_WRITE(6)   POOL_WORD_WRITE(7)
-            POOL_WORD_WRITE(8)   POOL_WORD_WRITE(9)   POOL_WORD_WRITE(10)  POOL_WORD_WRITE(11)
+#if SERVED_WORDS > 8
+            POOL_WORD_WRITE(8)  POOL_WORD_WRITE(9)  POOL_WORD_WRITE(10)  POOL_WORD_WRITE(11)
+#endif
+#if SERVED_WORDS > 12
             POOL_WORD_WRITE(12)  POOL_WORD_WRITE(13)  POOL_WORD_WRITE(14)  POOL_WORD_WRITE(15)
+#endif
+#if SERVED_WORDS > 16
             POOL_WORD_WRITE(16)  POOL_WORD_WRITE(17)  POOL_WORD_WRITE(18)  POOL_WORD_WRITE(19)
+#endif
+#if SERVED_WORDS > 20
             POOL_WORD_WRITE(20)  POOL_WORD_WRITE(21)  POOL_WORD_WRITE(22)  POOL_WORD_WRITE(23)
+#endif
 #if SERVED_WORDS > 24
             POOL_WORD_WRITE(24)  POOL_WORD_WRITE(25)  POOL_WORD_WRITE(26)  POOL_WORD_WRITE(27)
 #endif

@@ -11,7 +11,7 @@ Every point runs six configurations on the same requests:
   (the P4 program's 65536 pending slots, 1.5 MiB, and their reply records) and works for any model size;
 - ``tofino1``: coalescing as one Tofino 1 pipe can hold it (the TNA program, p4/tna/): 2,048
   pending slots per switch, direct-mapped, and waiter ids for 32 hosts per switch; no pool memory
-  (its pool serves only fragments of at most 128 bytes, none of a KV chunk's);
+  (its pool serves only fragments of at most 32 bytes, none of a KV chunk's);
 - ``sram``: plus a 16 MiB switch pool (a Tofino's SRAM: two 6 MiB Qwen chunks, no Llama chunk);
 - ``pool``: plus a 24 GiB switch-attached pool (value policy).
 
