@@ -45,6 +45,14 @@ const bit<8> LIVE_MINE    = 2;   // live, tag of this waiter and chunk hash
 const bit<8> LIVE_OTHER   = 3;   // live, another owner or another chunk
 const bit<8> LIVE_EXPIRED = 4;   // over, and this GET opens nothing (RETRANSMIT)
 
+// A Tofino 1 stateful ALU outputs one source per action, so pending_live's actions return
+// their 4-bit predicate, 1 << (cmphi * 2 + cmplo), with cmplo = over (ts at or before the
+// deadline) and cmphi = mine (the tag is this waiter's); the control reads LIVE_* from it.
+const bit<8> PRED_NEITHER  = 1;  // live, not mine
+const bit<8> PRED_OVER     = 2;  // over, not mine
+const bit<8> PRED_MINE     = 4;  // live, mine
+const bit<8> PRED_OVER_MINE = 8; // over, mine (over wins)
+
 /*************************************************************************
  ***********************  C O A L E S C E   (ingress)  *******************
  *************************************************************************/
@@ -64,52 +72,43 @@ control Coalesce(inout headers_t hdr,
 
     bit<32> pending_timeout;
 
+    // cmplo and cmphi written inline: bf-p4c takes each as one comparison of the cell.
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_get = {
         void apply(inout pair32_t v, out bit<8> rv) {
+            rv = this.predicate((int<32>)(v.hi - meta.deadline) <= 0, v.lo == meta.my_tag);
             if ((int<32>)(v.hi - meta.deadline) <= 0) {
                 v.hi = meta.now;
                 v.lo = meta.my_tag;
-                rv = LIVE_OPENED;
             } else if (v.lo == meta.my_tag) {
                 v.hi = meta.now;
-                rv = LIVE_MINE;
-            } else {
-                rv = LIVE_OTHER;
             }
         }
     };
 
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_peek = {
         void apply(inout pair32_t v, out bit<8> rv) {
-            if ((int<32>)(v.hi - meta.deadline) <= 0) {
-                rv = LIVE_EXPIRED;
-            } else if (v.lo == meta.my_tag) {
+            rv = this.predicate((int<32>)(v.hi - meta.deadline) <= 0, v.lo == meta.my_tag);
+            if ((int<32>)(v.hi - meta.deadline) > 0 && v.lo == meta.my_tag) {
                 v.hi = meta.now;
-                rv = LIVE_MINE;
-            } else {
-                rv = LIVE_OTHER;
             }
         }
     };
 
+    // An answer looks at the tag only: cmplo = mine, so PRED_OVER (2) here means mine.
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_answer = {
         void apply(inout pair32_t v, out bit<8> rv) {
+            rv = this.predicate(v.lo == meta.my_tag);
             if (v.lo == meta.my_tag) {
                 v.hi = meta.now;
-                rv = LIVE_MINE;
-            } else {
-                rv = LIVE_OTHER;
             }
         }
     };
 
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_answer_last = {
         void apply(inout pair32_t v, out bit<8> rv) {
+            rv = this.predicate(v.lo == meta.my_tag);
             if (v.lo == meta.my_tag) {
                 v.hi = meta.deadline;
-                rv = LIVE_MINE;
-            } else {
-                rv = LIVE_OTHER;
             }
         }
     };
@@ -184,8 +183,10 @@ control Coalesce(inout headers_t hdr,
         }
     };
 
+    // The controller's microseconds / 64 (no divider: a slice), in global_tstamp[47:16]'s
+    // 65.536 us units: 2.4% longer.
     action set_pending_timeout(bit<32> timeout_us) {
-        pending_timeout = timeout_us;
+        pending_timeout = (bit<32>)timeout_us[31:6];
     }
 
     table coalesce_config {
@@ -318,13 +319,12 @@ control Coalesce(inout headers_t hdr,
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
         hdr.bridge.pending_idx = (bit<16>)crc[10:0];
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
-        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11].
-        bit<32> fingerprint = crc >> 11;
-        meta.my_tag = meta.my_tag | fingerprint;
-        // 65.536 us units, and the timeout's microseconds / 64 (no divider): 2.4% longer.
+        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11] (a slice of the
+        // hash, not a shift: one ALU operation per statement of an action's stage).
+        meta.my_tag = meta.my_tag | (bit<32>)crc[31:11];
+        // 65.536 us units; pending_timeout holds the timeout in them already (set_pending_timeout).
         meta.now = ig_prsr_md.global_tstamp[47:16];
-        bit<32> timeout_units = pending_timeout >> 6;
-        meta.deadline = meta.now - timeout_units;
+        meta.deadline = meta.now - pending_timeout;
         bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
 
         meta.count_coalesce = 1;
@@ -332,11 +332,21 @@ control Coalesce(inout headers_t hdr,
             if (meta.has_waiter == 0) {
                 meta.coalesce_stat = CO_NO_WAITER_ID;
             } else {
-                bit<8> live;
+                bit<8> pred;
                 if (retransmit) {
-                    live = live_peek.execute(idx);
+                    pred = live_peek.execute(idx);
                 } else {
-                    live = live_get.execute(idx);
+                    pred = live_get.execute(idx);
+                }
+                bit<8> live = LIVE_OTHER;
+                if (pred == PRED_OVER || pred == PRED_OVER_MINE) {
+                    if (retransmit) {
+                        live = LIVE_EXPIRED;
+                    } else {
+                        live = LIVE_OPENED;
+                    }
+                } else if (pred == PRED_MINE) {
+                    live = LIVE_MINE;
                 }
                 if (live == LIVE_OPENED) {
                     key_open.execute(idx);
@@ -370,13 +380,13 @@ control Coalesce(inout headers_t hdr,
             if (meta.has_waiter == 1) {
                 bit<16> next = hdr.kv.frag_index + 1;
                 bool over = hdr.kv.opcode == OP_NACK || next == hdr.kv.frag_count;
-                bit<8> live;
+                bit<8> pred;
                 if (over) {
-                    live = live_answer_last.execute(idx);
+                    pred = live_answer_last.execute(idx);
                 } else {
-                    live = live_answer.execute(idx);
+                    pred = live_answer.execute(idx);
                 }
-                if (live == LIVE_MINE && key_same.execute(idx) == 1
+                if (pred == PRED_OVER && key_same.execute(idx) == 1
                         && gen_answers.execute(idx) == 1) {
                     waiterMask_t mask;
                     if (over) {

@@ -32,7 +32,9 @@ control MyEgress(inout headers_t hdr,
             coalesce.apply(hdr, standard_metadata, eg_dprsr_md);
             pool.apply(hdr, standard_metadata);
         }
-        meta.ipv4_checksum = (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) ? 1w1 : 1w0;
+        if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5) {
+            meta.ipv4_checksum = 1;
+        }
     }
 }
 

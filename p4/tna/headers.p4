@@ -102,6 +102,7 @@ struct ig_metadata_t {
     // Pool lookup result.
     bit<1>       pool_found;
     slotIdx_t    base_slot;
+    slotIdx_t    pool_slot;      // base_slot + frag_index: the slot of this fragment
     bit<16>      pool_frag_count;
     bit<32>      pool_chunk_len;
     generation_t pool_generation;

@@ -115,6 +115,8 @@ control Pool(inout headers_t hdr,
         }
     };
 
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) slot_index;
+
     action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
                       generation_t generation, bit<8> state, placement_t placement) {
         meta.pool_found = 1;
@@ -173,8 +175,11 @@ control Pool(inout headers_t hdr,
     apply {
         meta.count_pool = 1;
         if (pool_lookup.apply().hit) {
-            slotIdx_t slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
-            bool slot_ok = meta.base_slot < POOL_SLOTS && slot < POOL_SLOTS;
+            // A register index must be an action argument, a constant or a hash unit's
+            // output (bf-p4c): the sum goes to metadata and through an identity hash.
+            meta.pool_slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
+            bit<32> sidx = slot_index.get({ meta.pool_slot });
+            bool slot_ok = meta.base_slot < POOL_SLOTS && meta.pool_slot < POOL_SLOTS;
             bool usable = (meta.pool_state == POOL_STATE_FILLING
                            || meta.pool_state == POOL_STATE_VALID)
                           && meta.pool_placement != 0;
@@ -197,9 +202,9 @@ control Pool(inout headers_t hdr,
                     meta.pool_stat = POOL_SLOT_RANGE;
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     meta.pool_stat = POOL_NO_ROOM;
-                } else if (tag_is.execute(slot) == 1) {
-                    serve(slot, (bit<16>)rest);
-                    slot_hits.count(slot);
+                } else if (tag_is.execute(sidx) == 1) {
+                    serve(meta.pool_slot, (bit<16>)rest);
+                    slot_hits.count(sidx);
                     meta.pool_stat = POOL_HIT;
                 } else {
                     meta.pool_stat = POOL_MISS_UNFILLED;
@@ -232,15 +237,15 @@ control Pool(inout headers_t hdr,
                     bit<1> current;
                     bool repair = (hdr.kv.flags & FLAG_NO_CACHE) != 0;
                     if (meta.pool_state == POOL_STATE_VALID && !repair) {
-                        current = tag_write_if_stale.execute(slot);
+                        current = tag_write_if_stale.execute(sidx);
                     } else {
-                        current = tag_write.execute(slot);
+                        current = tag_write.execute(sidx);
                     }
                     if (current == 1 && meta.pool_state == POOL_STATE_VALID && !repair) {
                         meta.pool_stat = POOL_FILL_SKIPPED;
                     } else {
-                        fill(slot);
-                        slot_fills.count(slot);
+                        fill(meta.pool_slot);
+                        slot_fills.count(sidx);
                         meta.pool_stat = POOL_FILL;
                         if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
                             meta.pool_stat = POOL_REPAIR;

@@ -22,6 +22,44 @@ control Safety(inout headers_t hdr,
     ip4Addr_t host_addr = 0;
     bit<1> guarded = 0;
 
+    // x * 1408 = (x << 10) + (x << 8) + (x << 7), for idx = frag_index and cnt = frag_count,
+    // in three actions of independent operations each: bf-p4c runs an action in one stage
+    // and does not split dependent statements into several (a direct action call is a
+    // table of its own, so each layer gets its stage).
+    bit<32> idx10; bit<32> idx8; bit<32> idx7;
+    bit<32> cnt10; bit<32> cnt8; bit<32> cnt7;
+    bit<32> done;    // idx * 1408: payload bytes before this fragment
+    bit<32> upto;    // cnt * 1408
+    bit<32> end;     // idx + cnt
+    bit<32> below;   // (cnt - 1) * 1408
+    bit<32> rest;    // chunk_len - done
+
+    action shifts() {
+        idx10 = ((bit<32>)hdr.kv.frag_index) << 10;
+        idx8 = ((bit<32>)hdr.kv.frag_index) << 8;
+        idx7 = ((bit<32>)hdr.kv.frag_index) << 7;
+        cnt10 = ((bit<32>)hdr.kv.frag_count) << 10;
+        cnt8 = ((bit<32>)hdr.kv.frag_count) << 8;
+        cnt7 = ((bit<32>)hdr.kv.frag_count) << 7;
+        end = (bit<32>)hdr.kv.frag_index + (bit<32>)hdr.kv.frag_count;
+    }
+
+    action sums() {
+        done = idx10 + idx8;
+        upto = cnt10 + cnt8;
+    }
+
+    action totals() {
+        done = done + idx7;
+        upto = upto + cnt7;
+    }
+
+    action bounds() {
+        below = upto - (bit<32>)FRAG_PAYLOAD;
+        rest = hdr.kv.chunk_len - done;
+        meta.frag_done = done;
+    }
+
     action guard_source(ip4Addr_t addr) {
         guarded = 1;
         host_addr = addr;
@@ -57,26 +95,11 @@ control Safety(inout headers_t hdr,
         if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
-            // One operation per statement: bf-p4c puts dependent statements in separate actions
-            // (stages) and does not split one expression into several ALU operations.
-            bit<32> idx = (bit<32>)hdr.kv.frag_index;
-            bit<32> cnt = (bit<32>)hdr.kv.frag_count;
+            shifts();
+            sums();
+            totals();
+            bounds();
             bit<32> frag = (bit<32>)FRAG_PAYLOAD;
-            // idx * 1408 and cnt * 1408 (1408 = 1024 + 256 + 128).
-            bit<32> idx10 = idx << 10;
-            bit<32> idx8 = idx << 8;
-            bit<32> idx7 = idx << 7;
-            bit<32> cnt10 = cnt << 10;
-            bit<32> cnt8 = cnt << 8;
-            bit<32> cnt7 = cnt << 7;
-            bit<32> done = idx10 + idx8;
-            done = done + idx7;
-            bit<32> upto = cnt10 + cnt8;
-            upto = upto + cnt7;
-            bit<32> below = upto - frag;   // (cnt - 1) * 1408
-            bit<32> rest = hdr.kv.chunk_len - done;
-            bit<32> end = idx + cnt;
-            meta.frag_done = done;
 
             if (hdr.kv.version != KVPOOL_VERSION) {
                 meta.drop_reason = DROP_BAD_VERSION;
