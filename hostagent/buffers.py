@@ -126,6 +126,11 @@ class BufferPool:
                 self.released += 1
         free.append(slot)
 
+    def stats(self) -> dict[str, int]:
+        """Bytes mapped and listed free, buffers handed out now, reused and whose pages went back."""
+        return {"mapped_bytes": self.mapped_bytes, "free_bytes": self.free_bytes(), "live": len(self._live),
+                "reused": self.reused, "released": self.released}
+
     def free_bytes(self) -> int:
         """Bytes of buffers listed free (approximate while other threads take and give back)."""
         return sum(size * len(free) for size, free in list(self._free.items()))
