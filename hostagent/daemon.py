@@ -49,6 +49,12 @@ from kvpool.metrics import LatencyHistogram
 DEFAULT_SOURCE_BUDGET = 100_000.0
 #: A source's burst, in serve windows (see ``_make_gate``).
 SOURCE_BURST_WINDOWS = 4
+#: An unpaced holder's turn per request, in DATA datagrams: 16 full segmented sends (about 1 MB).
+#: Paced, a turn is the transport's ``send_quantum`` (64), a share of a slow link; unpaced, the
+#: holder sends as fast as its socket takes, and each turn arrives as one run the requester
+#: checks and copies with a fixed cost in Python calls: turns of 64 made that cost 30% of
+#: the requester's batch processing on loopback (docs/design/transport.md).
+UNPACED_TURN = 16 * 44
 
 log = logging.getLogger("kvpool.agent")
 
@@ -160,6 +166,7 @@ class AgentConfig:
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,
             single_fragment_gets=self.single_gets, share_transfers=self.share_transfers,
             integrity_retries=self.integrity_retries, gso=self.udp_offload, gro=self.udp_offload,
+            **({} if self.rate_bytes_per_s > 0 else {"send_quantum": UNPACED_TURN}),
         )
 
     def validate(self) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -150,6 +151,20 @@ _INDEX_WORD, _INDEX_WORDS, _MASK_RUN_WORDS = _index_words()
 """For validating an in-order run with one compare: see ``Reassembler.add_batch``."""
 
 
+def _flags_run_mask() -> npt.NDArray[np.uint64]:
+    """``_MASK_RUN_WORDS`` with every flag bit compared too: a run whose records all carry the same flags."""
+    f = wire.FIELD_BY_NAME["flags"]
+    raw = _MASK_RUN_WORDS.view(np.uint8).copy()
+    raw[f.offset : f.offset + 2] = 0xFF
+    return raw.view(np.uint64)
+
+
+_MASK_FLAGS_RUN_WORDS: Final = _flags_run_mask()
+_FLAGS_SHIFT: Final = 8 * (wire.HEADER_LEN - wire.FIELD_BY_NAME["flags"].offset - 2)
+"""Where the flags sit in a header read as one big-endian integer."""
+_UNKNOWN_FLAGS: Final = 0xFFFF & ~wire.KNOWN_FLAGS
+
+
 _HEADER_PAIR: Final = struct.Struct("!" + 2 * wire.HEADER_STRUCT.format.lstrip("!"))
 """Two headers back to back (a transfer's full and tail fragment expectations)."""
 _HEADER_BITS: Final = 8 * wire.HEADER_LEN
@@ -182,26 +197,32 @@ _BE_U16: Final = np.dtype(">u2")
 _FLAGS_U16: Final = wire.FIELD_BY_NAME["flags"].offset // 2
 
 
-def _build_run_blocks(rows: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+RunBlocks = tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]
+
+
+def _build_run_blocks(rows: int) -> RunBlocks:
     """Blocks of ``rows`` whole header words for validating an in-order run with flat array ops.
 
     The first holds, per fragment index, the frag_index bits of its header words (zero
-    elsewhere); the second repeats the run mask (check masked out) on every row.  Both are
-    contiguous, so XOR and AND with them run as one flat loop: broadcasting a 5-word row
-    over a run instead costs several times more (numpy loops over the short inner axis).
+    elsewhere); the second repeats the run mask (check masked out) on every row, the third
+    the same with the flags compared too (``Reassembler.add_run``).  All are contiguous, so
+    XOR and AND with them run as one flat loop: broadcasting a 5-word row over a run
+    instead costs several times more (numpy loops over the short inner axis).
     """
     index = np.zeros((rows, _HEADER_WORDS), dtype=np.uint64)
     index[:, _INDEX_WORD] = _INDEX_WORDS[:rows]
     mask = np.zeros((rows, _HEADER_WORDS), dtype=np.uint64)
     mask[:, :_CMP_WORDS] = _MASK_RUN_WORDS
-    return index, mask
+    flags_mask = np.zeros((rows, _HEADER_WORDS), dtype=np.uint64)
+    flags_mask[:, :_CMP_WORDS] = _MASK_FLAGS_RUN_WORDS
+    return index, mask, flags_mask
 
 
 _run_blocks_cache = _build_run_blocks(1024)
 """Grown on demand (``_run_blocks``) up to ``MAX_FRAGMENTS`` rows; replaced, never changed in place."""
 
 
-def _run_blocks(rows: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+def _run_blocks(rows: int) -> RunBlocks:
     """The run blocks with at least ``rows`` rows."""
     global _run_blocks_cache
     blocks = _run_blocks_cache
@@ -358,7 +379,10 @@ class Reassembler:
     """
 
     def __init__(self, chunk_key: int, chunk_len: int, generation: int = 0,
-                 buffer: BufferLike | None = None) -> None:
+                 buffer: BufferLike | None = None,
+                 alloc: Callable[[int], npt.NDArray[np.uint8]] | None = None) -> None:
+        """``buffer``: the caller's, written only in its first ``chunk_len`` bytes; else one of its own,
+        from ``alloc(nbytes)`` (a writable uint8 array, e.g. ``BufferPool.take``) or numpy."""
         self.chunk_key = chunk_key
         self.chunk_len = chunk_len
         self.generation = generation
@@ -368,7 +392,9 @@ class Reassembler:
         if buffer is None:
             # Padded to whole fragments so every fragment, the tail too, lands with one
             # row copy; only the first chunk_len bytes are ever exposed.
-            self._buf = np.empty(padded, dtype=np.uint8)
+            self._buf = np.empty(padded, dtype=np.uint8) if alloc is None else alloc(padded)
+            if self._buf.dtype != np.uint8 or self._buf.shape != (padded,) or not self._buf.flags.writeable:
+                raise ValueError(f"alloc({padded}) must give a writable uint8 array of that many bytes")
         else:
             self._buf = _as_u8(buffer)
             if self._buf.size < chunk_len:
@@ -422,8 +448,10 @@ class Reassembler:
             self.generation, self._tail_len, wire.Status.OK, self.chunk_len, 0), "big") & _MASK_PAIR
         # A full fragment's and the tail's masked header (frag_index 0, check masked to 0):
         # what every row of a validated run reduces to (``add_batch``).
-        self._expect_row = (both >> _HEADER_BITS).to_bytes(wire.HEADER_LEN, "big")
-        self._expect_tail = (both & _HEADER_ONES).to_bytes(wire.HEADER_LEN, "big")
+        self._expect_row_int = both >> _HEADER_BITS
+        self._expect_tail_int = both & _HEADER_ONES
+        self._expect_row = self._expect_row_int.to_bytes(wire.HEADER_LEN, "big")
+        self._expect_tail = self._expect_tail_int.to_bytes(wire.HEADER_LEN, "big")
 
     # ----------------------------------------------------------------------------- state
 
@@ -563,6 +591,51 @@ class Reassembler:
             return wire.WireError(err.reason, f"record {i}: {err}")
         raise AssertionError("vectorised and per-packet validation disagree")  # pragma: no cover
 
+    def add_run(self, records: npt.NDArray[np.void]) -> int:
+        """Store ``records`` if they are the common case; return their flags, or -1 having stored nothing.
+
+        The common case: a non-empty run of ``DATA_PACKET_DTYPE`` records of fragments in
+        order, none stored yet, every record a valid DATA fragment of this chunk (the checks
+        of ``add_batch``), all with the same flags.  Anything else is left to
+        ``add_batch``, which sorts it out record by record.  The headers are copied into place
+        and validated there before any payload is copied, so a run that is not the common
+        case costs no payload copy here.  The returned flags are every record's, so a caller
+        needs no pass over the run to read them (the per-fragment flags are stored as always).
+        """
+        if records.dtype is not wire.DATA_PACKET_DTYPE and records.dtype != wire.DATA_PACKET_DTYPE:
+            raise ValueError("records must be a 1-D array of wire.DATA_PACKET_DTYPE")
+        n = records.shape[0]
+        if n == 0:
+            return -1
+        first = int(records["hdr"]["frag_index"][0])
+        end = first + n
+        if end > self.frag_count or (self.received_count and self.received[first:end].any()):
+            return -1
+        self._hdr_items[first:end] = _header_items(records)
+        # XOR out each position's own frag_index and mask what may vary (request_id, check):
+        # every row of the run must then be the first row, and the first the chunk's expected
+        # row once its flags are taken out (a run ending with the tail fragment: its own row).
+        index, _, mask = _run_blocks(end)
+        diff = np.bitwise_xor(self._hdrs[first:end], index[first:end])
+        diff &= mask[:n]
+        rows = diff.tobytes()
+        full = n - 1 if end == self.frag_count else n
+        row = _HEADER_WORDS * 8
+        head = int.from_bytes(rows[:row], "big")
+        flags = (head >> _FLAGS_SHIFT) & 0xFFFF
+        if flags & _UNKNOWN_FLAGS:
+            return -1
+        if full and (head ^ (flags << _FLAGS_SHIFT) != self._expect_row_int
+                     or (full > 1 and rows[row : full * row] != rows[: (full - 1) * row])):
+            return -1
+        if full < n and (int.from_bytes(rows[full * row :], "big") ^ (flags << _FLAGS_SHIFT)
+                         != self._expect_tail_int):
+            return -1
+        self._copy_run(first, records)
+        self.received[first:end] = True
+        self.received_count += n
+        return flags
+
     def add_batch(self, records: npt.NDArray[np.void], *, strict: bool = True) -> int:
         """Store many DATA records at once; return how many new fragments were stored.
 
@@ -594,7 +667,7 @@ class Reassembler:
             # each position's own frag_index and mask what may vary (request_id, known
             # flags, check); the run is valid exactly when every row is then the chunk's
             # expected row (adjacent rows compared as one flat array, the first by bytes).
-            index, mask = _run_blocks(end)
+            index, mask, _ = _run_blocks(end)
             diff = np.bitwise_xor(self._hdrs[first:end], index[first:end])
             diff &= mask[:n]
             # Every row equals the first, the first is a full fragment's; except that a run

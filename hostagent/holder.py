@@ -22,7 +22,9 @@ mode, by every wave), and building its DATA records copies the whole chunk each 
 So the holder also keeps the records of the chunks it answered last (all fragments,
 request id and flags zero; bounded by bytes, least recently used first out, told apart
 like the checks) and answers from them: an answer is then a view of the kept records
-with the GET's request id and flags written in, no payload copied.  Those two fields
+with the GET's request id and flags written in, no payload copied.  Kept records live in
+recycled buffers (``hostagent.buffers``), so rebuilding an evicted chunk's records costs a
+copy, not a page fault per 4 KiB.  Those two fields
 are the only ones that differ between answers, and the only ones anyone writes.
 """
 
@@ -38,6 +40,7 @@ import numpy.typing as npt
 
 from hostagent import envelope
 from hostagent.backend import BackendError
+from hostagent.buffers import BufferPool
 from hostagent.fragment import empty_records, fragment_checks, fragment_into
 from kvpool import wire
 
@@ -87,6 +90,7 @@ class Holder:
         self._records: OrderedDict[int, tuple[int, int, int, npt.NDArray[np.void]]] = OrderedDict()
         self._records_held = 0
         self._records_max = max(0, record_cache_bytes)
+        self._buffers = BufferPool(spare_bytes=self._records_max)
         self.records_built = 0
         """Chunks whose records were built to be kept (a cache miss)."""
 
@@ -186,7 +190,10 @@ class Holder:
                 self._records.move_to_end(chunk_key)
                 return hit[3]
         checks = self.checks(chunk_key, data, generation, tag)
-        records = fragment_into(empty_records(total), data, chunk_key, generation=generation, checks=checks)
+        # Into a recycled buffer: the records of a chunk evicted a moment ago (once no send
+        # still holds a view of them), not fresh pages faulted in one by one.
+        out = self._buffers.take(nbytes).view(wire.DATA_PACKET_DTYPE)
+        records = fragment_into(out, data, chunk_key, generation=generation, checks=checks)
         with self._lock:
             self.records_built += 1
             old = self._records.pop(chunk_key, None)

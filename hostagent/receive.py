@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Final
@@ -29,12 +30,14 @@ import numpy.typing as npt
 
 from hostagent.transport_config import Address, Counters
 from kvpool import wire
-from kvpool.sockets import GRO_CMSG_SPACE, gro_segment
+from kvpool.sockets import GRO_CMSG_SPACE, UDP_GRO, gro_segment
 
 log = logging.getLogger("kvpool.transport")
 
 _L: Final = wire.DATA_DATAGRAM_LEN
-_MSG_TRUNC: Final = getattr(socket, "MSG_TRUNC", 0x20)
+_MSG_TRUNC: Final = int(getattr(socket, "MSG_TRUNC", 0x20))
+"""A plain int: ``socket.MSG_TRUNC`` is an enum, and ``flags & enum`` costs a microsecond per receive."""
+_SOL_UDP: Final = int(socket.SOL_UDP)
 _DATA_VO: Final = (wire.KVPOOL_VERSION << 8) | wire.Opcode.DATA
 """version and opcode bytes of a DATA header read as one big-endian u16."""
 
@@ -78,7 +81,9 @@ class DataRing:
         # for coalesced receives, one from each slot to the end of the ring.
         self._slots = [raw[i * _L : (i + 1) * _L] for i in range(cap)]
         self._tails = [raw[i * _L :] for i in range(self._n_gro)]
-        self._lens = [0] * cap
+        self._lens = [_L] * cap
+        self._odd = False
+        """Whether the batch being filled has a datagram of another length than a DATA's (``_lens`` says which)."""
 
     def receive_data(self, sock: socket.socket) -> None:
         """Drain the requester socket in batches: fast path for DATA, slow path for the rest."""
@@ -103,16 +108,21 @@ class DataRing:
         recv = sock.recv_into
         slots, lens = self._slots, self._lens
         n = 0
+        odd = False
         try:
             for slot in slots[: self._n]:
-                lens[n] = recv(slot, _L, _MSG_TRUNC)
+                got = lens[n] = recv(slot, _L, _MSG_TRUNC)
+                odd = odd or got != _L
                 n += 1
         except BlockingIOError:
+            self._odd = odd
             return n, False
         except OSError as exc:  # e.g. an ICMP error queued on the socket
+            self._odd = odd
             self._c.drop("socket_error")
             log.debug("recv failed: %s", exc)
             return n, False
+        self._odd = odd
         return n, True
 
     def _fill_gro(self, sock: socket.socket) -> tuple[int, bool]:
@@ -125,32 +135,48 @@ class DataRing:
         """
         recvmsg = sock.recvmsg_into
         tails, lens, n_max = self._tails, self._lens, self._n_gro
+        # One list per receive is what the call needs; every lens entry is _L unless noted
+        # (``_odd``): a batch of whole DATA records then needs no pass over the lengths.
         n = 0
+        odd = False
         try:
             while n < n_max:
                 got, anc, flags, _ = recvmsg([tails[n]], _CMSG_SPACE)
-                seg = gro_segment(anc, got) if anc else got
                 if flags & _MSG_TRUNC:  # cannot happen with 64 KiB of room; never take a cut buffer
                     self._c.drop("oversize")
                     continue
-                if seg == got:  # one datagram (or one too large, which the slow path names)
+                # The UDP_GRO cmsg (the segment size), read inline: this runs once per 64 KiB.
+                if anc:
+                    level, kind, data = anc[0]
+                    seg = (int.from_bytes(data[:4], sys.byteorder) or got
+                           if len(anc) == 1 and level == _SOL_UDP and kind == UDP_GRO and len(data) >= 4
+                           else gro_segment(anc, got))
+                else:
+                    seg = got
+                if seg == _L:  # DATA-sized segments (or one DATA): consecutive records already
+                    k = -(-got // _L)
+                    n += k
+                    tail = got - (k - 1) * _L
+                    if tail != _L:  # a short last segment: a record the fast checks turn away
+                        lens[n - 1] = tail
+                        odd = True
+                elif seg == got:  # one datagram of another size (the slow path names it)
                     lens[n] = got
                     n += 1
-                elif seg == _L:  # DATA-sized segments: consecutive records already
-                    k = -(-got // _L)
-                    lens[n : n + k] = [_L] * k
-                    lens[n + k - 1] = got - (k - 1) * _L
-                    n += k
+                    odd = True
                 else:
                     # Segments of another size: each a datagram on its own.  It leaves the
                     # ring's slots as they were (the next receive writes over its bytes).
                     self._slow_segments(tails[n][:got], seg)
         except BlockingIOError:
+            self._odd = odd
             return n, False
         except OSError as exc:  # e.g. an ICMP error queued on the socket
+            self._odd = odd
             self._c.drop("socket_error")
             log.debug("recvmsg failed: %s", exc)
             return n, False
+        self._odd = odd
         return n, True
 
     def _slow_segments(self, buf: memoryview, seg: int) -> None:
@@ -220,15 +246,18 @@ class DataRing:
         """Classify a received batch with array ops; hand each run of one request's DATA over as a view."""
         recs = self._ring[:n]
         hdr = recs["hdr"]
-        lens = self._lens[:n]
         # version and opcode as one big-endian 16-bit word: one compare instead of two.
         fast = self._ring_vo[:n] == _DATA_VO
-        if not (min(lens) == _L == max(lens)):
-            fast &= np.fromiter(lens, dtype=np.int64, count=n) == _L
+        odd = self._odd
+        if odd:
+            fast &= np.fromiter(self._lens, dtype=np.int64, count=n) == _L
         all_fast = bool(fast.all())
         if not all_fast:
             for i in np.flatnonzero(~fast).tolist():
                 self._slow_packet(i)
+        if odd:
+            self._odd = False
+            self._lens[:n] = [_L] * n  # the lengths every receive assumes again (``_fill_gro``)
         rid = hdr["request_id"]
         # A holder sends each request's fragments in runs, so the batch is a few contiguous
         # runs of one request id: slice them (views, no copy) instead of gathering by id.

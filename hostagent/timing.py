@@ -119,8 +119,11 @@ class FetchTiming:
         if received is not None and flags is not None:
             got = flags[: received.size][received]
             self.fragments = int(got.size)
-            self.coalesced = int(np.count_nonzero(got & wire.Flag.COALESCED))
-            self.switch_served = int(np.count_nonzero(got & wire.Flag.SWITCH_SERVED))
+            if int(np.bitwise_or.reduce(got, initial=0)) & _PATH_FLAGS:
+                self.coalesced = int(np.count_nonzero(got & _COALESCED))
+                self.switch_served = int(np.count_nonzero(got & _SWITCH_SERVED))
+            else:  # every fragment from the holder: no pass per flag
+                self.coalesced = self.switch_served = 0
 
     def as_json(self) -> dict[str, Any]:
         """The durations and counts (no marks), seconds rounded to microseconds."""
@@ -162,6 +165,10 @@ def merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_COALESCED: Final = int(wire.Flag.COALESCED)
+_SWITCH_SERVED: Final = int(wire.Flag.SWITCH_SERVED)
+_PATH_FLAGS: Final = _COALESCED | _SWITCH_SERVED
+
 PATHS: Final = ("holder", "coalesced", "switch")
 """How a fragment reached a requester: from the holder, as a switch's replica of another requester's
 answer (``Flag.COALESCED``), or from a switch's pool (``Flag.SWITCH_SERVED``)."""
@@ -171,10 +178,12 @@ def bytes_by_path(flags: npt.NDArray[np.uint16], chunk_len: int) -> tuple[int, i
     """A complete chunk's payload bytes by ``PATHS`` (``flags``: each fragment's, as stored)."""
     n = wire.fragment_count(chunk_len)
     got = flags[:n]
+    if not int(np.bitwise_or.reduce(got, initial=0)) & _PATH_FLAGS:
+        return chunk_len, 0, 0  # every fragment from the holder (the usual case: no pass per path)
     size = np.full(n, wire.FRAG_PAYLOAD, dtype=np.int64)
     size[-1] = chunk_len - (n - 1) * wire.FRAG_PAYLOAD
-    switch = (got & wire.Flag.SWITCH_SERVED) != 0
-    coalesced = ((got & wire.Flag.COALESCED) != 0) & ~switch
+    switch = (got & _SWITCH_SERVED) != 0
+    coalesced = ((got & _COALESCED) != 0) & ~switch
     s, c = int(size[switch].sum()), int(size[coalesced].sum())
     return chunk_len - s - c, c, s
 

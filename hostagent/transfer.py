@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hostagent import envelope
+from hostagent.buffers import BufferPool
 from hostagent.fragment import Reassembler, runs
 from hostagent.hints import FabricHints
 from hostagent.request_state import Budget, Flights, Request
@@ -64,6 +65,7 @@ _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``resend_overtaken``)."""
+_COALESCED: Final = int(wire.Flag.COALESCED)
 _JOIN_PATIENCE_RTOS: Final = 1.0
 """Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
 ``_STALL_RTOS``): the answer it joined is another requester's, paced by its windows, and may stop."""
@@ -78,6 +80,8 @@ class Transfers:
         self.hints = hints
         self.flights = flights
         self.budget = Budget(config.max_inflight_fragments)
+        self.buffers = BufferPool()
+        """Where reassembled chunks land: recycled once the caller and the tiers dropped them (no page faults)."""
         self.sock: socket.socket | None = None
         """The requester socket (set by the transport while it runs)."""
         self.active: dict[int, Request] = {}
@@ -186,7 +190,10 @@ class Transfers:
             self._c.retransmit_gets += sent
 
     def deliver(self, rid: int, recs: npt.NDArray[np.void], now: float) -> None:
+        """A run of DATA records that came with request id ``rid`` (``hostagent.receive``): store them, ask on."""
         r = self.active.get(rid)
+        if r is not None and r.reasm is not None and self._take_run(r, r.reasm, recs, now):
+            return
         if r is None:
             r = self._rebind(recs)
             if r is None:
@@ -203,6 +210,8 @@ class Transfers:
             r.reasm = self._open_reassembler(r, recs)
             if r.reasm is None:
                 return
+            if self._take_run(r, r.reasm, recs, now):
+                return
         elif r.generation == 0 and bool((recs["hdr"]["generation"] > r.reasm.generation).any()):
             self._restart_at_newer_generation(r, recs, now)
             return
@@ -216,23 +225,51 @@ class Transfers:
         r.result.timing.arrived(now, stored, int(recs.size) - stored - rejected)
         if stored == 0:
             return
-        self._c.fragments_stored += stored
-        self.budget.account(r, -(stored))
-        copies = (recs["hdr"]["flags"] & wire.Flag.COALESCED) != 0
-        if copies.any():
-            self._c.joined_fragments += int(copies.sum())
-            if r.path is GetPath.RANGE:
-                # After the accounting above: copies of fragments it had not asked for yet left
-                # what it counts in flight below zero, which ``_join`` makes whole again.
-                self._join(r, int(recs["hdr"]["frag_index"][copies].max()) + 1)
-        if r.probe == 1:
-            r.probe = 2
         if r.asked_at is not None:
             idx = np.minimum(recs["hdr"]["frag_index"], wire.MAX_FRAGMENTS - 1)
             newest = float(r.asked_at[idx].max())
             if newest > r.answered_ask:
                 r.answered_ask = newest
                 r.overtaken.append((now, newest))
+        copies = (recs["hdr"]["flags"] & _COALESCED) != 0
+        coalesced = int(np.count_nonzero(copies))
+        seen = int(recs["hdr"]["frag_index"][copies].max()) + 1 if coalesced else 0
+        self._progress(r, reasm, stored, coalesced, seen, now)
+
+    def _take_run(self, r: Request, reasm: Reassembler, recs: npt.NDArray[np.void], now: float) -> bool:
+        """Take the common case with no pass over the run beyond its reassembly; False (nothing stored) otherwise.
+
+        The common case: an in-order run of valid fragments not stored yet, all with the same
+        flags (``Reassembler.add_run`` checks exactly what ``add_batch`` checks), of a request
+        that does not note when it asked for each fragment (the servable path).  Anything else
+        is sorted out record by record in ``deliver``.
+        """
+        if r.asked_at is not None:
+            return False
+        flags = reasm.add_run(recs)
+        if flags < 0:
+            return False
+        n = int(recs.shape[0])
+        r.result.timing.arrived(now, n, 0)
+        self._progress(r, reasm, n, n if flags & _COALESCED else 0, int(recs["hdr"]["frag_index"][-1]) + 1, now)
+        return True
+
+    def _progress(self, r: Request, reasm: Reassembler, stored: int, coalesced: int, seen: int, now: float) -> None:
+        """``stored`` (> 0) new fragments of ``r`` landed, ``coalesced`` of the run switch copies up to ``seen``.
+
+        Counts them, hands their budget back, follows a switch's join (``_join``), restarts
+        the timers, and either finishes a complete chunk that passed its checks or asks on.
+        """
+        self._c.fragments_stored += stored
+        self.budget.account(r, -(stored))
+        if coalesced:
+            self._c.joined_fragments += coalesced
+            if r.path is GetPath.RANGE:
+                # After the accounting above: copies of fragments it had not asked for yet left
+                # what it counts in flight below zero, which ``_join`` makes whole again.
+                self._join(r, seen)
+        if r.probe == 1:
+            r.probe = 2
         r.last_progress = now
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
@@ -432,7 +469,7 @@ class Transfers:
             if r.generation not in (0, hdr.generation):
                 self._c.drop("wrong_generation")
                 continue
-            reasm = Reassembler(r.key, hdr.chunk_len, hdr.generation)
+            reasm = Reassembler(r.key, hdr.chunk_len, hdr.generation, alloc=self.buffers.take)
             # The holder clamped our first window to the chunk: forget the part past its end.
             if r.asked_hi > reasm.frag_count:
                 self.budget.account(r, -(r.asked_hi - reasm.frag_count))
@@ -455,6 +492,8 @@ class Transfers:
         if r.reasm is None:
             return
         total = r.reasm.frag_count
+        if r.asked_hi >= total:
+            return  # the whole chunk is asked for (what arrives unasked, _skip_arrived counts below it)
         window = self.window(r)
         half = window // 2
         floor = min(window, 16)

@@ -276,6 +276,7 @@ class Transport:
             "drain_rate_bps": round(self._queue.drain.rate),
             "answer_wait": self._queue.waits.summary(),
             "inflight_budget": self._transfers.budget.limit,
+            "buffers": self._transfers.buffers.stats(),
         }
         if self.holder is not None:
             out["holder"] = self.holder.stats()

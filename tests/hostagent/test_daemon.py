@@ -16,8 +16,9 @@ import torch
 from hostagent.chunking import chunk_keys
 from hostagent.cli import build_parser, config_from_args, parse_size
 from hostagent.client import AgentClient
-from hostagent.daemon import Agent, AgentConfig, load_config, spawn_agent
+from hostagent.daemon import UNPACED_TURN, Agent, AgentConfig, load_config, spawn_agent
 from hostagent.serialize import deserialize, serialize
+from hostagent.transport import TransportConfig
 from kvpool.config import ConfigError
 from kvpool.http_api import ApiError, ApiUnreachableError
 
@@ -134,6 +135,9 @@ def test_config_file_then_flags(tmp_path: Path) -> None:
     cfg = load_config(conf)
     assert (cfg.udp_port, cfg.api_port, cfg.dram_bytes, cfg.rate_bytes_per_s) == (9000, 9001, 4096, 5.0)
     assert cfg.single_gets and cfg.transport_config().single_fragment_gets
+    # A paced holder takes turns of the transport's quantum, an unpaced one of about 1 MB.
+    assert cfg.transport_config().send_quantum == TransportConfig().send_quantum
+    assert config_from_args(build_parser().parse_args([])).transport_config().send_quantum == UNPACED_TURN
     assert not config_from_args(build_parser().parse_args([])).single_gets
     assert config_from_args(build_parser().parse_args(["--single-gets"])).single_gets
     assert config_from_args(build_parser().parse_args([])).transport_config().share_transfers

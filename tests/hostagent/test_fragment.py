@@ -537,3 +537,86 @@ def test_intact_in_order_runs_take_the_fast_path(length: int, caller_buffer: boo
     assert r.complete and bytes(r.data) == chunk
     assert [int(c) for c in r.checks] == [int(c) for c in recs["hdr"]["check"]]
     assert all(r.flags == int(wire.Flag.SWITCH_SERVED))
+
+
+@pytest.mark.parametrize("length", [3 * P, 3 * P - 7])
+@pytest.mark.parametrize("start", [0, 1])
+def test_add_run_stores_a_whole_valid_run_or_nothing(length: int, start: int) -> None:
+    """Every single-bit header corruption of every record of an in-order run: ``add_run`` stores the
+    whole run exactly when every record is one ``add`` accepts, still in order, and all carry the same
+    flags (and then what ``add`` stores), else nothing at all, and ``add_batch`` sorts it out as always."""
+    chunk = _chunk(length)
+    flags = int(wire.Flag.COALESCED)
+    base = fragment(chunk, KEY, generation=9, request_id=0x1234, flags=flags)
+    n = base.size
+    outcomes: Counter[str] = Counter()
+    for k in range(start, n):
+        for offset in range(wire.HEADER_LEN):
+            for bit in (0x01, 0x80):
+                where = f"record {k}, header byte {offset}, bit {bit:#x}"
+                recs = base.copy()
+                recs.view(np.uint8)[k * wire.DATA_DATAGRAM_LEN + offset] ^= bit
+                r = Reassembler(KEY, length, generation=9)
+                one_by_one = Reassembler(KEY, length, generation=9)
+                r.add_batch(base[:start])
+                for i in range(start):
+                    one_by_one.add(base[i : i + 1].tobytes())
+                stored_before = bytes(r.buffer[: start * P])
+                for i in range(start, n):
+                    with contextlib.suppress(wire.WireError):
+                        one_by_one.add(recs[i : i + 1].tobytes())
+                same_flags = len(set(recs["hdr"]["flags"][start:].tolist())) == 1
+                in_order = recs["hdr"]["frag_index"][start:].tolist() == list(range(start, n))
+                got = r.add_run(recs[start:])
+                if _valid_alone(length, recs[k : k + 1]) and same_flags and in_order:
+                    assert got == int(recs["hdr"]["flags"][start]), where
+                    outcomes["stored"] += 1
+                else:
+                    assert got == -1, where
+                    assert r.received_count == start and bytes(r.buffer[: start * P]) == stored_before, where
+                    r.add_batch(recs[start:], strict=False)
+                    outcomes["left"] += 1
+                assert np.array_equal(r.received, one_by_one.received), where
+                for i in map(int, np.flatnonzero(r.received)):
+                    assert int(r.checks[i]) == int(one_by_one.checks[i]), where
+                    assert int(r.flags[i]) == int(one_by_one.flags[i]), where
+                    lo, hi = i * P, i * P + wire.expected_payload_len(length, i)
+                    assert bytes(r.buffer[lo:hi]) == bytes(one_by_one.buffer[lo:hi]), where
+    assert outcomes["stored"] >= 20 * (n - start) and outcomes["left"] >= 40 * (n - start)
+
+
+def test_add_run_leaves_everything_but_the_common_case() -> None:
+    length = 6 * P - 5
+    chunk = _chunk(length)
+    recs = fragment(chunk, KEY, generation=3, request_id=5)
+    r = Reassembler(KEY, length, generation=3)
+    assert r.add_run(recs[:0]) == -1
+    assert r.add_run(recs[[1, 0]]) == -1  # out of order
+    assert r.add_run(recs[[2, 2]]) == -1  # a duplicate inside the run
+    mixed = recs[3:5].copy()
+    mixed["hdr"]["flags"][1] = int(wire.Flag.SWITCH_SERVED)
+    assert r.add_run(mixed) == -1  # valid records, flags not all the same
+    assert r.received_count == 0
+    assert r.add_run(recs[2:4]) == 0
+    assert r.add_run(recs[3:5]) == -1  # overlaps stored fragment 3
+    assert r.received_count == 2
+    assert r.add_run(recs[4:]) == 0 and r.add_run(recs[:2]) == 0
+    assert r.complete and bytes(r.data) == chunk
+    with pytest.raises(ValueError, match="DATA_PACKET_DTYPE"):
+        r.add_run(np.zeros(3, np.uint8))
+
+
+def test_own_buffer_from_alloc() -> None:
+    length = 3 * P - 7
+    chunk = _chunk(length)
+    sizes: list[int] = []
+
+    def alloc(nbytes: int) -> npt.NDArray[np.uint8]:
+        sizes.append(nbytes)
+        return np.empty(nbytes, np.uint8)
+
+    r = Reassembler(KEY, length, alloc=alloc)
+    assert sizes == [3 * P]  # padded to whole fragments, like a buffer of its own
+    assert r.add_run(fragment(chunk, KEY)) == 0 and bytes(r.data) == chunk
+    with pytest.raises(ValueError, match="alloc"):
+        Reassembler(KEY, length, alloc=lambda n: np.empty(n - 1, np.uint8))

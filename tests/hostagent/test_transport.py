@@ -56,6 +56,31 @@ def test_fetch_is_bit_identical_with_windows(pair: tuple[Transport, Transport], 
     assert st["drops_total"] == 0 and hs["drops_total"] == 0
 
 
+def test_intact_runs_take_the_run_path_into_recycled_buffers(pair: tuple[Transport, Transport],
+                                                              chunks: dict[int, bytes],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clean path every run of DATA is stored by ``Reassembler.add_run`` (the hot path), none
+    record by record, and a fetched chunk's buffer goes back to the pool once the caller drops it."""
+    from hostagent.fragment import Reassembler
+
+    holder, requester = pair
+
+    def per_record(*_: object, **__: object) -> int:
+        raise AssertionError("an intact run took add_batch")
+
+    monkeypatch.setattr(Reassembler, "add_batch", per_record)
+    for rep in range(2):
+        results = requester.fetch(list(chunks), holder.address, timeout=30)
+        assert all(bytes(r.data or b"") == chunks[r.key] for r in results)
+        buffers = requester.stats()["buffers"]
+        assert buffers["live"] == len(chunks)  # the results hold them
+        del results
+        buffers = requester.stats()["buffers"]
+        assert buffers["live"] == 0 and buffers["free_bytes"] == buffers["mapped_bytes"]
+        if rep:
+            assert buffers["reused"] >= len(chunks)  # the second fetch landed in the first one's buffers
+
+
 def test_unknown_chunk_nack_and_stale_generation(pair: tuple[Transport, Transport], chunks: dict[int, bytes]) -> None:
     holder, requester = pair
     key = next(iter(chunks))
