@@ -9,8 +9,9 @@ restarted switch is noticed and resynced as in production. Three waves of the sa
 
 1. ``reference``: a full prefill (a salt nothing was saved under: the lookup misses);
 2. ``during``: the prefix fetched through the switch; once the holder's link has carried
-   ``kill_at`` of one copy of the prefix (the load is under way and far from done), the switch
-   process is SIGKILLed and started again, empty (``EmulatedNetwork.restart_switch``);
+   ``kill_at`` of one copy of the prefix and every requester's agent has stored part of it (each
+   load is under way, none is done), the switch process is SIGKILLed and started again, empty
+   (``EmulatedNetwork.restart_switch``);
 3. ``after``: once a requester reaches the holder through the switch again (the controller
    reprogrammed it), the prefix fetched once more.
 
@@ -82,12 +83,14 @@ class VllmRestartResult:
         lines = [f"prefix {self.prefix_tokens} tokens = {self.prefix_fragments} fragments = "
                  f"{self.prefix_wire_bytes / 1e3:.0f} kB on the holder link"]
         if self.killed_at is not None:
-            lines.append(f"switch killed {self.killed_at - self.during_began:.2f} s into the load wave, after "
-                         f"{self.holder_bytes_at_kill / 1e3:.0f} kB of it crossed the holder link (the wave: "
-                         f"{self.holder_bytes_during / 1e3:.0f} kB); listening again after {self.listening_after_s:.1f}"
-                         f" s, reachable after {self.reachable_after_s} s; last answer {self.answered_after_s:.1f} s "
-                         f"after the kill; fragments stored per requester at the kill {self.stored_at_kill}, in the "
-                         f"wave {self.stored_during}; GETs retransmitted {self.retransmits_during}")
+            lines += [
+                f"switch killed {self.killed_at - self.during_began:.2f} s into the load wave, after "
+                f"{self.holder_bytes_at_kill / 1e3:.0f} kB of it crossed the holder link (the whole wave: "
+                f"{self.holder_bytes_during / 1e3:.0f} kB)",
+                f"listening again after {self.listening_after_s:.1f} s, forwarding again after "
+                f"{_seconds(self.reachable_after_s)}, last answer {self.answered_after_s:.1f} s after the kill",
+                f"fragments stored per requester: at the kill {self.stored_at_kill}, in the wave {self.stored_during}; "
+                f"GETs retransmitted {self.retransmits_during}"]
         for name in ("reference", "during", "after"):
             for i, a in enumerate(getattr(self, name)):
                 lines.append(f"{name} h{i + 1}: " + (a["error"] if "error" in a else
@@ -146,19 +149,24 @@ class VllmRestart:
         threshold = self.kill_at * res.prefix_wire_bytes
         deadline = time.monotonic() + self.cfg.fetch_timeout_s + 60.0
         while thread.is_alive() and time.monotonic() < deadline:
-            seen = link_bytes(holder_link) - base
-            if seen >= threshold:
-                res.stored_at_kill = _minus(self._agent_counters(), agents, "fragments_stored")
+            if link_bytes(holder_link) - base < threshold:
+                time.sleep(0.01)
+                continue
+            # Every requester's load is under way (its agent stored some of the prefix): kill now.
+            stored = _minus(self._agent_counters(), agents, "fragments_stored")
+            if min(stored) > 0:
+                res.stored_at_kill = stored
                 res.killed_at, res.holder_bytes_at_kill = time.time(), link_bytes(holder_link) - base
                 bed.net.restart_switch(switch)  # type: ignore[union-attr]  # the testbed is running
                 res.listening_after_s = time.time() - res.killed_at
                 # While the load goes on: when the controller has the new switch forwarding again.
                 res.reachable_after_s = self._reachable(res.killed_at)
                 break
-            time.sleep(0.01)
+            time.sleep(0.05)
         if res.killed_at is None:
-            res.errors.append(f"the kill threshold ({threshold / 1e3:.0f} kB on the holder link) was not reached "
-                              "while the load wave ran: no restart landed mid-load")
+            res.errors.append(f"the kill threshold ({threshold / 1e3:.0f} kB on the holder link and some of the "
+                              "prefix at every requester) was not reached while the load wave ran: no restart "
+                              "landed mid-load")
         # Bounded: each host answers within Hosts.wave's read timeout.
         thread.join(timeout=self.cfg.fetch_timeout_s + 60.0 * len(self.prompts) + 30.0)
         if thread.is_alive():
@@ -189,6 +197,10 @@ class VllmRestart:
                 return time.time() - since
             time.sleep(0.2)
         return None
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
 
 
 def _minus(now: list[dict[str, Any]], then: list[dict[str, Any]], name: str) -> list[int]:

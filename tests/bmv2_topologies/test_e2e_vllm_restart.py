@@ -3,12 +3,13 @@
 ``KvpoolConnector``'s last failure case, "switch restarted mid-load", in Mininet on the model
 switch (``bmv2_topologies/experiment/vllm_restart.py``): two requesters running vLLM with the
 connector fetch a 512-token prefix from ``h0`` over a 2 Mbit/s holder link in multicast mode;
-a fifth of the way into the load the switch process is SIGKILLed and started again, empty, and
-the testbed's controller resyncs it. Every request must complete in bounded time with a full
-prefill's greedy tokens, each having either loaded the whole prefix (what the dead switch lost
-was retransmitted) or recomputed what did not load; never wrong KV. The kill must have landed
-mid-load (after DATA reached the requesters, before either had the prefix); a wave after the
-switch is back loads the whole prefix again.
+once a fifth of one copy has crossed that link and each requester's agent has part of it, the
+switch process is SIGKILLed and started again, empty, and the testbed's controller resyncs it.
+Every request must complete in bounded time with a full prefill's greedy tokens, each having
+either loaded the whole prefix (what the dead switch lost was retransmitted) or recomputed what
+did not load; never wrong KV. The kill must have landed mid-load (after DATA reached the
+requesters, before either had the prefix); a wave after the switch is back loads the whole
+prefix again.
 
 Needs root, Mininet and the vLLM venv (``scripts/setup_vllm.sh``, or ``KVPOOL_VLLM_VENV``);
 skips with the reason otherwise. Run it under ``flock /tmp/kvpool-netns.lock``.
@@ -48,8 +49,8 @@ def test_switch_restarted_mid_load_costs_no_tokens(tmp_path: Path, capsys: pytes
     reference = [a["tokens"] for a in res.reference]
     assert all(a["cached_tokens"] == 0 for a in res.reference), why  # a full prefill: nothing loaded
 
-    # The kill landed mid-load: DATA had crossed the holder link and reached every requester, and
-    # neither had the whole prefix.
+    # The kill landed mid-load: DATA had crossed the holder link and reached every requester's
+    # agent, and neither had the whole prefix.
     assert res.killed_at is not None, why
     assert 0 < res.holder_bytes_at_kill < res.prefix_wire_bytes, why
     assert all(0 < n < res.prefix_fragments for n in res.stored_at_kill), why
