@@ -76,7 +76,7 @@ class VllmHost:
     """The engine, its connector's worker half and the request logic of one host."""
 
     def __init__(self, model_dir: Path, model_id: str, block_tokens: int, agent: str, lookup: str, holder: str,
-                 token: str | None, lock: ComputeLock, max_model_len: int, fetch_timeout_s: float) -> None:
+                 token_file: Path | None, lock: ComputeLock, max_model_len: int, fetch_timeout_s: float) -> None:
         from vllm import LLM
         from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -84,8 +84,8 @@ class VllmHost:
         extra: dict[str, Any] = {"agent_url": agent, "lookup_url": lookup, "holder": holder, "keep": False,
                                  "save": False, "model_id": model_id, "fetch_timeout_s": fetch_timeout_s,
                                  "lookup_timeout_s": 10.0}
-        if token is not None:
-            extra["token"] = token
+        if token_file is not None:  # the file, not the token: vLLM logs this config
+            extra["token_file"] = str(token_file)
         transfer = KVTransferConfig(kv_connector="KvpoolConnector", kv_connector_module_path="hostagent.vllm_connector",
                                     kv_role="kv_both", kv_load_failure_policy="recompute",
                                     kv_connector_extra_config=extra)
@@ -227,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
-    from kvpool import auth
-
     torch.set_num_threads(args.threads)
     if args.publish_prefix is not None:
         prefix = [int(x) for x in json.loads(args.publish_prefix.read_text())]
@@ -236,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         _say({"published": n})
         return 0
     t = time.perf_counter()
-    token = auth.secret(args.token_file) if args.token_file else None
-    host = VllmHost(args.model_dir, args.model_id, args.block_tokens, args.agent, args.lookup, args.holder, token,
+    host = VllmHost(args.model_dir, args.model_id, args.block_tokens, args.agent, args.lookup, args.holder,
+                    args.token_file.resolve() if args.token_file else None,
                     ComputeLock(args.lock_file), args.max_model_len, args.fetch_timeout)
     _say({"ready": args.name, "fingerprint": None, "threads": torch.get_num_threads(),
           "load_s": round(time.perf_counter() - t, 2)})

@@ -45,6 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +60,7 @@ from hostagent.chunking import chunk_keys
 from hostagent.client import AgentClient, bundle_space, staging_buffer
 from hostagent.layouts import chunks_from_paged, write_chunks_to_paged
 from hostagent.serialize import ChunkFormatError, blob_size, deserialize, serialize
+from kvpool import auth
 from kvpool.http_api import ApiError
 
 if TYPE_CHECKING:
@@ -108,7 +110,11 @@ class ConnectorSettings:
     save: bool = True
     """Publish computed chunks to kvpool."""
     token: str | None = None
-    """The agent's API token; default: the operator's token file (``kvpool.auth``)."""
+    """The agent's API token itself; default: read from ``token_file``.  vLLM logs its whole
+    ``kv_transfer_config``, this value with it: prefer ``token_file``."""
+    token_file: str | None = None
+    """The file the agent's API token is read from (afresh for every client); default: the
+    operator's token file (``kvpool.auth``)."""
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorSettings:
@@ -119,6 +125,8 @@ class ConnectorSettings:
             raise ValueError(f"KvpoolConnector: unknown kv_connector_extra_config keys {unknown}; "
                              f"known: {sorted(known)}")
         settings = cls(**dict(extra))
+        if settings.token is not None and settings.token_file is not None:
+            raise ValueError("KvpoolConnector: give token or token_file, not both")
         if isinstance(settings.chunk_blocks, bool) or not isinstance(settings.chunk_blocks, int) \
                 or settings.chunk_blocks < 1:
             raise ValueError(f"KvpoolConnector: chunk_blocks must be a positive integer, got {settings.chunk_blocks!r}")
@@ -236,7 +244,10 @@ class KvpoolConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if time.monotonic() < self._quiet_until:
                 return None
         try:
-            return AgentClient(url or self.settings.agent_url, timeout, self.settings.token)
+            token = self.settings.token
+            if token is None and self.settings.token_file is not None:
+                token = auth.secret(Path(self.settings.token_file))
+            return AgentClient(url or self.settings.agent_url, timeout, token)
         except (ValueError, OSError) as exc:
             self._agent_failed("connect", exc)
             return None

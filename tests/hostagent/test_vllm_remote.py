@@ -1,5 +1,6 @@
 """``KvpoolConnector`` fetching from a holder agent: ``lookup_url`` (the holder answers the scheduler,
-standing in for the controller's directory) and ``keep: false`` (every load crosses UDP).
+standing in for the controller's directory) and ``keep: false`` (every load crosses UDP); the agent's
+token named by ``token_file`` (vLLM logs its config: the token itself stays out of it).
 
 Its own module: vLLM keeps one KV connector per process (see test_vllm_prefix_cache.py).
 """
@@ -19,6 +20,7 @@ if importlib.util.find_spec("vllm") is not None:  # before vLLM reads its enviro
 pytest.importorskip("vllm", reason="vLLM is not in this venv: scripts/test.sh runs these tests in "
                                    "scripts/setup.sh's .venv-vllm")
 
+from kvpool import auth
 from tests.hostagent.vllm_rig import (
     BLOCK,
     Rig,
@@ -44,7 +46,7 @@ def test_fetch_from_a_holder_named_by_lookup_url(tmp_path: Path) -> None:
     try:
         udp = f"{holder.config.host}:{holder.transport.port}"
         rig.llm = engine(tmp_path / "model", "float32", port, model_id, lookup_url=holder.api_url, holder=udp,
-                         keep=False)
+                         keep=False, token_file=str(auth.default_path()))
         target = prompt_tokens(20, 3 * BLOCK + 5)
         ref = rig.reference(target)
         # A prefill saves to the local agent (agent_url); the chunks move to the holder.
@@ -64,3 +66,11 @@ def test_fetch_from_a_holder_named_by_lookup_url(tmp_path: Path) -> None:
     finally:
         holder.stop()
         close(rig)
+
+
+def test_token_and_token_file_are_exclusive() -> None:
+    from hostagent.vllm_connector import ConnectorSettings
+
+    with pytest.raises(ValueError, match="token or token_file"):
+        ConnectorSettings.from_extra({"token": "x" * 32, "token_file": "/nonexistent"})
+    assert ConnectorSettings.from_extra({"token_file": "/t"}).token_file == "/t"
