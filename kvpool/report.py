@@ -190,6 +190,32 @@ def from_run_dir(run_dir: Path, command: str | None = None, machine: str | None 
     return out
 
 
+def save_table(root: Path, name: str, script: str, argv: Sequence[str], title: str, columns: Sequence[str],
+               rows: Sequence[Sequence[str]], notes: Sequence[str], machine: str | None = None,
+               summary: Mapping[str, float] | None = None) -> Path:
+    """A benchmark's table as ``results/NAME.json`` (the ``table`` kind); the path written.
+
+    ``argv`` are the script's options as run; the command recorded leaves out ``--save`` and
+    ``--machine X``, which say where the run goes, not what it measured.
+    """
+    info = run_info(where=root)
+    if machine:
+        info["machine"]["description"] = machine
+    args = list(argv)
+    if "--machine" in args:
+        i = args.index("--machine")
+        del args[i : i + 2]
+    command = shlex.join([script, *(a for a in args if a != "--save")])
+    doc: dict[str, Any] = {"kind": "table", "command": command, "commit": info["commit"], "dirty": info["dirty"],
+                           "date": info["date"], "machine": info["machine"], "note": " ".join([f"{title}.", *notes])}
+    if summary:
+        doc["summary"] = {k: round(float(v), 4) for k, v in summary.items()}
+    doc["figures"] = {"columns": list(columns), "rows": [list(r) for r in rows]}
+    path = root / "results" / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 # ---------------------------------------------------------------------------------- rendering
 def _num(value: Any, fmt: str) -> str:
     """``value`` formatted, or ``-`` where the run had no such figure."""

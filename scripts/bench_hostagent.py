@@ -32,6 +32,7 @@ from hostagent.holder import Holder
 from hostagent.serialize import Quant, deserialize, header_len, serialize, serialize_into, serialized_size, tensor_bytes
 from hostagent.tiers import HostTier, TieredStore
 from kvpool import wire
+from kvpool.report import save_table
 
 MIB = 1 << 20
 REFS: dict[str, Any] = runpy.run_path(str(Path(__file__).with_name("bench_refs.py")))
@@ -734,6 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "before issue 46, the hand-written HTTP server and client)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run, from {', '.join(SECTIONS)} (default all)")
+    p.add_argument("--save", action="store_true",
+                   help="write each section's table to results/bench-hostagent-SECTION.json")
+    p.add_argument("--machine", help="a description of the machine for --save (default: CPUs and arch)")
     return p
 
 
@@ -757,8 +761,14 @@ def main(argv: list[str] | None = None) -> int:
         results = [SECTIONS[n](args) for n in ordered]
     finally:
         torch.set_num_threads(threads)  # main() may be called in-process (tests)
-    for sec in results:
+    root = Path(__file__).resolve().parent.parent
+    for name, sec in zip(ordered, results, strict=True):
         _print_section(sec)
+        if args.save:
+            saved = save_table(root, f"bench-hostagent-{name}", "scripts/bench_hostagent.py",
+                               sys.argv[1:] if argv is None else argv, sec.title, sec.columns, sec.rows, sec.notes,
+                               args.machine, sec.summary)
+            print(f"  saved: {saved}")
     print(f"\nload average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           "background load inflates every step, compare ratios of one run only")
     print()

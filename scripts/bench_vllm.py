@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -41,6 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from kvpool.report import save_table
 
 MIB = 1 << 20
 SUFFIX = 16
@@ -283,28 +284,6 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], notes: l
         print(f"  {note}")
 
 
-def _save(root: Path, name: str, title: str, columns: list[str], rows: list[list[str]], notes: list[str],
-          description: str | None) -> Path:
-    """``results/NAME.json`` in ``kvpool report``'s ``table`` kind."""
-    from kvpool.report import run_info
-
-    info = run_info(where=root)
-    if description:
-        info["machine"]["description"] = description
-    # The command that reproduces the table: the script's path and its options, not --save's.
-    argv = [a for a in sys.argv[1:] if a != "--save"]
-    if "--machine" in argv:
-        i = argv.index("--machine")
-        del argv[i : i + 2]
-    command = " ".join(["scripts/bench_vllm.py", *argv])
-    doc = {"kind": "table", "command": command, "commit": info["commit"], "dirty": info["dirty"],
-           "date": info["date"], "machine": info["machine"], "note": f"{title}. " + " ".join(notes),
-           "figures": {"columns": columns, "rows": rows}}
-    path = root / "results" / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -360,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, title, columns, rows, _summary, notes in results:
         _print_table(title, columns, rows, notes)
         if args.save:
-            print(f"  saved: {_save(root, name, title, columns, rows, notes, args.machine)}")
+            saved = save_table(root, name, "scripts/bench_vllm.py", sys.argv[1:] if argv is None else argv, title,
+                               columns, rows, notes, args.machine)
+            print(f"  saved: {saved}")
     print(f"\nload average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
           "compare ratios of one run only")
     print()

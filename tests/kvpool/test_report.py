@@ -148,3 +148,18 @@ def test_a_side_by_side_run_renders_per_n_and_system(tmp_path: Path) -> None:
     for line in vs_table(by_n).splitlines()[1:]:  # the script's own rows, figure for figure
         cells = line.split()
         assert "| " + " | ".join(cells) + " |" in text
+
+
+def test_a_saved_benchmark_table_records_the_command_that_measured_it(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    path = report.save_table(tmp_path, "bench-x", "scripts/bench_x.py",
+                             ["--mib", "256", "--save", "--machine", "a quiet VM", "--reps", "6"], "x: a title",
+                             ["path", "MB/s"], [["a", "1"], ["b", "2"]], ["a note"], "a quiet VM", {"x_vs_y": 0.12345})
+    doc = json.loads(path.read_text())
+    assert path == tmp_path / "results" / "bench-x.json"
+    assert doc["command"] == "scripts/bench_x.py --mib 256 --reps 6"  # where it went is not what it measured
+    assert doc["machine"]["description"] == "a quiet VM"
+    assert doc["summary"] == {"x_vs_y": 0.1235} and doc["note"] == "x: a title. a note"
+    block = report.render("bench-x", doc, "../results/bench-x.json")
+    assert block.startswith("`scripts/bench_x.py --mib 256 --reps 6` on a quiet VM")
+    assert "| a | 1 |" in block
