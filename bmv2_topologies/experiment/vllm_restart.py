@@ -1,6 +1,6 @@
 """The switch killed and restarted while vLLM engines load a prefix from kvpool through it.
 
-Issue 43's last failure case for ``KvpoolConnector``: "switch restarted mid-load". The ttft
+One of ``KvpoolConnector``'s failure cases: the switch restarted mid-load. The ttft
 experiment's star (``ttft.TtftRun``: holder ``h0`` publishing a shared prefix's KV as vLLM
 computes it, ``N`` requesters each running ``bmv2_topologies.vllm_host`` with the connector)
 in one switch mode, with the testbed's in-process controller running its epochs, so a

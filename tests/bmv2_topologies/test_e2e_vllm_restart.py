@@ -1,6 +1,6 @@
-"""vLLM engines loading a prefix through the switch while it is killed and restarted (issue 43).
+"""vLLM engines loading a prefix through the switch while it is killed and restarted.
 
-``KvpoolConnector``'s last failure case, "switch restarted mid-load", in Mininet on the model
+``KvpoolConnector``'s failure case "switch restarted mid-load", in Mininet on the model
 switch (``bmv2_topologies/experiment/vllm_restart.py``): two requesters running vLLM with the
 connector fetch a 512-token prefix from ``h0`` over a 2 Mbit/s holder link in multicast mode;
 once a fifth of one copy has crossed that link and each requester's agent has part of it, the
