@@ -77,6 +77,14 @@ def test_each_chunk_takes_the_path_the_hints_name_and_range_otherwise() -> None:
     assert st["requests_by_path"] == {"range": 2, "single": 0, "servable": 1}
 
 
+def _as_if_switch_served(n: int, pkt: bytes) -> bytes:
+    """Mark every DATA as a switch's pool answered it (the payload, which the checks cover, unchanged)."""
+    hdr = wire.unpack_header(pkt)
+    if hdr.opcode != wire.Opcode.DATA:
+        return pkt
+    return replace(hdr, flags=hdr.flags | wire.Flag.SWITCH_SERVED).pack() + pkt[wire.HEADER_LEN:]
+
+
 @pytest.mark.parametrize("servable_window", [0, 8])
 def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int) -> None:
     # A switch answers a pooled chunk's GETs at once, a window in one burst through queues
@@ -85,7 +93,7 @@ def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int
     hints = Hints({5: Hint(GetPath.SERVABLE, len(chunk))}, 60.0, True)
     cfg = TransportConfig(port=0, window_fragments=64, servable_window_fragments=servable_window,
                           retransmit_timeout_s=5.0, give_up_s=30.0)
-    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints)
+    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints, mangle=_as_if_switch_served)
     assert res.ok and bytes(res.data or b"") == chunk
     assert sorted(g.frag_index for g in proxy.gets) == list(range(60))  # each once, singly, with room
     assert {n for n in proxy.get_lens} == {wire.GET_WITH_ROOM_LEN}
@@ -93,6 +101,22 @@ def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int
         assert proxy.peak_outstanding <= servable_window
     else:
         assert proxy.peak_outstanding > 8  # the whole hinted chunk at once (60 when nothing came back yet)
+    assert r.stats()["retransmit_gets"] == 0
+
+
+def test_a_pooled_chunk_the_holder_answers_asks_for_the_rest_by_range() -> None:
+    # Hinted pooled, but no switch answers (admitted, not filled): once the holder answered a
+    # servable window, the rest goes by range GETs, not 8 single GETs per round trip.
+    chunk = os.urandom(60 * wire.FRAG_PAYLOAD)
+    hints = Hints({5: Hint(GetPath.SERVABLE, len(chunk))}, 60.0, True)
+    cfg = TransportConfig(port=0, window_fragments=64, servable_window_fragments=8,
+                          retransmit_timeout_s=5.0, give_up_s=30.0)
+    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints)
+    assert res.ok and bytes(res.data or b"") == chunk
+    singles = [g.frag_index for g in proxy.gets if g.frag_count == 1]
+    ranges = [(g.frag_index, g.frag_count) for g in proxy.gets if g.frag_count > 1]
+    assert sorted(singles) == list(range(len(singles))) and 8 <= len(singles) < 16  # about a window
+    assert ranges and ranges[0][0] == len(singles) and sum(n for _, n in ranges) == 60 - len(singles)
     assert r.stats()["retransmit_gets"] == 0
 
 
