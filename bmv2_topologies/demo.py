@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push-admitted", action="store_true",
                    help="pool mode: the holder pushes each chunk the controller admits, so its next fetch is a hit "
                    "(default: the answers that cross the switch fill it, which costs the holder no extra copy)")
+    p.add_argument("--gather-ms", type=float, default=d.gather_ms,
+                   help="how long a holder waits before it answers the head of a chunk the controller calls hot, "
+                   f"so the GETs of a wave meet at a switch (default {d.gather_ms:g})")
     p.add_argument("--max-queue-ms", type=float, default=d.max_queue_ms,
                    help="sending time the holder queues before it answers GETs BUSY with a retry hint (default 1000)")
     p.add_argument("--deadline-s", type=float, default=d.deadline_s,
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                      hot_blocks=args.hot_blocks, tail_blocks=args.tail_blocks, block_tokens=args.block_tokens,
                      wave_gap_ms=args.wave_gap_ms, window=args.window, chunk_window=args.chunk_window,
                      servable_window=args.servable_window,
-                     max_queue_ms=args.max_queue_ms, push_admitted=args.push_admitted,
+                     max_queue_ms=args.max_queue_ms, gather_ms=args.gather_ms, push_admitted=args.push_admitted,
                      deadline_s=args.deadline_s,
                      holder_mbps=args.holder_mbps, out=args.out, seed=args.seed, impair=tuple(args.impair),
                      observe=args.observe)

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", dest="max_queue_s", type=float,
                         help="seconds of paced sending a holder queues before it answers GETs BUSY with a retry "
                         "hint (default 1; 0: bounded by fragments only)")
+    parser.add_argument("--gather", dest="gather_s", type=float,
+                        help="seconds a holder waits before it answers the head of a chunk the controller calls "
+                        "hot, so the GETs of a wave meet at a switch (default 0)")
     parser.add_argument("--window", dest="window_fragments", type=int, help="fragments in flight per request")
     parser.add_argument("--servable-window", dest="servable_window", type=int,
                         help="fragments in flight per request for a chunk the switches pool and answer at once, in "
@@ -124,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         "host", "udp_port", "api_host", "api_port", "api_socket", "dram_bytes", "gpu_bytes", "backend",
         "record_cache_bytes",
         "mooncake_master", "mooncake_metadata_url", "mooncake_segment", "rate_bytes_per_s", "burst_bytes",
-        "max_queue_s", "window_fragments", "servable_window", "max_inflight_fragments",
+        "max_queue_s", "gather_s", "window_fragments", "servable_window", "max_inflight_fragments",
         "retransmit_timeout_s", "give_up_s", "fetch_timeout_s", "log_level", "log_format", "controller", "node_id",
         "role", "advertise", "pool_bytes", "single_gets", "share_transfers", "udp_offload", "token_file",
         "api_workers", "api_timeout_s",

@@ -99,6 +99,9 @@ class AgentConfig:
     max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY (with a retry hint) once its send queue holds more than
     this many seconds of sending (0: bounded by fragments only)."""
+    gather_s: float = 0.0
+    """Where the switches merge, how long a holder waits before it answers the head of a hot chunk,
+    so a wave's GETs meet at the switch (0: at once)."""
     window_fragments: int = 2048
     """Per-request window of fragments in flight."""
     servable_window: int = 0
@@ -160,7 +163,7 @@ class AgentConfig:
         return TransportConfig(
             host=self.host, port=self.udp_port, sock_buf_bytes=self.sock_buf_bytes,
             rate_bytes_per_s=self.rate_bytes_per_s, burst_bytes=self.burst_bytes,
-            max_queue_s=self.max_queue_s,
+            max_queue_s=self.max_queue_s, gather_s=self.gather_s,
             window_fragments=self.window_fragments, servable_window_fragments=self.servable_window,
             max_inflight_fragments=self.max_inflight_fragments,
             retransmit_timeout_s=self.retransmit_timeout_s, give_up_s=self.give_up_s,

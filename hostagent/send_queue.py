@@ -81,6 +81,8 @@ class SendJob:
     are the holder's kept records (shared with other answers of the chunk); None: its own."""
     enqueued: float = 0.0
     """Monotonic time it was queued (``AnswerWaits``: how long an answer waited for its first DATA)."""
+    not_before: float = 0.0
+    """Monotonic time before which none of it is sent: a gather (``TransportConfig.gather_s``)."""
 
     @property
     def owner(self) -> tuple[Address, int] | None:
@@ -231,6 +233,8 @@ class SendQueue:
         """Why segmented sends are off ("" while on, or never asked for)."""
         self._tokens = config.pace_depth_bytes
         self._backlogged = False  # whether the last send pass left answers only the tokens held back
+        self._gathering_until = 0.0
+        """When the first gather ends, while every answer the last pass left waits for one (else 0)."""
         self._last_refill = time.monotonic()
 
     def __len__(self) -> int:
@@ -242,11 +246,15 @@ class SendQueue:
         return bool(self.lanes or self._probes or self._background)
 
     def pace_wait_ms(self) -> int:
-        """Milliseconds until the bucket holds a datagram's tokens (0: send now); only while ``pending``."""
+        """Milliseconds until the bucket holds a datagram's tokens (0: send now); only while ``pending``.
+
+        While every answer queued waits for its gather, until the first gather ends.
+        """
         rate = self.config.rate_bytes_per_s
-        if rate <= 0 or self._tokens >= _L:
-            return 0
-        return max(1, int((_L - self._tokens) / rate * 1000))
+        wait = 0 if rate <= 0 or self._tokens >= _L else max(1, int((_L - self._tokens) / rate * 1000))
+        if self._gathering_until and not self._probes:
+            wait = max(wait, 1 + int((self._gathering_until - time.monotonic()) * 1000))
+        return wait
 
     def jobs_of(self, key: int) -> list[SendJob] | tuple[()]:
         """The jobs queued for chunk ``key``, in the order they were queued (answers and pushes)."""
@@ -324,6 +332,7 @@ class SendQueue:
 
         True if the socket buffer is full.
         """
+        self._gathering_until = 0.0
         if not self.lanes and not self._probes and not self._background:
             self._backlogged = False
             return False
@@ -342,7 +351,8 @@ class SendQueue:
             more, blocked = self._send_lanes(self.lanes, budget - sent, now)
             sent += more
         # Answers left that could go but for the tokens: the link stays busy until the next pass.
-        self._backlogged = bool(self._probes or self.lanes)
+        # Answers that wait for their gather keep it idle, as an empty queue does.
+        self._backlogged = bool(self._probes) or (bool(self.lanes) and not self._gathering_until)
         if not blocked and sent < budget and self._background and not self._backlogged:
             # Nothing else can go: a push takes the idle time (a fill, never ahead of an answer).
             self._skip_redundant_pushes()
@@ -413,13 +423,25 @@ class SendQueue:
         Returns (datagrams sent, socket buffer full).
         """
         quantum = self.config.send_quantum
+        self._gathering_until = 0.0
         sent, blocked = self._send_aged(lanes, budget, now)
         if blocked:
             return sent, blocked
         order = lanes.order
+        waiting = 0  # requests in a row whose next answer waits for its gather
+        gather_ends = float("inf")
         while order and sent < budget:
             owner = order[0]
             lane = lanes.by_owner[owner]
+            if lane[0].not_before > now:
+                gather_ends = min(gather_ends, lane[0].not_before)
+                waiting += 1
+                if waiting >= len(order):
+                    self._gathering_until = gather_ends  # nothing else can go until then
+                    break
+                order.rotate(-1)
+                continue
+            waiting = 0
             turn = 0  # this request's turn: a quantum, over as many of its answers as it takes
             while turn < quantum and sent < budget and not blocked:
                 job = lane[0]

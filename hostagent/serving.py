@@ -43,6 +43,7 @@ from hostagent.holder import Holder
 from hostagent.send_queue import SendJob, SendQueue
 from hostagent.transport_config import MAX_RETRY_HINT_US, Address, Counters, TransportConfig
 from kvpool import wire
+from kvpool.hints import GetPath
 
 log = logging.getLogger("kvpool.transport")
 
@@ -276,6 +277,12 @@ class Server:
             self._nack_run(hdr, first, count, out, addr)
             return
         job = self._job(out, addr, hdr.chunk_key, hdr, first, hdr.request_id, flags)
+        if (merging and self.config.gather_s > 0 and first == 0 and hdr.frag_count > 1
+                and not hdr.flags & wire.Flag.RETRANSMIT and self.hints.path(hdr.chunk_key, now) is not GetPath.RANGE):
+            # The head of a hot chunk: the other requesters of its wave ask within moments, and a
+            # switch joins their GETs to this answer only while it is pending; what passed before
+            # a GET joined is asked for again and sent a second time.
+            job.not_before = now + self.config.gather_s
         if merging and count == 1 and hdr.frag_count == 1 and not reserved and not hdr.flags & wire.Flag.RETRANSMIT:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)

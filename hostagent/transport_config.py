@@ -110,6 +110,11 @@ class TransportConfig:
     max_queue_s: float = 1.0
     """A paced holder answers GETs BUSY once its queue holds more than this many seconds of
     sending at ``rate_bytes_per_s`` (0: only ``max_queued_fragments`` bounds the queue)."""
+    gather_s: float = 0.0
+    """Where the switches merge, a holder starts its answer to a range GET for the head of a chunk the
+    hints call hot this long after the GET came (``SendQueue``, ``SendJob.not_before``), so the GETs
+    of the other requesters of a wave reach the switch while the answer is pending and miss nothing
+    (0: at once)."""
     integrity_retries: int = 3
     """Rounds of re-asking for a chunk (or its fragments) that failed its checks before the fetch fails."""
     gso: bool = True
@@ -137,6 +142,7 @@ class TransportConfig:
             "max_fragments_per_get": self.max_fragments_per_get >= 1,
             "max_queued_fragments": self.max_queued_fragments >= 1,
             "max_queue_s": 0 <= self.max_queue_s <= 60,
+            "gather_s": 0 <= self.gather_s <= 1,
             "integrity_retries": self.integrity_retries >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]

@@ -87,6 +87,9 @@ class DemoConfig:
     target's, 0: ``chunk_window``."""
     max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
+    gather_ms: float = 0.0
+    """How long a holder waits before it answers the head of a chunk the controller calls hot, so the
+    GETs of a wave meet at a switch (``kvpool-agent --gather``; 0: at once)."""
     push_admitted: bool = False
     """Pool mode: the holder pushes each chunk the controller admits (``ControllerSettings.push_admitted``);
     False: the answers that cross the switch fill it."""
@@ -156,6 +159,7 @@ class DemoConfig:
             "servable_window": self.servable_window is None or self.servable_window == 0
             or 2 <= self.servable_window <= 4096,
             "max_queue_ms": 0 <= self.max_queue_ms <= 60_000,
+            "gather_ms": 0 <= self.gather_ms <= 1000,
             "deadline_s": self.deadline_s is None or 0 < self.deadline_s <= 3600,
         }
         for name, ok in checks.items():

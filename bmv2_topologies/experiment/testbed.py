@@ -252,6 +252,7 @@ class Testbed(StarHosts):
                 if h.role == "holder":
                     args += ["--rate", str(int(rate)), "--burst", str(2 * wire.DATA_DATAGRAM_LEN),
                              "--max-queue", str(self.cfg.max_queue_ms / 1000),
+                             "--gather", str(self.cfg.gather_ms / 1000),
                              *holder_args.get(h.name, [])]
                 self.procs.append(self.popen(h.name, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + 60

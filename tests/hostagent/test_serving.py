@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 
 from hostagent.hints import FabricHints
 from hostagent.holder import Holder
@@ -10,7 +12,7 @@ from hostagent.send_queue import SendQueue
 from hostagent.serving import Server, merge_gets
 from hostagent.transport_config import Counters, TransportConfig
 from kvpool import wire
-from kvpool.hints import Hints
+from kvpool.hints import GetPath, Hint, Hints
 from tests.hostagent.transport_kit import _store
 
 
@@ -91,3 +93,35 @@ def test_a_long_re_ask_rides_the_answer_only_once_a_second_joiner_re_asks() -> N
     assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [
         (35, 5, True), (0, 35, True), (0, 100, False)]
     assert server._c.reasks_carried == 40
+
+
+def test_the_head_of_a_hot_chunk_waits_its_gather_and_nothing_else_does() -> None:
+    # Where the switches merge, the answer to a range GET for the head of a chunk the hints call
+    # hot starts after the gather, so the other requesters of its wave join it at a switch before
+    # its first fragment leaves; any other answer goes at once.
+    chunks = {1: os.urandom(50 * wire.FRAG_PAYLOAD), 2: os.urandom(50 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({1: Hint(GetPath.SINGLE, len(chunks[1]))}, 60.0, True))
+    cfg = TransportConfig(port=0, gather_s=0.05)
+    c = Counters()
+    queue = SendQueue(cfg, c)
+    server = Server(cfg, c, queue, Holder(_store(chunks)), None, fabric)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sink.bind(("127.0.0.1", 0))
+        a = sink.getsockname()
+        before = time.monotonic()
+        server.serve_get(wire.parse(wire.get_packet(1, 0, 50, request_id=1)), 0, 50, a)
+        server.serve_get(wire.parse(wire.get_packet(1, 10, 40, request_id=2)), 10, 40, a)  # not the head
+        server.serve_get(wire.parse(wire.get_packet(2, 0, 50, request_id=3)), 0, 50, a)  # not hot
+        again = wire.Flag.RETRANSMIT
+        server.serve_get(wire.parse(wire.get_packet(1, 0, 50, request_id=4, flags=again)), 0, 50, a)
+        gathering = {rid: lane[0].not_before for (_, rid), lane in queue.lanes.by_owner.items()}
+        assert gathering[1] >= before + 0.05 and gathering[2] == gathering[3] == gathering[4] == 0.0
+        queue.sock = sock
+        queue.send()  # the others go; the head of the hot chunk waits
+        assert list(queue.lanes.by_owner) == [(a, 1)] and queue.lanes.by_owner[(a, 1)][0].pos == 0
+        assert 1 <= queue.pace_wait_ms() <= 51  # the loop sleeps until the gather ends
+        time.sleep(max(0.0, gathering[1] - time.monotonic()) + 0.002)
+        queue.send()
+        assert not queue.lanes  # the whole answer went once the gather ended
