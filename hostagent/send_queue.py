@@ -8,7 +8,8 @@ decision; this module only keeps the order and the pace:
 * a lone GET of fragment 0 (a length probe) goes before everything else;
 * answers to single GETs that waited the queue bound (``max_queue_s``) go next, oldest first;
 * then the requests with answers queued take turns of ``send_quantum`` DATA (``Lanes``,
-  each request's answers in the order they were queued);
+  each request's answers in the order they were queued), skipping a request whose next
+  answer waits for its gather (``SendJob.not_before``);
 * pushes (fills asked for by the controller) go only when no answer can, without the
   fragments answers carried since the push was asked for (the fill watch).
 
@@ -235,6 +236,8 @@ class SendQueue:
         self._backlogged = False  # whether the last send pass left answers only the tokens held back
         self._gathering_until = 0.0
         """When the first gather ends, while every answer the last pass left waits for one (else 0)."""
+        self._answering_since = 0.0
+        """When the queue last went from no answers to some (``answering_since``)."""
         self._last_refill = time.monotonic()
 
     def __len__(self) -> int:
@@ -255,6 +258,10 @@ class SendQueue:
         if self._gathering_until and not self._probes:
             wait = max(wait, 1 + int((self._gathering_until - time.monotonic()) * 1000))
         return wait
+
+    def answering_since(self, now: float) -> float:
+        """When the answers queued now started to queue after the queue last had none (``now`` if none)."""
+        return now if not self.lanes and not self._probes else self._answering_since
 
     def jobs_of(self, key: int) -> list[SendJob] | tuple[()]:
         """The jobs queued for chunk ``key``, in the order they were queued (answers and pushes)."""
@@ -294,6 +301,8 @@ class SendQueue:
         other job instead of waiting for each of them to take a turn (64 queued answers are
         70 ms at 10 Mbit/s); a probe is one datagram, so the others barely notice.
         """
+        if job.get is not None and not self.lanes and not self._probes:
+            self._answering_since = time.monotonic()
         if job.get is None:
             self._background.append(job)
             self._background_queued += job.count

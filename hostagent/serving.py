@@ -18,6 +18,9 @@ rules (why each, with measurements: docs/design/transport.md):
 * A joiner's re-ask (``RETRANSMIT | COALESCED``) rides only an owner's answer to a range
   GET that was not a RETRANSMIT, for the same generation (``_carrier``), once for all
   joiners; a long one (past a quarter of the chunk) only once a second joiner re-asks.
+* With a gather (``TransportConfig.gather_s``), where the switches merge, the answer to a
+  range GET for the head of a chunk the hints call hot or pooled starts that much later, so
+  the GETs of its wave join it at a switch before anything passed.
 * Pushes (``push``, fills asked for by the controller) become send jobs on the loop thread
   and go only when no answer can.
 
@@ -279,10 +282,13 @@ class Server:
         job = self._job(out, addr, hdr.chunk_key, hdr, first, hdr.request_id, flags)
         if (merging and self.config.gather_s > 0 and first == 0 and hdr.frag_count > 1
                 and not hdr.flags & wire.Flag.RETRANSMIT and self.hints.path(hdr.chunk_key, now) is not GetPath.RANGE):
-            # The head of a hot chunk: the other requesters of its wave ask within moments, and a
-            # switch joins their GETs to this answer only while it is pending; what passed before
-            # a GET joined is asked for again and sent a second time.
-            job.not_before = now + self.config.gather_s
+            # The head of a hot chunk reaching a holder that was idle moments ago: the other
+            # requesters of its wave ask within moments, and a switch joins their GETs to this
+            # answer only while it is pending; what passed before a GET joined is asked for
+            # again and sent a second time.  A busy holder does not wait: its round already
+            # delays each new answer, and a gather on top delayed every hot chunk of a replayed
+            # tool trace (model, 100 Mbit/s: multicast p50 1.98 s against 1.53 s without).
+            job.not_before = self._queue.answering_since(now) + self.config.gather_s
         if merging and count == 1 and hdr.frag_count == 1 and not reserved and not hdr.flags & wire.Flag.RETRANSMIT:
             # A lone single GET: a length probe or the GET a burst starts with; the rest follows.
             self._reserve(hdr.chunk_key, int(out[0]["hdr"]["frag_count"]) - first - 1, now)

@@ -111,10 +111,10 @@ class TransportConfig:
     """A paced holder answers GETs BUSY once its queue holds more than this many seconds of
     sending at ``rate_bytes_per_s`` (0: only ``max_queued_fragments`` bounds the queue)."""
     gather_s: float = 0.0
-    """Where the switches merge, a holder starts its answer to a range GET for the head of a chunk the
-    hints call hot this long after the GET came (``SendQueue``, ``SendJob.not_before``), so the GETs
-    of the other requesters of a wave reach the switch while the answer is pending and miss nothing
-    (0: at once)."""
+    """Where the switches merge, a holder whose queue was empty starts its answer to a range GET for
+    the head of a chunk the hints call hot this long after its queue began to fill (``Server.serve_get``,
+    ``SendJob.not_before``), so the GETs of the other requesters of its wave reach the switch while
+    the answer is pending and miss nothing (0: at once)."""
     integrity_retries: int = 3
     """Rounds of re-asking for a chunk (or its fragments) that failed its checks before the fetch fails."""
     gso: bool = True

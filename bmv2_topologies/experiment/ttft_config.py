@@ -111,8 +111,8 @@ class TtftConfig:
     holder_mbps: float = 20.0
     target: str = "model"
     """The switch: the model by default, not the demo's "BMv2 when installed": the figures are a
-    balance of CPU and link, and BMv2 on a small VM overflows its queues at this window (README:
-    the demo keeps 64 in flight there), so every stalled GET costs a retransmit timeout of seconds."""
+    balance of CPU and link, and BMv2 on a small VM forwards a few thousand packets a second
+    (p4/README.md), which the figures would measure instead of the fetch."""
     settle_s: float = 2.0
     """Pause between waves: pending GETs time out, and in pool mode the controller admits and fills."""
     fetch_timeout_s: float = 60.0

@@ -125,3 +125,20 @@ def test_the_head_of_a_hot_chunk_waits_its_gather_and_nothing_else_does() -> Non
         time.sleep(max(0.0, gathering[1] - time.monotonic()) + 0.002)
         queue.send()
         assert not queue.lanes  # the whole answer went once the gather ended
+
+
+def test_a_busy_holder_gathers_nothing() -> None:
+    # A holder with answers queued for longer than the gather sends a hot chunk's head in its
+    # turn: its round already delays the answer, and a gather on top would delay every hot chunk.
+    chunks = {1: os.urandom(50 * wire.FRAG_PAYLOAD), 2: os.urandom(50 * wire.FRAG_PAYLOAD)}
+    fabric = FabricHints()
+    fabric.update(Hints({1: Hint(GetPath.SINGLE, len(chunks[1]))}, 60.0, True))
+    cfg = TransportConfig(port=0, gather_s=0.05)
+    c = Counters()
+    queue = SendQueue(cfg, c)
+    server = Server(cfg, c, queue, Holder(_store(chunks)), None, fabric)
+    a = ("127.0.0.1", 5001)
+    server.serve_get(wire.parse(wire.get_packet(2, 0, 50, request_id=1)), 0, 50, a)  # not hot: at once
+    time.sleep(0.06)  # busy for longer than the gather
+    server.serve_get(wire.parse(wire.get_packet(1, 0, 50, request_id=2)), 0, 50, a)
+    assert queue.lanes.by_owner[(a, 2)][0].not_before <= time.monotonic()
