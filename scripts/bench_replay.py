@@ -255,29 +255,40 @@ def backlog_mb(mode_doc: dict[str, Any]) -> float | None:
     return max((b["p50_bytes"] for b in backlog.values()), default=0) / 1e6
 
 
-def row(cell: Cell, doc: dict[str, Any]) -> str:
-    """One printed line per cell."""
-    head = (f"{cell.trace:12s} {cell.requests:4d} {cell.requesters:2d} {cell.time_scale:5g} {cell.mbps:5g}")
+COLUMNS = ("trace", "reqs", "N", "scale", "Mbit/s", "load", "plain p50/p99 s", "mcast p50/p99 s", "pool p50/p99 s",
+           "mc slow", "mc pair", "mc bytes", "mc saved", "pool slow", "pool pair", "pool bytes", "pool saved",
+           "ideal", "switch MB", "failed", "runs", "code")
+"""The columns of a cell's row (``row_values``), as printed and as ``--save`` keeps them."""
+_WIDTHS = (12, 4, 2, 5, 5, 7, 15, 15, 15, 5, 4, 5, 5, 5, 4, 5, 5, 5, 6, 3, 3, 0)
+
+
+def row_values(cell: Cell, doc: dict[str, Any]) -> list[str]:
+    """One cell's row: its values as text, one per ``COLUMNS`` entry (fewer for a cell that failed to run)."""
+    head = [cell.trace, str(cell.requests), str(cell.requesters), f"{cell.time_scale:g}", f"{cell.mbps:g}"]
     if "error" in doc:
-        return f"{head}  ERROR {doc['error']}"
+        return [*head, f"ERROR {doc['error']}"]
     j = judge(doc)
     load = doc["offered"]["mean_bps"] / doc["offered"]["capacity_bps"]
-    parts = [head, f"{load:6.2f}x"]
+    out = [*head, f"{load:.2f}x"]
     for m in MODES:
         r = doc[m]
-        parts.append(f"{r['deliver_p50_ms'] / 1e3:7.2f}/{r['deliver_p99_ms'] / 1e3:7.2f}")
+        out.append(f"{r['deliver_p50_ms'] / 1e3:.2f}/{r['deliver_p99_ms'] / 1e3:.2f}")
     for m in ("multicast", "pool"):
         jm = j[m]
-        saved = "-" if jm["saved_of_ideal"] is None else f"{jm['saved_of_ideal']:.2f}"
-        pair = "-" if jm["paired_median"] is None else f"{jm['paired_median']:.2f}"
-        parts.append(f"{jm['slowdown']:5.2f} {pair:>4s} {jm['bytes_vs_plain']:5.3f} {saved:>5s}")
-    parts.append(f"{doc['multicast']['ideal_bytes'] / doc['multicast']['requested_bytes']:5.3f}")
+        out += [f"{jm['slowdown']:.2f}", "-" if jm["paired_median"] is None else f"{jm['paired_median']:.2f}",
+                f"{jm['bytes_vs_plain']:.3f}", "-" if jm["saved_of_ideal"] is None else f"{jm['saved_of_ideal']:.2f}"]
+    out.append(f"{doc['multicast']['ideal_bytes'] / doc['multicast']['requested_bytes']:.3f}")
     queued = [q for q in (backlog_mb(doc[m]) for m in MODES) if q is not None]
-    parts.append(f"{max(queued):6.1f}" if queued else f"{'-':>6s}")
-    parts.append(f"{j['failed']:3d}")
-    parts.append(f"{doc.get('repeats', 1):3d}")
-    parts.append(str(doc.get("code") or "-"))
-    return "  ".join(parts)
+    out.append(f"{max(queued):.1f}" if queued else "-")
+    out += [str(j["failed"]), str(doc.get("repeats", 1)), str(doc.get("code") or "-")]
+    return out
+
+
+def row(cell: Cell, doc: dict[str, Any]) -> str:
+    """One printed line per cell."""
+    values = row_values(cell, doc)  # a cell that failed to run has fewer
+    widths = zip(values, _WIDTHS, strict=False)
+    return "  ".join(v.ljust(w) if k == 0 else v.rjust(w) for k, (v, w) in enumerate(widths))
 
 
 HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p50/p99 s     pool p50/p99 s  "
@@ -306,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume-since", metavar="COMMIT",
                     help="with --resume, reuse only results measured on COMMIT or a later commit (clean checkout)")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
+    ap.add_argument("--save", metavar="NAME",
+                    help="keep the table as results/NAME.json (kvpool report renders it in the docs)")
+    ap.add_argument("--machine", help="with --save, a few words on the machine it ran on")
     args = ap.parse_args(argv)
     try:
         traces = [t for t in args.traces.split(",") if t]
@@ -339,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             make_trace(fam, args.out / f"{fam}_trace.jsonl", max(c.requests for c in cells), args.seed)
     print(HEADER, flush=True)
     worst, failed, saved_min = 0.0, 0, math.inf
+    table: list[list[str]] = []
     ok = True
     for cell in cells:
         runs = []
@@ -361,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) > 1 and "error" not in doc:
             (args.out / f"{cell.name}-pooled.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(row(cell, doc), flush=True)
+        table.append(row_values(cell, doc))
         if "error" in doc:
             ok = False
             continue
@@ -372,6 +388,17 @@ def main(argv: list[str] | None = None) -> int:
                 saved_min = min(saved_min, j[m]["saved_of_ideal"])
     saved_text = "nan" if saved_min == math.inf else f"{saved_min:.3f}"
     print(f"worst_slowdown_vs_plain={worst:.3f} failed={failed} bytes_saved_of_ideal={saved_text}")
+    if args.save:
+        from kvpool.report import save_table
+
+        summary = {"worst_slowdown_vs_plain": worst, "failed": failed}
+        if saved_min != math.inf:
+            summary["bytes_saved_of_ideal"] = saved_min
+        path = save_table(ROOT, args.save, "scripts/bench_replay.py", sys.argv[1:] if argv is None else argv,
+                          f"Trace replay grid on {args.target}", COLUMNS, table,
+                          ["One row per cell; slow: the worse of p50 and p99 against plain's in the same run."],
+                          machine=args.machine, summary=summary)
+        print(f"bench_replay: kept as {path}")
     met = ok and worst <= 1.05 and failed == 0 and (saved_min == math.inf or saved_min >= 0.5)
     return 0 if met else 1
 

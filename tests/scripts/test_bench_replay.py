@@ -264,3 +264,26 @@ def test_a_grid_spread_over_sittings_reruns_the_cells_measured_before_a_commit(
     assert "not a commit" in capsys.readouterr().err
     assert BENCH["main"]([*args[:-1], "--resume-since", fix]) == 2
     assert "needs --resume" in capsys.readouterr().err
+
+
+def test_save_keeps_the_printed_table_as_a_result_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "results").mkdir()
+    monkeypatch.setitem(BENCH["main"].__globals__, "ROOT", tmp_path)  # results/NAME.json lands under it
+    good = _doc(_mode(100, 200, 700, 600), _mode(95, 190, 650, 600))
+    (out / "conversation-r48-n4-t1-m10.json").write_text(json.dumps(good))
+    cell = ["--traces", "conversation", "--requests", "48", "--requesters", "4", "--time-scales", "1", "--mbps",
+            "10", "--out", str(out), "--resume", "--conversation", str(SCRIPT), "--save", "grid-x",
+            "--machine", "a test"]
+    assert BENCH["main"](cell) == 0
+    doc = json.loads((tmp_path / "results" / "grid-x.json").read_text())
+    assert doc["kind"] == "table" and doc["machine"]["description"] == "a test"
+    assert "--save" not in doc["command"] and "--machine" not in doc["command"]
+    (values,) = doc["figures"]["rows"]
+    assert len(values) == len(doc["figures"]["columns"]) == len(BENCH["COLUMNS"])
+    assert values[:6] == ["conversation", "48", "4", "1", "10", "0.50x"] and values[9] == "1.00"
+    assert doc["summary"] == {"worst_slowdown_vs_plain": 1.0, "failed": 0, "bytes_saved_of_ideal": 0.75}
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].split()[:6] == values[:6]  # the same values as the printed row
