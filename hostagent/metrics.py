@@ -84,9 +84,10 @@ def _requester(f: Families, tr: dict[str, Any]) -> None:
     f.gauge("kvpool_agent_transfers_waiting", "Chunk transfers waiting for a slot", tr["requests_waiting"])
     f.counter("kvpool_agent_gets_sent", "GET datagrams sent", tr["gets_sent"])
     f.counter("kvpool_agent_retransmit_gets", "GETs that re-asked for fragments", tr["retransmit_gets"])
-    doc = "Fragments re-asked, by reason: stall (silence), overtaken (later ones arrived), join (missed before a join)"
+    doc = ("Fragments re-asked, by reason: stall (silence), overtaken (later ones arrived), gap (the holder's "
+           "answer passed over them), join (missed before a join)")
     for reason, key in (("stall", "stall_retransmits"), ("overtaken", "overtaken_retransmits"),
-                        ("join", "join_reasks")):
+                        ("gap", "gap_retransmits"), ("join", "join_reasks")):
         f.counter("kvpool_agent_retransmitted_fragments", doc, tr[key], reason=reason)
     f.counter("kvpool_agent_busy_received", "BUSY NACKs received from holders", tr["busy_received"])
     f.counter("kvpool_agent_busy_retries", "Re-asks after a BUSY NACK", tr["busy_retries"])

@@ -81,6 +81,12 @@ class Request:
     """A switch joined its GET to another requester's answer for the chunk (``Transfers._join``)."""
     reasked_hi: int = 0
     """Joined: the fragments below this that it lacked have been asked for again (``Transfers._join``)."""
+    own_hi: int = 0
+    """One past the highest fragment its holder's own answers delivered (not a switch's copy or pool)."""
+    own_marks: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    """``(arrival, own_hi)`` each time ``own_hi`` moved on, oldest first (``Transfers.resend_gaps``)."""
+    gap_at: npt.NDArray[np.float64] | None = None
+    """When each fragment was last re-asked as a gap in the holder's answer (monotonic; 0: never)."""
 
 
 @dataclass(eq=False, slots=True)

@@ -66,6 +66,9 @@ _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _REORDER_RTOS: Final = 0.5
 """Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``resend_overtaken``)."""
+_GAP_RTOS: Final = 0.25
+"""Retransmit timeouts after which a fragment its holder's answer passed over counts as lost (``resend_gaps``)."""
+_OWN_ANSWER_FLAGS: Final = int(wire.Flag.COALESCED | wire.Flag.SWITCH_SERVED)
 _COALESCED: Final = int(wire.Flag.COALESCED)
 _JOIN_PATIENCE_RTOS: Final = 1.0
 """Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
@@ -106,7 +109,9 @@ class Transfers:
         """Milliseconds the loop may sleep before the next retransmit timer or deadline (200 when idle)."""
         if self.active:
             now = time.monotonic()
-            nxt = min(min(r.next_retx, r.deadline) for r in self.active.values())
+            gap_s = _GAP_RTOS * self.config.retransmit_timeout_s
+            nxt = min(min(r.next_retx, r.deadline, r.own_marks[0][0] + gap_s if r.own_marks else r.deadline)
+                      for r in self.active.values())
             return max(1, min(100, int((nxt - now) * 1000) + 1))
         return 200
 
@@ -263,7 +268,14 @@ class Transfers:
             if newest > r.answered_ask:
                 r.answered_ask = newest
                 r.overtaken.append((now, newest))
-        copies = (recs["hdr"]["flags"] & _COALESCED) != 0
+        flags = recs["hdr"]["flags"]
+        own = (flags & _OWN_ANSWER_FLAGS) == 0
+        if own.any():
+            hi = int(recs["hdr"]["frag_index"][own].max()) + 1
+            if hi > r.own_hi:
+                r.own_hi = hi
+                r.own_marks.append((now, hi))
+        copies = (flags & _COALESCED) != 0
         coalesced = int(np.count_nonzero(copies))
         seen = int(recs["hdr"]["frag_index"][copies].max()) + 1 if coalesced else 0
         self._progress(r, reasm, stored, coalesced, seen, now)
@@ -442,6 +454,8 @@ class Transfers:
             # Which fragments are wrong is unknowable: fetch the whole chunk again.
             reasm.reset()
             r.asked_hi = 0
+            r.own_hi, r.gap_at = 0, None
+            r.own_marks.clear()
         r.last_progress = now
         r.rto = self.config.retransmit_timeout_s
         r.next_retx = now + r.rto
@@ -481,6 +495,8 @@ class Transfers:
         r.asked_at, r.answered_ask, r.settled_ask = None, 0.0, 0.0  # the old generation's asks say nothing
         r.overtaken.clear()
         r.refused_runs.clear()
+        r.own_hi, r.gap_at = 0, None
+        r.own_marks.clear()
         ask = self.first_ask(r, min(self.config.window_fragments, self.budget.room()))
         self.send_get(r, 0, ask, 0)
         r.asked_hi = ask
@@ -678,6 +694,8 @@ class Transfers:
                 continue
             if r.overtaken and not r.refused:
                 self.resend_overtaken(r, now)
+            if r.own_marks and not r.refused:
+                self.resend_gaps(r, now)
             if now < r.next_retx:
                 continue
             # A joined request waits for its own fragments less: they come at the pace of another
@@ -773,6 +791,45 @@ class Transfers:
         breaks = np.flatnonzero(np.diff(lost) != 1) + 1
         for run in np.split(lost, breaks)[:64]:
             self.send_get(r, int(run[0]), int(run.size), wire.Flag.RETRANSMIT)
+
+    def resend_gaps(self, r: Request, now: float) -> None:
+        """Re-ask what the holder's own answer passed over a reorder window ago: lost on the way.
+
+        A holder sends a request's answers in the order it queued them (``SendQueue``, a lane
+        per request), so a fragment below one its answer delivered was sent before it; still
+        missing a reorder window later (``_GAP_RTOS`` of the retransmit timeout), it was lost.
+        Without this a loss waited for the retransmit timer, and that only once the holder went
+        quiet for this requester, or ``_STALL_RTOS`` timeouts while it streamed to others: a
+        software switch that drops under load (BMv2 on two cores, replayed tool trace in pool
+        mode) left half of each request's time in such waits.  Only the holder's own answers
+        count (a switch's copy or pool answer comes from elsewhere, in another order); not
+        fragments a ``BUSY`` refused (their retry is booked), nor single GETs
+        (``resend_overtaken``); a fragment re-asked this way is not re-asked again within a
+        retransmit timeout.  With RETRANSMIT, so it goes to the holder past any pending slot.
+        """
+        cut = now - _GAP_RTOS * self.config.retransmit_timeout_s
+        settled = 0
+        while r.own_marks and r.own_marks[0][0] <= cut:
+            settled = r.own_marks.popleft()[1]
+        reasm = r.reasm
+        if settled == 0 or reasm is None:
+            return
+        hi = min(settled, reasm.frag_count)
+        lost = ~reasm.received[:hi]
+        if not lost.any():
+            return
+        if r.asked_at is not None:
+            lost &= r.asked_at[:hi] == 0  # asked by a range, not singly
+        for start, end in r.refused_runs:
+            lost[min(start, hi):min(end, hi)] = False
+        if r.gap_at is None:
+            r.gap_at = np.zeros(reasm.frag_count, np.float64)
+        lost &= r.gap_at[:hi] <= now - r.rto
+        for start, count in runs(lost, 64):
+            r.gap_at[start:start + count] = now
+            self._c.gap_retransmits += count
+            self.send_get(r, start, count, wire.Flag.RETRANSMIT)
+            r.next_retx = max(r.next_retx, now + r.rto)  # the timer's round would ask for them again
 
     def finish(self, r: Request, *, data: memoryview | None = None, error: str | None = None,
                 status: wire.Status | None = None) -> None:

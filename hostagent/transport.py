@@ -243,6 +243,7 @@ class Transport:
             "busy_retries": c.busy_retries,
             "stall_retransmits": c.stall_retransmits,
             "overtaken_retransmits": c.overtaken_retransmits,
+            "gap_retransmits": c.gap_retransmits,
             "past_end_nacks": c.past_end_nacks,
             "reserved_chunks": c.reserved_chunks,
             "reserved_fragments": c.reserved_fragments,

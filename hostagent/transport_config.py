@@ -205,6 +205,8 @@ class Counters:
     stall_retransmits: int = 0
     overtaken_retransmits: int = 0
     """Fragments re-asked because fragments asked after them arrived a reorder window ago."""
+    gap_retransmits: int = 0
+    """Fragments re-asked because the holder's answer passed over them a reorder window ago."""
     past_end_nacks: int = 0
     reserved_chunks: int = 0
     """Chunks whose length probe was admitted with room kept for their rest (``Server._reserve``)."""

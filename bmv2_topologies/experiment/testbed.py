@@ -462,7 +462,8 @@ class Testbed(StarHosts):
             th.join()
 
 
-AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "overtaken_retransmits", "busy_received",
+AGENT_COUNTERS = ("gets_sent", "retransmit_gets", "stall_retransmits", "overtaken_retransmits", "gap_retransmits",
+                  "busy_received",
                   "busy_retries", "nacks_sent", "reserved_chunks", "reserved_fragments",
                   "reserved_expired", "rebound_fragments", "shared_transfers",
                   "requests_failed")

@@ -379,3 +379,17 @@ def test_an_overtaken_get_waits_out_the_holders_queue_bound_first() -> None:
     assert sent == [(0, 5, wire.Flag.RETRANSMIT)] and t.stats()["overtaken_retransmits"] == 5
     t._transfers.resend_overtaken(r, 102.0)  # nothing new arrived: nothing asked twice
     assert len(sent) == 1
+
+
+def test_what_the_holders_answer_passed_over_is_re_asked_after_a_reorder_window() -> None:
+    # The holder sends a request's answer in order: fragments 5..9 missing once 10..59 came were
+    # lost on the way.  They are re-asked a quarter of a retransmit timeout later, not after the
+    # timeout of silence (which a holder streaming to other requesters never gives).
+    payload = os.urandom(60 * wire.FRAG_PAYLOAD)
+    cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=2.0, give_up_s=20.0)
+    res, proxy, r = _through_proxy({3: payload}, 3, cfg, drop=lambda n: 6 <= n <= 10)
+    assert res.ok and bytes(res.data or b"") == payload and proxy.dropped == 5
+    st = r.stats()
+    assert st["gap_retransmits"] == 5 and res.retransmit_rounds == 0
+    (again,) = [g for g in proxy.gets if g.flags & wire.Flag.RETRANSMIT]
+    assert (again.frag_index, again.frag_count) == (5, 5)
