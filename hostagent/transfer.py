@@ -17,7 +17,8 @@ NACK (``on_nack``).  Its invariants (the reasons, measured: docs/design/transpor
 * Silence is judged per holder (a holder serves its queue in order): a request re-asks
   what ``missing_ranges`` reports after a retransmit timeout (doubling) of silence from its
   holder, after ``_STALL_RTOS`` of its own silence even while the holder streams, and
-  re-asks single GETs overtaken by later ones (``resend_overtaken``).  It fails after
+  re-asks single GETs overtaken by later ones (``resend_overtaken``) and what its holder's
+  own answer passed over (``resend_gaps``), each after a reorder window.  It fails after
   ``give_up_s`` of silence from its holder, or at its caller's deadline.
 * ``BUSY`` is push back, not failure: only the refused runs are re-asked, when the hint
   says (jittered unless the switches merge); a burst on the shared path starts with one GET

@@ -87,13 +87,12 @@ class DemoConfig:
     target's, 0: ``chunk_window``."""
     max_queue_ms: float = 1000.0
     """Sending time the holder queues before it answers GETs BUSY with a retry hint (``--max-queue``)."""
-    gather_ms: float = 80.0
+    gather_ms: float = 0.0
     """How long a holder waits before it answers the head of a chunk the controller calls hot, so the
-    GETs of a wave meet at a switch (``kvpool-agent --gather``; 0: at once).  The emulation's
-    requesters are Python agents sharing a few cores: a wave's GETs reach the switches over 50-100
-    ms, and each one that comes after the answer started asks again for what passed (BMv2
-    leaf-spine, 8 requesters: multicast 0.17-0.21 of plain's holder bytes and a p99 near plain's
-    with no gather, 0.13-0.14 and a fifth of plain's p99 with 80 ms)."""
+    GETs of a wave meet at a switch (``kvpool-agent --gather``; 0: at once).  Off: on the BMv2
+    leaf-spine's waves 80 ms cut multicast's holder bytes from 0.17-0.21 of plain's to 0.13-0.15 in
+    four runs of six, but on a replayed sysprompt trace (BMv2, 100 Mbit/s) it left requests waiting
+    for their stall timers five times as often and made multicast slower than plain."""
     push_admitted: bool = False
     """Pool mode: the holder pushes each chunk the controller admits (``ControllerSettings.push_admitted``);
     False: the answers that cross the switch fill it."""
