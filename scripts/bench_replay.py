@@ -52,6 +52,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,20 @@ HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p5
           "mc slow pair bytes saved  pl slow pair bytes saved  ideal  sw MB  failed  runs  code")
 
 
+def _measuring_args(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the options that say where results go or come from (what the table records)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--save", "--out", "--resume-since", "--lock"):
+            skip = True
+        elif a != "--resume" and not a.startswith(("--save=", "--out=", "--resume-since=", "--lock=")):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen cells; 0 when every cell met the criteria, 1 otherwise (2: bad arguments)."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
@@ -394,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"worst_slowdown_vs_plain": worst, "failed": failed}
         if saved_min != math.inf:
             summary["bytes_saved_of_ideal"] = saved_min
-        path = save_table(ROOT, args.save, "scripts/bench_replay.py", sys.argv[1:] if argv is None else argv,
+        measured = _measuring_args(sys.argv[1:] if argv is None else argv)
+        path = save_table(ROOT, args.save, "scripts/bench_replay.py", measured,
                           f"Trace replay grid on {args.target}", COLUMNS, table,
                           ["One row per cell; slow: the worse of p50 and p99 against plain's in the same run."],
                           machine=args.machine, summary=summary)
