@@ -95,17 +95,22 @@ def test_a_long_re_ask_rides_the_answer_only_once_a_second_joiner_re_asks() -> N
     assert server._c.reasks_carried == 40
 
 
-def test_the_head_of_a_hot_chunk_waits_its_gather_and_nothing_else_does() -> None:
-    # Where the switches merge, the answer to a range GET for the head of a chunk the hints call
-    # hot starts after the gather, so the other requesters of its wave join it at a switch before
-    # its first fragment leaves; any other answer goes at once.
+def _gathering_server() -> tuple[Server, SendQueue]:
+    """An unpaced holder's ``Server`` with a 50 ms gather where the switches merge and chunk 1 is hot (2 is not)."""
     chunks = {1: os.urandom(50 * wire.FRAG_PAYLOAD), 2: os.urandom(50 * wire.FRAG_PAYLOAD)}
     fabric = FabricHints()
     fabric.update(Hints({1: Hint(GetPath.SINGLE, len(chunks[1]))}, 60.0, True))
     cfg = TransportConfig(port=0, gather_s=0.05)
     c = Counters()
     queue = SendQueue(cfg, c)
-    server = Server(cfg, c, queue, Holder(_store(chunks)), None, fabric)
+    return Server(cfg, c, queue, Holder(_store(chunks)), None, fabric), queue
+
+
+def test_the_head_of_a_hot_chunk_waits_its_gather_and_nothing_else_does() -> None:
+    # Where the switches merge, the answer to a range GET for the head of a chunk the hints call
+    # hot starts after the gather, so the other requesters of its wave join it at a switch before
+    # its first fragment leaves; any other answer goes at once.
+    server, queue = _gathering_server()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sink.bind(("127.0.0.1", 0))
@@ -130,13 +135,7 @@ def test_the_head_of_a_hot_chunk_waits_its_gather_and_nothing_else_does() -> Non
 def test_a_busy_holder_gathers_nothing() -> None:
     # A holder with answers queued for longer than the gather sends a hot chunk's head in its
     # turn: its round already delays the answer, and a gather on top would delay every hot chunk.
-    chunks = {1: os.urandom(50 * wire.FRAG_PAYLOAD), 2: os.urandom(50 * wire.FRAG_PAYLOAD)}
-    fabric = FabricHints()
-    fabric.update(Hints({1: Hint(GetPath.SINGLE, len(chunks[1]))}, 60.0, True))
-    cfg = TransportConfig(port=0, gather_s=0.05)
-    c = Counters()
-    queue = SendQueue(cfg, c)
-    server = Server(cfg, c, queue, Holder(_store(chunks)), None, fabric)
+    server, queue = _gathering_server()
     a = ("127.0.0.1", 5001)
     server.serve_get(wire.parse(wire.get_packet(2, 0, 50, request_id=1)), 0, 50, a)  # not hot: at once
     time.sleep(0.06)  # busy for longer than the gather
