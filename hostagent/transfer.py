@@ -42,7 +42,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from hostagent import envelope
+from hostagent import envelope, loss
 from hostagent.buffers import BufferPool
 from hostagent.fragment import Reassembler, runs
 from hostagent.hints import FabricHints
@@ -65,11 +65,6 @@ _SLOW_TRANSFER_RTOS: Final = 4
 """A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
 _STALL_RTOS: Final = 4
 """Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
-_REORDER_RTOS: Final = 0.5
-"""Retransmit timeouts after which a fragment overtaken by a later-asked one counts as lost (``resend_overtaken``)."""
-_GAP_RTOS: Final = 0.25
-"""Retransmit timeouts after which a fragment its holder's answer passed over counts as lost (``resend_gaps``)."""
-_OWN_ANSWER_FLAGS: Final = int(wire.Flag.COALESCED | wire.Flag.SWITCH_SERVED)
 _COALESCED: Final = int(wire.Flag.COALESCED)
 _JOIN_PATIENCE_RTOS: Final = 1.0
 """Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
@@ -110,8 +105,8 @@ class Transfers:
         """Milliseconds the loop may sleep before the next retransmit timer or deadline (200 when idle)."""
         if self.active:
             now = time.monotonic()
-            gap_s = _GAP_RTOS * self.config.retransmit_timeout_s
-            nxt = min(min(r.next_retx, r.deadline, r.own_marks[0][0] + gap_s if r.own_marks else r.deadline)
+            cfg = self.config
+            nxt = min(min(r.next_retx, r.deadline, loss.next_gap_check(r, cfg) or r.deadline)
                       for r in self.active.values())
             return max(1, min(100, int((nxt - now) * 1000) + 1))
         return 200
@@ -270,12 +265,9 @@ class Transfers:
                 r.answered_ask = newest
                 r.overtaken.append((now, newest))
         flags = recs["hdr"]["flags"]
-        own = (flags & _OWN_ANSWER_FLAGS) == 0
+        own = (flags & loss.OWN_ANSWER_FLAGS) == 0
         if own.any():
-            hi = int(recs["hdr"]["frag_index"][own].max()) + 1
-            if hi > r.own_hi:
-                r.own_hi = hi
-                r.own_marks.append((now, hi))
+            loss.own_answer_reached(r, int(recs["hdr"]["frag_index"][own].max()) + 1, now)
         copies = (flags & _COALESCED) != 0
         coalesced = int(np.count_nonzero(copies))
         seen = int(recs["hdr"]["frag_index"][copies].max()) + 1 if coalesced else 0
@@ -296,7 +288,10 @@ class Transfers:
             return False
         n = int(recs.shape[0])
         r.result.timing.arrived(now, n, 0)
-        self._progress(r, reasm, n, n if flags & _COALESCED else 0, int(recs["hdr"]["frag_index"][-1]) + 1, now)
+        end = int(recs["hdr"]["frag_index"][-1]) + 1
+        if not flags & loss.OWN_ANSWER_FLAGS:
+            loss.own_answer_reached(r, end, now)
+        self._progress(r, reasm, n, n if flags & _COALESCED else 0, end, now)
         return True
 
     def _progress(self, r: Request, reasm: Reassembler, stored: int, coalesced: int, seen: int, now: float) -> None:
@@ -455,8 +450,7 @@ class Transfers:
             # Which fragments are wrong is unknowable: fetch the whole chunk again.
             reasm.reset()
             r.asked_hi = 0
-            r.own_hi, r.gap_at = 0, None
-            r.own_marks.clear()
+            loss.forget(r)
         r.last_progress = now
         r.rto = self.config.retransmit_timeout_s
         r.next_retx = now + r.rto
@@ -496,8 +490,7 @@ class Transfers:
         r.asked_at, r.answered_ask, r.settled_ask = None, 0.0, 0.0  # the old generation's asks say nothing
         r.overtaken.clear()
         r.refused_runs.clear()
-        r.own_hi, r.gap_at = 0, None
-        r.own_marks.clear()
+        loss.forget(r)
         ask = self.first_ask(r, min(self.config.window_fragments, self.budget.room()))
         self.send_get(r, 0, ask, 0)
         r.asked_hi = ask
@@ -762,72 +755,14 @@ class Transfers:
         return runs(want & ~r.reasm.received, 64)
 
     def resend_overtaken(self, r: Request, now: float) -> None:
-        """Re-ask single GETs overtaken for a reorder window by answers to GETs asked after them: lost.
-
-        One lost GET stalls more than its sender: a switch merged the others' GETs for the
-        fragment into its pending slot, and they all wait for the answer that never comes.
-        The retransmit timeout would find it only once the whole request has gone quiet (2.2 s
-        in the demo, and never while the holder streams to others).  An answer may trail one
-        asked after it by at most the holder's queue, which the retransmit timeout covers
-        twice: after half of it, a fragment asked before one that has arrived and still missing
-        was lost on the way.  Never sooner than that queue itself (this agent's
-        ``max_queue_s``, a deployment's holders taking the same): with the agent's default
-        timeout, 0.2 s, half of it is well under a 1 s queue.  Re-asked with RETRANSMIT, so it
-        goes to the holder even through a switch holding a pending slot for it.
-        """
-        cfg = self.config
-        cut = now - max(_REORDER_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
-        settled = r.settled_ask
-        while r.overtaken and r.overtaken[0][0] <= cut:
-            settled = r.overtaken.popleft()[1]
-        if settled <= r.settled_ask or r.reasm is None or r.asked_at is None:
-            return
-        r.settled_ask = settled
-        hi = min(r.asked_hi, r.reasm.frag_count)
-        at = r.asked_at[:hi]
-        lost = np.flatnonzero((at > 0) & (at < settled) & ~r.reasm.received[:hi])
-        if lost.size == 0:
-            return
-        self._c.overtaken_retransmits += int(lost.size)
-        breaks = np.flatnonzero(np.diff(lost) != 1) + 1
-        for run in np.split(lost, breaks)[:64]:
-            self.send_get(r, int(run[0]), int(run.size), wire.Flag.RETRANSMIT)
+        """Re-ask the single GETs answers to later ones overtook (``hostagent.loss.overtaken``)."""
+        for start, count in loss.overtaken(r, now, self.config):
+            self._c.overtaken_retransmits += count
+            self.send_get(r, start, count, wire.Flag.RETRANSMIT)
 
     def resend_gaps(self, r: Request, now: float) -> None:
-        """Re-ask what the holder's own answer passed over a reorder window ago: lost on the way.
-
-        A holder sends a request's answers in the order it queued them (``SendQueue``, a lane
-        per request), so a fragment below one its answer delivered was sent before it; still
-        missing a reorder window later (``_GAP_RTOS`` of the retransmit timeout), it was lost.
-        Without this a loss waited for the retransmit timer, and that only once the holder went
-        quiet for this requester, or ``_STALL_RTOS`` timeouts while it streamed to others: a
-        software switch that drops under load (BMv2 on two cores, replayed tool trace in pool
-        mode) left half of each request's time in such waits.  Only the holder's own answers
-        count (a switch's copy or pool answer comes from elsewhere, in another order); not
-        fragments a ``BUSY`` refused (their retry is booked), nor single GETs
-        (``resend_overtaken``); a fragment re-asked this way is not re-asked again within a
-        retransmit timeout.  With RETRANSMIT, so it goes to the holder past any pending slot.
-        """
-        cut = now - _GAP_RTOS * self.config.retransmit_timeout_s
-        settled = 0
-        while r.own_marks and r.own_marks[0][0] <= cut:
-            settled = r.own_marks.popleft()[1]
-        reasm = r.reasm
-        if settled == 0 or reasm is None:
-            return
-        hi = min(settled, reasm.frag_count)
-        lost = ~reasm.received[:hi]
-        if not lost.any():
-            return
-        if r.asked_at is not None:
-            lost &= r.asked_at[:hi] == 0  # asked by a range, not singly
-        for start, end in r.refused_runs:
-            lost[min(start, hi):min(end, hi)] = False
-        if r.gap_at is None:
-            r.gap_at = np.zeros(reasm.frag_count, np.float64)
-        lost &= r.gap_at[:hi] <= now - r.rto
-        for start, count in runs(lost, 64):
-            r.gap_at[start:start + count] = now
+        """Re-ask what the holder's own answer passed over (``hostagent.loss.gaps``)."""
+        for start, count in loss.gaps(r, now, self.config):
             self._c.gap_retransmits += count
             self.send_get(r, start, count, wire.Flag.RETRANSMIT)
             r.next_retx = max(r.next_retx, now + r.rto)  # the timer's round would ask for them again

@@ -79,12 +79,12 @@ def test_demo_config_maps_systems_to_modes() -> None:
 
 def test_windows_follow_the_target_unless_given() -> None:
     assert (VsConfig(target="model").demo_config().in_flight, VsConfig(target="bmv2").demo_config().in_flight) == (
-        600, 64)
+        600, 600)
     told = VsConfig(target="bmv2", window=32).demo_config()
     assert told.in_flight == 32
-    # BMv2 deals its 64 over the prefix's chunks, 16 each, so every requester starts them all at once.
+    # Both targets take the whole prefix at once; a chunk's window never exceeds the requester's.
     assert (VsConfig(target="model").demo_config().chunk_fragments,
-            VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 16, 16)
+            VsConfig(target="bmv2").demo_config().chunk_fragments, told.chunk_fragments) == (600, 600, 32)
     assert replace(VsConfig(target="bmv2", window=8).demo_config(), chunk_window=64).chunk_fragments == 8
     # A pooled chunk's own window: 4 on BMv2 (a switch answers it in bursts), off on the model
     # unless told (then never past the chunk's own window); 0 turns it off.
@@ -93,7 +93,7 @@ def test_windows_follow_the_target_unless_given() -> None:
     bmv2 = VsConfig(target="bmv2").demo_config()
     assert (replace(bmv2, servable_window=4).servable_fragments, replace(bmv2, servable_window=64).servable_fragments,
             replace(bmv2, chunk_window=2, servable_window=8).servable_fragments,
-            replace(bmv2, servable_window=0).servable_fragments) == (4, 16, 2, 0)
+            replace(bmv2, servable_window=0).servable_fragments) == (4, 64, 2, 0)
     with pytest.raises(ValueError, match="--window"):
         VsConfig(window=0).validate()
 
