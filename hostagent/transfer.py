@@ -58,7 +58,6 @@ _RECENT_REQUESTS: Final = 4096
 """Finished request ids remembered, so their late DATA is counted ``late_duplicate``, not ``unknown_request``."""
 _MAX_GENERATION_CHANGES: Final = 3
 """Times a transfer follows its holder to a newer generation before it fails (a republish storm)."""
-_SWITCH_SERVED: Final = int(wire.Flag.SWITCH_SERVED)
 _MIN_GRANT: Final = 32
 """Fewest fragments a request asks for in one more window while some of its fragments are in flight."""
 _SLOW_TRANSFER_RTOS: Final = 4
@@ -149,29 +148,7 @@ class Transfers:
         if r.path is GetPath.RANGE and r.asked_hi > 0:
             return GetPath.RANGE
         path = self.hints.path(r.key)
-        if path is GetPath.SERVABLE and self._pool_misses(r):
-            return GetPath.RANGE
         return GetPath.RANGE if path is GetPath.SINGLE else path
-
-    def _pool_misses(self, r: Request) -> bool:
-        """Whether the holder, not a switch's pool, has been answering ``r``'s single GETs.
-
-        The servable path pays only when a switch answers: its window is small on a target whose
-        queues hold a switch's bursts badly (BMv2: 4 fragments per round trip), and each GET is a
-        request packet with reply room.  A chunk the hints call pooled whose fragments the pool
-        does not hold yet (admitted, not filled) was asked for 4 at a time from a busy holder:
-        on a replayed sysprompt trace (BMv2, 100 Mbit/s) the pool's p50 was 1.76x plain's.  Once
-        the holder answered at least a servable window and more than the switches served, the
-        rest goes by range GETs, which switches coalesce per chunk, as plain forwarding asks.
-        """
-        reasm = r.reasm
-        if reasm is None or reasm.received_count == 0:
-            return False
-        got = reasm.received
-        served = int(np.count_nonzero(got & ((reasm.flags & _SWITCH_SERVED) != 0)))
-        from_holder = reasm.received_count - served
-        floor = self.config.servable_window_fragments or self.config.window_fragments
-        return from_holder >= min(floor, reasm.frag_count) and from_holder > served
 
     def first_ask(self, r: Request, ask: int) -> int:
         """Fragments to ask for before the chunk's length is known (``ask``: what budget and window allow).

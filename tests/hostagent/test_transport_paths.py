@@ -104,22 +104,6 @@ def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int
     assert r.stats()["retransmit_gets"] == 0
 
 
-def test_a_pooled_chunk_the_holder_answers_asks_for_the_rest_by_range() -> None:
-    # Hinted pooled, but no switch answers (admitted, not filled): once the holder answered a
-    # servable window, the rest goes by range GETs, not 8 single GETs per round trip.
-    chunk = os.urandom(60 * wire.FRAG_PAYLOAD)
-    hints = Hints({5: Hint(GetPath.SERVABLE, len(chunk))}, 60.0, True)
-    cfg = TransportConfig(port=0, window_fragments=64, servable_window_fragments=8,
-                          retransmit_timeout_s=5.0, give_up_s=30.0)
-    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints)
-    assert res.ok and bytes(res.data or b"") == chunk
-    singles = [g.frag_index for g in proxy.gets if g.frag_count == 1]
-    ranges = [(g.frag_index, g.frag_count) for g in proxy.gets if g.frag_count > 1]
-    assert sorted(singles) == list(range(len(singles))) and 8 <= len(singles) < 16  # about a window
-    assert ranges and ranges[0][0] == len(singles) and sum(n for _, n in ranges) == 60 - len(singles)
-    assert r.stats()["retransmit_gets"] == 0
-
-
 @pytest.mark.parametrize("coalesced", [True, False])
 def test_a_switch_replica_with_a_stale_request_id_is_taken_by_the_request_for_its_chunk(coalesced: bool) -> None:
     # A switch writes a waiter's reply record in egress; on BMv2 an absorbed GET can be lost
