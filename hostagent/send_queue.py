@@ -301,8 +301,9 @@ class SendQueue:
         other job instead of waiting for each of them to take a turn (64 queued answers are
         70 ms at 10 Mbit/s); a probe is one datagram, so the others barely notice.
         """
+        now = time.monotonic()
         if job.get is not None and not self.lanes and not self._probes:
-            self._answering_since = time.monotonic()
+            self._answering_since = now
         if job.get is None:
             self._background.append(job)
             self._background_queued += job.count
@@ -311,11 +312,11 @@ class SendQueue:
         else:
             self.lanes.append(job, front)
             if job.get is not None and not job.ranged and self.config.max_queue_s > 0:
-                job.queued_at = time.monotonic()
+                job.queued_at = now
                 self._aged.append(job)
         self._jobs_by_key.setdefault(job.key, []).append(job)
         self._dequeued(job, -job.count)
-        job.enqueued = time.monotonic()
+        job.enqueued = now
 
     def _dequeued(self, job: SendJob, n: int) -> None:
         """``n`` of ``job``'s fragments left the send queue (sent, cancelled, abandoned; negative: queued)."""
@@ -432,7 +433,6 @@ class SendQueue:
         Returns (datagrams sent, socket buffer full).
         """
         quantum = self.config.send_quantum
-        self._gathering_until = 0.0
         sent, blocked = self._send_aged(lanes, budget, now)
         if blocked:
             return sent, blocked

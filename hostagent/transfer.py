@@ -739,9 +739,11 @@ class Transfers:
 
     def resend_gaps(self, r: Request, now: float) -> None:
         """Re-ask what the holder's own answer passed over (``hostagent.loss.gaps``)."""
-        for start, count in loss.gaps(r, now, self.config):
+        found = loss.gaps(r, now, self.config)
+        for start, count in found:
             self._c.gap_retransmits += count
             self.send_get(r, start, count, wire.Flag.RETRANSMIT)
+        if found:
             r.next_retx = max(r.next_retx, now + r.rto)  # the timer's round would ask for them again
 
     def finish(self, r: Request, *, data: memoryview | None = None, error: str | None = None,

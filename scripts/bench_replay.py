@@ -260,7 +260,8 @@ COLUMNS = ("trace", "reqs", "N", "scale", "Mbit/s", "load", "plain p50/p99 s", "
            "mc slow", "mc pair", "mc bytes", "mc saved", "pool slow", "pool pair", "pool bytes", "pool saved",
            "ideal", "switch MB", "failed", "runs", "code")
 """The columns of a cell's row (``row_values``), as printed and as ``--save`` keeps them."""
-_WIDTHS = (12, 4, 2, 5, 5, 7, 15, 15, 15, 5, 4, 5, 5, 5, 4, 5, 5, 5, 6, 3, 3, 0)
+_WIDTHS = tuple(max(len(c), w) for c, w in zip(COLUMNS, (12, 4, 2, 5, 5, 7, 15, 15, 15, 5, 4, 5, 5, 5, 4, 5, 5, 5, 6,
+                                                          3, 3, 0), strict=True))
 
 
 def row_values(cell: Cell, doc: dict[str, Any]) -> list[str]:
@@ -285,15 +286,18 @@ def row_values(cell: Cell, doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def row(cell: Cell, doc: dict[str, Any]) -> str:
-    """One printed line per cell."""
-    values = row_values(cell, doc)  # a cell that failed to run has fewer
+def _line(values: Sequence[str]) -> str:
+    """``values`` in the columns' widths (the first left-aligned); a cell that failed to run has fewer."""
     widths = zip(values, _WIDTHS, strict=False)
     return "  ".join(v.ljust(w) if k == 0 else v.rjust(w) for k, (v, w) in enumerate(widths))
 
 
-HEADER = ("trace        reqs  N scale  Mbps    load  plain p50/p99 s    mcast p50/p99 s     pool p50/p99 s  "
-          "mc slow pair bytes saved  pl slow pair bytes saved  ideal  sw MB  failed  runs  code")
+def row(cell: Cell, doc: dict[str, Any]) -> str:
+    """One printed line per cell."""
+    return _line(row_values(cell, doc))
+
+
+HEADER = _line(COLUMNS)
 
 
 def _measuring_args(argv: Sequence[str]) -> list[str]:
