@@ -37,7 +37,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bmv2_topologies.experiment.config import TOPOLOGIES, DemoConfig, VsConfig
+from bmv2_topologies.experiment.config import TOPOLOGIES, DemoConfig, VsConfig, knobs_help
 from bmv2_topologies.network import default_target
 
 
@@ -69,12 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holder-mbps", type=float, default=d.holder_mbps,
                    help="bandwidth of each holder's link (the bottleneck, default 10)")
     p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
-                   "(default: the target's, 600 on the model, 64 on BMv2)")
+                   f"(default: the target's, {knobs_help('in_flight')})")
     p.add_argument("--chunk-window", type=int, default=d.chunk_window, help="most of them for one chunk "
-                   "(default: the target's, 600 on the model, 16 on BMv2, within --window)")
+                   f"(default: the target's, {knobs_help('chunk_window')}, within --window)")
     p.add_argument("--servable-window", type=int, default=d.servable_window, help="most of them for one chunk the "
                    "switches pool, whose answers come from a switch at once, in bursts its queues must hold "
-                   "(default: the target's, 0 = --chunk-window on the model, 4 on BMv2, whose queues hold 64 packets)")
+                   f"(default: the target's, {knobs_help('servable_window')}; 0 = --chunk-window)")
     p.add_argument("--push-admitted", action="store_true",
                    help="pool mode: the holder pushes each chunk the controller admits, so its next fetch is a hit "
                    "(default: the answers that cross the switch fill it, which costs the holder no extra copy)")

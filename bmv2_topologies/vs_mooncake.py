@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bmv2_topologies.experiment.config import REQUESTER_COUNTS, SYSTEMS, TOPOLOGIES, VsConfig
+from bmv2_topologies.experiment.config import REQUESTER_COUNTS, SYSTEMS, TOPOLOGIES, VsConfig, knobs_help
 from bmv2_topologies.network import default_target
 
 
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holder-mbps", type=float, default=d.holder_mbps,
                    help="storage link bandwidth, the bottleneck (default 10)")
     p.add_argument("--window", type=int, default=d.window, help="fragments in flight per requester "
-                   "(default: the target's, 600 on the model, 64 on BMv2)")
+                   f"(default: the target's, {knobs_help('in_flight')})")
     p.add_argument("--out", type=Path, default=d.out, help="where the table, JSON, plot and logs go")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--systems", default=",".join(d.systems), help="comma-separated subset of " + ",".join(SYSTEMS))
