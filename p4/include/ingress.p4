@@ -38,13 +38,14 @@ control MyIngress(inout headers_t hdr,
     // only Thrift resizes them.  A release sends one answer to several ports at the holder's
     // rate each, and BMv2 lost copies in bursts whenever it fell behind (1.3% of the owners'
     // copies on a replayed sysprompt trace, two cores).  With simple_switch_grpc started with
-    // --priority-queues N, consecutive fragments spread over N queues give a port N x 64
-    // packets, as a switch's shared buffer would; served strictly by priority, a port may
-    // reorder a few fragments, which requesters tolerate (they reassemble in any order and
-    // wait a reorder window before re-asking).  The mask is N - 1, 0 by default: a priority
-    // BMv2 has no queue for drops the packet, so it stays 0 unless the controller is told N
-    // (``FabricSettings.egress_queues``).  v1model only: TNA picks queues in the traffic
-    // manager, whose buffer is shared.
+    // --priority-queues N, kvpool packets spread over N queues by chunk, so a port carrying
+    // several answers holds up to N x 64 packets, as a switch's shared buffer would.  By
+    // chunk, not by fragment: queues are served strictly by priority, and an answer must
+    // cross every switch in order (the chunk's last fragment ends a pending slot on the next
+    // switch; spread by fragment, a leaf-spine's multicast sent 0.52 of plain's bytes).
+    // The mask is N - 1, 0 by default: a priority BMv2 has no queue for drops the packet,
+    // so it stays 0 unless the controller is told N (``FabricSettings.egress_queues``).
+    // v1model only: TNA picks queues in the traffic manager, whose buffer is shared.
     bit<3> queue_mask = 0;
 
     action set_egress_queues(bit<3> mask) {
@@ -107,7 +108,7 @@ control MyIngress(inout headers_t hdr,
             mark_to_drop(standard_metadata);
         } else if (hdr.kv.isValid()) {
             egress_queues.apply();
-            standard_metadata.priority = hdr.kv.frag_index[2:0] & queue_mask;
+            standard_metadata.priority = hdr.kv.chunk_key[2:0] & queue_mask;
         }
     }
 }
