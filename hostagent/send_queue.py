@@ -84,9 +84,6 @@ class SendJob:
     """Monotonic time it was queued (``AnswerWaits``: how long an answer waited for its first DATA)."""
     not_before: float = 0.0
     """Monotonic time before which none of it is sent: a gather (``TransportConfig.gather_s``)."""
-    holds_last: bool = False
-    """It ends its chunk and rides wait behind it in its lane (``SendQueue.add_ride``): they go
-    before its last fragment, which ends the switches' pending slot."""
 
     @property
     def owner(self) -> tuple[Address, int] | None:
@@ -107,8 +104,8 @@ class Lanes:
         self.order: collections.deque[tuple[Address, int] | None] = collections.deque()
         """Requests with answers queued, in round-robin order (the next to send first)."""
 
-    def append(self, job: SendJob, front: bool = False, at: int | None = None) -> None:
-        """Queue ``job`` last in its request's lane (``front``: first; ``at``: at that index)."""
+    def append(self, job: SendJob, front: bool = False) -> None:
+        """Queue ``job`` last in its request's lane (``front``: first, before what the lane holds)."""
         owner = job.owner
         lane = self.by_owner.get(owner)
         if lane is None:
@@ -116,8 +113,6 @@ class Lanes:
             self.order.append(owner)
         if front:
             lane.appendleft(job)
-        elif at is not None:
-            lane.insert(at, job)
         else:
             lane.append(job)
 
@@ -296,32 +291,7 @@ class SendQueue:
         """Feed the drain meter after a send pass (idle is no drain: the meter starts a new window after it)."""
         self.drain.sample(now, self.queued > 0, self._c.bytes_sent)
 
-    def add_ride(self, job: SendJob, frag_count: int) -> None:
-        """Queue ``job``, what joiners of its owner's answer missed, to go right before the chunk's last fragment.
-
-        A ride goes to the owner, inside its answer, and the switches copy it to every
-        requester that joined that answer by then; the answer's last fragment ends their
-        pending slot.  Sent at once, a ride reached only the requesters that had joined so far,
-        and each later joiner's re-ask of the head rode again: on the BMv2 leaf-spine, whose
-        requesters joined up to 0.45 s apart, one wave sent a hot chunk's first 43 fragments
-        2.3 times over (101 resent where 43 do).  Behind the job that ends the chunk, the rides
-        of one answer merge (``Server`` queues only what no unsent ride holds) and go once, to
-        everyone who joined before the end; the owner's last fragment waits for them, which
-        costs the owner what sending them first did.  Where no queued job of the owner ends
-        the chunk (a window short of it), last in the owner's lane.
-        """
-        lane = self.lanes.by_owner.get(job.owner, ())
-        for i, j in enumerate(lane):
-            if not j.carried and j.pos < j.count and j.first + j.count == frag_count:
-                j.holds_last = True
-                at = i + 1
-                while at < len(lane) and lane[at].carried:
-                    at += 1
-                self.add_job(job, at=at)
-                return
-        self.add_job(job)
-
-    def add_job(self, job: SendJob, front: bool = False, at: int | None = None) -> None:
+    def add_job(self, job: SendJob, front: bool = False) -> None:
         """Queue a send job (and index it by chunk: a push's fill watch looks its chunk's jobs up).
 
         A lone GET of fragment 0 is how a requester that does not know a chunk's length asks
@@ -340,7 +310,7 @@ class SendQueue:
         elif job.first == 0 and job.count == 1:
             self._probes.append(job)
         else:
-            self.lanes.append(job, front, at)
+            self.lanes.append(job, front)
             if job.get is not None and not job.ranged and self.config.max_queue_s > 0:
                 job.queued_at = now
                 self._aged.append(job)
@@ -483,8 +453,8 @@ class SendQueue:
             waiting = 0
             turn = 0  # this request's turn: a quantum, over as many of its answers as it takes
             while turn < quantum and sent < budget and not blocked:
-                job, room = self._next_in_lane(lane)
-                more, blocked = self._send_quantum(job, min(quantum - turn, budget - sent, room))
+                job = lane[0]
+                more, blocked = self._send_quantum(job, min(quantum - turn, budget - sent))
                 sent += more
                 turn += more
                 if job.pos >= job.count:
@@ -556,22 +526,6 @@ class SendQueue:
         self.gso_segments = 1
         self.gso_fallback = why
         log.warning("UDP GSO off, one send per DATA datagram: %s", why)
-
-    @staticmethod
-    def _next_in_lane(lane: collections.deque[SendJob]) -> tuple[SendJob, int]:
-        """The job a request's turn sends from next, and how many of its DATA may go now.
-
-        Its first job, unless that job ends the chunk and rides wait behind it
-        (``add_ride``): then all of it but its last fragment, then the rides, then the last.
-        """
-        job = lane[0]
-        left = job.count - job.pos
-        if job.holds_last and len(lane) > 1 and lane[1].carried:
-            if left > 1:
-                return job, left - 1
-            ride = lane[1]
-            return ride, ride.count - ride.pos
-        return job, left
 
     def _send_quantum(self, job: SendJob, budget: int) -> tuple[int, bool]:
         """Send ``job``'s next quantum (at most ``budget`` DATA); (datagrams sent, socket buffer full).

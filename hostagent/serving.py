@@ -256,12 +256,9 @@ class Server:
         carrier = self._carried(hdr, first, count, addr) if merging else None
         if carrier is not None and carrier.get is not None:
             # What a requester missed before it joined another's answer: sent once, inside that
-            # answer (to its owner, right before the chunk's last fragment: ``SendQueue.add_ride``),
-            # so the switches copy it to every requester that joined by then, instead of once to
-            # each of them.  What another joiner's re-ask already queued there and has not sent
-            # yet is not queued twice.
-            assert self.holder is not None
-            total = self.holder.known_fragments(hdr.chunk_key) or 0
+            # answer (to its owner, first in its lane), so the switches copy it to every requester
+            # that joined, instead of once to each of them.  What another joiner's re-ask already
+            # queued there and has not sent yet is not queued twice.
             want = np.zeros(first + count, np.bool_)
             want[first:] = True
             for j in self._queue.jobs_of(hdr.chunk_key):
@@ -275,7 +272,7 @@ class Server:
                 self._c.reasks_carried += int(out.size)
                 job = self._job(out, carrier.addr, hdr.chunk_key, carrier.get, start, carrier.get.request_id, flags)
                 job.carried = True
-                self._queue.add_ride(job, total)
+                self._queue.add_job(job, front=True)
             return
         out = self._serve(hdr.chunk_key, first, count, request_id=hdr.request_id, generation=hdr.generation,
                           flags=flags)

@@ -45,8 +45,7 @@ def test_merge_gets_joins_adjacent_gets_of_one_request_and_kind() -> None:
 
 def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
     # Two requesters joined a's answer and ask for what they missed, 0..4 and 0..7, before any of
-    # it went out: the holder queues 0..7 once inside a's answer, not 0..4 twice, behind the
-    # answer that ends the chunk (its last fragment waits for them: ``SendQueue.add_ride``).
+    # it went out: the holder queues 0..7 once inside a's answer, not 0..4 twice.
     chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
     server, queue = _server(chunks)
     a, b, c = ("127.0.0.1", 5001), ("127.0.0.1", 5002), ("127.0.0.1", 5003)
@@ -55,42 +54,8 @@ def test_re_asks_of_two_joiners_ride_the_answer_once() -> None:
     server.serve_get(wire.parse(wire.get_packet(1, 0, 5, request_id=2, flags=joiner)), 0, 5, b)
     server.serve_get(wire.parse(wire.get_packet(1, 0, 8, request_id=3, flags=joiner)), 0, 8, c)
     lane = queue.lanes.by_owner[(a, 1)]
-    assert [(j.first, j.count, j.carried) for j in lane] == [(0, 200, False), (0, 5, True), (5, 3, True)]
-    assert lane[0].holds_last
+    assert [(j.first, j.count, j.carried) for j in lane] == [(5, 3, True), (0, 5, True), (0, 200, False)]
     assert server._c.reasks_carried == 8
-
-
-def test_rides_go_once_right_before_the_chunks_last_fragment() -> None:
-    # Joiners that re-ask the head at different moments of the answer: the first's ride does
-    # not go at once (later joiners would need the head again), and the later re-asks add only
-    # what it lacks; everything rides once, after the rest of the answer and before its last
-    # fragment, which ends the switches' pending slot.
-    chunks = {1: os.urandom(40 * wire.FRAG_PAYLOAD)}
-    fabric = FabricHints()
-    fabric.update(Hints({}, 60.0, True))
-    # Paced, with a shallow bucket: a pass sends a few datagrams.
-    cfg = TransportConfig(port=0, rate_bytes_per_s=1e6, burst_bytes=4 * wire.DATA_DATAGRAM_LEN)
-    queue = SendQueue(cfg, Counters())
-    server = Server(cfg, queue._c, queue, Holder(_store(chunks)), None, fabric)
-    b, c = ("127.0.0.1", 5002), ("127.0.0.1", 5003)
-    joiner = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sink.bind(("127.0.0.1", 0))
-        sink.settimeout(5)
-        a = sink.getsockname()
-        queue.sock = sock
-        server.serve_get(wire.parse(wire.get_packet(1, 0, 40, request_id=1)), 0, 40, a)
-        server.serve_get(wire.parse(wire.get_packet(1, 0, 6, request_id=2, flags=joiner)), 0, 6, b)
-        queue.send()  # what the bucket holds of the answer goes; the ride waits
-        assert queue._c.datagrams_sent < 39
-        server.serve_get(wire.parse(wire.get_packet(1, 0, 9, request_id=3, flags=joiner)), 0, 9, c)
-        while queue.pending():
-            time.sleep(queue.pace_wait_ms() / 1000)
-            queue.send()
-        order = [wire.unpack_header(sink.recv(2048)).frag_index for _ in range(40 + 9)]
-    assert order == [*range(39), *range(9), 39]
-    assert server._c.reasks_carried == 9
 
 
 def test_a_joiners_re_ask_never_rides_another_joiners_re_ask() -> None:
@@ -123,10 +88,10 @@ def test_a_long_re_ask_rides_the_answer_only_once_a_second_joiner_re_asks() -> N
     assert server._c.reasks_carried == 0
     server.serve_get(wire.parse(wire.get_packet(1, 0, 35, request_id=3, flags=joiner)), 0, 35, c)
     assert (c, 3) not in queue.lanes.by_owner
-    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [(0, 100, False), (0, 35, True)]
+    assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [(0, 35, True), (0, 100, False)]
     server.serve_get(wire.parse(wire.get_packet(1, 0, 40, request_id=4, flags=joiner)), 0, 40, d)
     assert [(j.first, j.count, j.carried) for j in queue.lanes.by_owner[(a, 1)]] == [
-        (0, 100, False), (0, 35, True), (35, 5, True)]
+        (35, 5, True), (0, 35, True), (0, 100, False)]
     assert server._c.reasks_carried == 40
 
 

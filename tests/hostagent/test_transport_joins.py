@@ -89,9 +89,8 @@ def test_a_joined_request_whose_answer_stops_asks_the_holder_for_the_rest_itself
 def test_a_joiners_re_ask_rides_the_answer_it_joined(flags: int) -> None:
     # Requester a's range GET opened the switch's pending slot for chunk 1; b joined it late and
     # asks for the 5 fragments that passed before (RETRANSMIT | COALESCED).  Where switches merge,
-    # the holder sends them inside a's answer, to a, right before the chunk's last fragment (which
-    # ends the slot), so the switch copies them to every requester that joined by then; any other
-    # re-ask is answered to its sender.
+    # the holder sends them inside a's answer, to a and first in a's lane, so the switch copies
+    # them to every requester that joined; any other re-ask is answered to its sender.
     chunks = {1: os.urandom(200 * wire.FRAG_PAYLOAD)}
     fabric = FabricHints()
     fabric.update(Hints({}, 60.0, True))
@@ -106,11 +105,10 @@ def test_a_joiners_re_ask_rides_the_answer_it_joined(flags: int) -> None:
         assert wire.parse(a.recvfrom(2048)[0]).frag_index == 0  # a's answer is sending
         b.sendto(wire.get_packet(1, 0, 5, request_id=2, flags=flags), h.address)
         if flags & wire.Flag.COALESCED:
-            got = [wire.parse(a.recvfrom(2048)[0]) for _ in range(199 + 5)]
+            got = [wire.parse(a.recvfrom(2048)[0]) for _ in range(20)]
             seen = collections.Counter(g.frag_index for g in got)
-            # 0..4 twice: once in a's own answer (its 0 read above), once carried, before the last.
+            # 0..4 twice: once in a's own answer (its 0 read above), once carried, ahead of a's next turn.
             assert [seen[i] for i in range(5)] == [1, 2, 2, 2, 2] and {g.request_id for g in got} == {1}
-            assert [g.frag_index for g in got[-6:]] == [0, 1, 2, 3, 4, 199]
             b.settimeout(0.3)
             with pytest.raises(TimeoutError):
                 b.recvfrom(2048)
