@@ -26,7 +26,7 @@ from typing import Any
 from kvpool.tcp import free_port, wait_listening
 from kvpool.topology import Topology
 from switchmodel.dataplane import frames_lost as logged_frames_lost
-from switchmodel.targets import BMV2_EGRESS_QUEUES, find_simple_switch_grpc
+from switchmodel.targets import find_simple_switch_grpc
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,7 @@ def switch_command(target: str, device_id: int, grpc_addr: str, ports: dict[int,
         for port, intf in ports.items():
             cmd += ["-i", f"{port}@{intf}"]
         # No JSON: the controller pushes the pipeline over P4Runtime, like every other config.
-        # Eight egress queues per port, which the program spreads a port's fragments over once
-        # the controller says so (FabricSettings.egress_queues; p4/include/ingress.p4 says why).
-        cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr, "--priority-queues", str(BMV2_EGRESS_QUEUES)]
+        cmd += ["--no-p4", "--", "--grpc-server-addr", grpc_addr]
         return cmd
     if target == "model":
         cmd = [sys.executable, "-m", "switchmodel.cli", "--device-id", str(device_id), "--grpc-addr", grpc_addr]
@@ -279,11 +277,6 @@ class EmulatedNetwork:
         self._kill(handle, sig)
         self._spawn(handle)
         return handle
-
-    @property
-    def egress_queues(self) -> int:
-        """Egress queues per port its switches run with (``FabricSettings.egress_queues``)."""
-        return BMV2_EGRESS_QUEUES if self.target == "bmv2" else 1
 
     def frames_lost(self) -> dict[str, int]:
         """Per model switch that lost any: frames its ports dropped (a full socket buffer), from its log.

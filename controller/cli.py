@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpool import auth, config, contract, logs
+from kvpool import auth, config, logs
 from kvpool.config import ConfigError
 from kvpool.http_client import check_url
 
@@ -77,8 +77,6 @@ class ControllerConfig:
     """Missed GETs before the switch reports a chunk hot (default: the fabric's)."""
     pending_timeout_us: int | None = None
     """How long a pending GET absorbs duplicates (default: the fabric's)."""
-    egress_queues: int = 1
-    """Egress queues per port the switches run with (BMv2's ``--priority-queues``; 1, 2, 4 or 8)."""
     status_file: Path | None = None
     """Write the controller status as JSON here every epoch."""
     api: str = ""
@@ -117,9 +115,6 @@ class ControllerConfig:
         for name in ("epoch", "heartbeat_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(self, name)!r}")
-        if self.egress_queues not in contract.EGRESS_QUEUE_CHOICES:
-            raise ConfigError(f"egress_queues must be one of {', '.join(map(str, contract.EGRESS_QUEUE_CHOICES))} "
-                              f"(simple_switch_grpc -- --priority-queues N), got {self.egress_queues!r}")
         for name in ("threshold", "pending_timeout_us"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -162,10 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a pending GET absorbs duplicates (default 100000); under load set it to at least "
                         "2 x (2 x the holders' --max-queue), the longest an admitted GET waits, or "
                         "waiters absorbed into an expired slot are never answered")
-    p.add_argument("--egress-queues", type=int, metavar="N",
-                   help="egress queues per port the switches run with (BMv2: simple_switch_grpc -- --priority-queues "
-                        "N; 1, 2, 4 or 8, default 1): the program spreads a port's fragments over them, for N x 64 "
-                        "packets of queue on BMv2; never more than the switches have (BMv2 drops the rest)")
     p.add_argument("--status-file", type=Path, help="write the controller status as JSON here every epoch")
     p.add_argument("--api", metavar="HOST:PORT",
                    help="serve the operator/agent API (controller.api, used by kvpool-ctl) on this TCP address, "
@@ -220,7 +211,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         fabric = FabricSettings(
             popularity_threshold=cfg.threshold or FabricSettings.popularity_threshold,
             pending_timeout_us=cfg.pending_timeout_us or FabricSettings.pending_timeout_us,
-            egress_queues=cfg.egress_queues,
         )
         settings = ControllerSettings(mode=Mode(cfg.mode), fabric=fabric, epoch_s=cfg.epoch,
                                       heartbeat_timeout_s=cfg.heartbeat_timeout, target=cfg.target,

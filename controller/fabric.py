@@ -41,16 +41,6 @@ class FabricSettings:
     routed toward that switch, filled on pass there, then dropped."""
     fill_sink_mac: str = "02:00:00:00:00:fe"
     """Destination MAC of pushed fills (switches route by IPv4; hosts need a static ARP entry)."""
-    egress_queues: int = 1
-    """Egress queues per port the switches were started with (BMv2: ``simple_switch_grpc --
-    --priority-queues N``), over which the v1model program spreads a port's fragments
-    (p4/include/ingress.p4).  1, 2, 4 or 8; at 1 nothing is written (a TNA program has no such
-    table), and BMv2 drops a packet given a queue it lacks: never more than it was started with."""
-
-    def __post_init__(self) -> None:
-        if self.egress_queues not in n.EGRESS_QUEUE_CHOICES:
-            raise ValueError(f"egress_queues must be one of {', '.join(map(str, n.EGRESS_QUEUE_CHOICES))}, "
-                             f"got {self.egress_queues!r}")
 
 
 @dataclass
@@ -150,8 +140,6 @@ def switch_configs(topo: Topology, settings: FabricSettings | None = None) -> di
         cfg.defaults[n.POPULARITY_CONFIG] = (n.SET_POPULARITY, {"threshold": s.popularity_threshold,
                                                                 "epoch": s.popularity_epoch})
         cfg.defaults[n.COALESCE_CONFIG] = (n.SET_PENDING_TIMEOUT, {"timeout_us": s.pending_timeout_us})
-        if s.egress_queues > 1:
-            cfg.defaults[n.EGRESS_QUEUES] = (n.SET_EGRESS_QUEUES, {"mask": s.egress_queues - 1})
         for digest in (n.HOT_CHUNK, n.FILL_MISMATCH):
             cfg.digests[digest] = DigestConfig(max_timeout_ns=s.digest_max_timeout_ns,
                                                max_list_size=s.digest_max_list_size)

@@ -68,7 +68,6 @@ WAITER_LOOKUP: Final = "MyIngress.coalesce.waiter_lookup"
 IPV4_ROUTE: Final = "MyIngress.fwd.ipv4_route"
 ARP_FORWARD: Final = "MyIngress.fwd.arp_forward"
 WAITER_EGRESS: Final = "MyEgress.coalesce.waiter_egress"
-EGRESS_QUEUES: Final = "MyIngress.egress_queues"
 
 # --- match fields (P4 expressions, as p4c names them) ------------------------------------------
 KEY_INGRESS_PORT: Final = "standard_metadata.ingress_port"
@@ -90,7 +89,6 @@ TABLE_KEYS: Final[dict[str, tuple[str, ...]]] = {
     IPV4_ROUTE: (KEY_IPV4_DST,),
     ARP_FORWARD: (KEY_ARP_TPA,),
     WAITER_EGRESS: (KEY_EGRESS_RID,),
-    EGRESS_QUEUES: (),
 }
 
 # --- actions ---------------------------------------------------------------------------------
@@ -106,7 +104,6 @@ DROP_NO_ROUTE: Final = "MyIngress.fwd.drop_no_route"
 ARP_UNICAST: Final = "MyIngress.fwd.arp_unicast"
 ARP_FLOOD: Final = "MyIngress.fwd.arp_flood"
 REWRITE_WAITER: Final = "MyEgress.coalesce.rewrite_waiter"
-SET_EGRESS_QUEUES: Final = "MyIngress.set_egress_queues"
 
 #: Action -> its parameters, in declaration order.
 ACTION_PARAMS: Final[dict[str, tuple[str, ...]]] = {
@@ -123,16 +120,7 @@ ACTION_PARAMS: Final[dict[str, tuple[str, ...]]] = {
     ARP_UNICAST: ("port",),
     ARP_FLOOD: ("mcast_grp",),
     REWRITE_WAITER: ("addr", "mac"),
-    SET_EGRESS_QUEUES: ("mask",),
 }
-
-EGRESS_QUEUE_CHOICES: Final = (1, 2, 4, 8)
-"""Egress queues per port the v1model program can spread a port's fragments over (a 3-bit
-priority, by the mask ``SET_EGRESS_QUEUES`` takes: the count minus one)."""
-
-V1MODEL_ONLY: Final = frozenset({EGRESS_QUEUES, SET_EGRESS_QUEUES})
-"""Tables and actions of the v1model program alone: which of BMv2's per-port queues a packet takes
-(p4/include/ingress.p4).  Tofino's traffic manager shares one buffer among a port's queues."""
 
 # --- indexed counters (packets) ----------------------------------------------------------------
 DROP_REASON: Final = "MyIngress.drop_reason"
@@ -372,7 +360,6 @@ TABLE_SIZES: Final[dict[str, int]] = {
     IPV4_ROUTE: ROUTE_ENTRIES,
     ARP_FORWARD: ARP_ENTRIES,
     WAITER_EGRESS: MAX_WAITERS,
-    EGRESS_QUEUES: 1,
 }
 
 #: Counter -> cells (``DROP_REASONS``, ``POOL_STATS``, ... in constants.p4 for the labelled ones).
@@ -458,8 +445,7 @@ TNA_REGISTER_SHAPES: Final[dict[str, tuple[int, int]]] = {
 }
 
 #: Table -> entries in the TNA program.
-TNA_TABLE_SIZES: Final[dict[str, int]] = {**{t: n for t, n in TABLE_SIZES.items() if t not in V1MODEL_ONLY},
-                                          POOL_LOOKUP: TNA_POOL_ENTRIES}
+TNA_TABLE_SIZES: Final[dict[str, int]] = {**TABLE_SIZES, POOL_LOOKUP: TNA_POOL_ENTRIES}
 
 #: Counter -> cells in the TNA program.
 TNA_COUNTER_SIZES: Final[dict[str, int]] = {**COUNTER_SIZES, SLOT_HITS: TNA_POOL_SLOTS,
@@ -468,7 +454,7 @@ TNA_COUNTER_SIZES: Final[dict[str, int]] = {**COUNTER_SIZES, SLOT_HITS: TNA_POOL
 
 def tna_names() -> list[tuple[str, str]]:
     """Every (P4Info entity kind, name) the TNA program must define: the shared ones and its registers."""
-    return ([(kind, name) for kind, name in all_names() if kind != "register" and name not in V1MODEL_ONLY]
+    return ([(kind, name) for kind, name in all_names() if kind != "register"]
             + [("register", r) for r in TNA_REGISTER_SHAPES])
 
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO
 
 from kvpool.tcp import free_port, wait_listening
 
@@ -111,19 +111,9 @@ def bmv2_options(binary: str = SIMPLE_SWITCH_GRPC) -> frozenset[str]:
     return frozenset(re.findall(r"--[a-z][a-z0-9-]*", proc.stdout + proc.stderr))
 
 
-BMV2_EGRESS_QUEUES: Final = 8
-"""Egress queues per port kvpool starts BMv2 with (``--priority-queues``), 64 packets each; its
-controller is told the same (``FabricSettings.egress_queues``; p4/include/ingress.p4 says why)."""
-
-
 def bmv2_argv(switch_ifs: Sequence[str], grpc_port: int, options: frozenset[str], device_id: int = 0,
-              trace: bool = False, thrift_port: int | None = None, binary: str = SIMPLE_SWITCH_GRPC,
-              egress_queues: int = 1) -> list[str]:
-    """The ``simple_switch_grpc`` command line, with only the options this build (``options``) has.
-
-    ``egress_queues``: queues per port (``--priority-queues``), which the program spreads a
-    port's fragments over once its controller says so (``FabricSettings.egress_queues``).
-    """
+              trace: bool = False, thrift_port: int | None = None, binary: str = SIMPLE_SWITCH_GRPC) -> list[str]:
+    """The ``simple_switch_grpc`` command line, with only the options this build (``options``) has."""
     argv = [binary, "--device-id", str(device_id)]
     if "--thrift-port" in options and thrift_port is not None:
         argv += ["--thrift-port", str(thrift_port)]
@@ -137,13 +127,11 @@ def bmv2_argv(switch_ifs: Sequence[str], grpc_port: int, options: frozenset[str]
     if trace:
         argv += ["--log-console", "-L", "trace"]
     argv += ["--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
-    if egress_queues > 1:
-        argv += ["--priority-queues", str(egress_queues)]
     return argv
 
 
 def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, timeout: float = 30.0,
-               trace: bool = False, binary: str | None = None, egress_queues: int = 1) -> Process:
+               trace: bool = False, binary: str | None = None) -> Process:
     """Start ``simple_switch_grpc`` with ``switch_ifs`` as ports 1..N (none is fine) and no program loaded.
 
     ``binary`` defaults to :func:`find_simple_switch_grpc`; ``trace`` logs every table,
@@ -152,8 +140,7 @@ def start_bmv2(switch_ifs: Sequence[str], log_dir: Path, device_id: int = 0, tim
     binary = binary or find_simple_switch_grpc() or SIMPLE_SWITCH_GRPC
     options = bmv2_options(binary)
     grpc_port = free_port()
-    argv = bmv2_argv(switch_ifs, grpc_port, options, device_id, trace, thrift_port=free_port(), binary=binary,
-                     egress_queues=egress_queues)
+    argv = bmv2_argv(switch_ifs, grpc_port, options, device_id, trace, thrift_port=free_port(), binary=binary)
     return _start("bmv2", argv, f"127.0.0.1:{grpc_port}", log_dir, timeout)
 
 

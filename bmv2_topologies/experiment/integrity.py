@@ -210,8 +210,7 @@ class IntegrityBed(StarHosts):
         nbytes = len(_blob(0, self.cfg.chunk_kib * 1024))  # every version of every chunk has this size
         catalog = Catalog(ChunkInfo(k, self.keys[i - 1] if i else None, i, nbytes) for i, k in enumerate(self.keys))
         # Nothing is admitted on its own: the cases admit and evict explicitly.
-        fabric = FabricSettings(popularity_threshold=1 << 30, pending_timeout_us=2_000_000,
-                                egress_queues=self.net.egress_queues)
+        fabric = FabricSettings(popularity_threshold=1 << 30, pending_timeout_us=2_000_000)
         build = contract.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,
                                       p4info=build / contract.P4INFO_FILE, bmv2_json=build / contract.BMV2_JSON_FILE,

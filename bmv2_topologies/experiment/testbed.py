@@ -289,7 +289,7 @@ class Testbed(StarHosts):
         # edge switch's requesters fetch a chunk.
         busiest = max(edge_switches(self.topo).values(), default=1)
         fabric = FabricSettings(popularity_threshold=max(2, busiest // 2), pending_timeout_us=int(pending_s * 1e6),
-                                fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC, egress_queues=self.net.egress_queues)
+                                fill_sink=SINK_ADDRESS, fill_sink_mac=SINK_MAC)
         build = n.build_dir()  # KVPOOL_P4_BUILD names another build, as in the tests
         # adopt=False: each mode starts from an empty pool (a fresh pipeline), not the last mode's.
         settings = ControllerSettings(mode=Mode(mode), fabric=fabric, epoch_s=0.1, target=self.net.target,

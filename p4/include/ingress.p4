@@ -12,8 +12,7 @@
  *   5. absorbed GET -> egress (which records it, then drops it)
  *      otherwise TTL check/decrement (not for the switch's own replies) and, unless
  *      multicast by a release (one with other waiters), Forwarding (routes, ARP)
- *   6. any drop reason set -> count it in drop_reason, mark_to_drop; otherwise a kvpool
- *      packet's egress queue (egress_queues, below)
+ *   6. any drop reason set -> count it in drop_reason, mark_to_drop
  */
 #ifndef KVPOOL_INGRESS_P4
 #define KVPOOL_INGRESS_P4
@@ -33,30 +32,6 @@ control MyIngress(inout headers_t hdr,
     Popularity() popularity;
     Coalesce()   coalesce;
     Forwarding() fwd;
-
-    // BMv2 gives each port a 64-packet queue per priority and drops what finds it full, and
-    // only Thrift resizes them.  A release sends one answer to several ports at the holder's
-    // rate each, and BMv2 lost copies in bursts whenever it fell behind (1.3% of the owners'
-    // copies on a replayed sysprompt trace, two cores).  With simple_switch_grpc started with
-    // --priority-queues N, kvpool packets spread over N queues by chunk, so a port carrying
-    // several answers holds up to N x 64 packets, as a switch's shared buffer would.  By
-    // chunk, not by fragment: queues are served strictly by priority, and an answer must
-    // cross every switch in order (the chunk's last fragment ends a pending slot on the next
-    // switch; spread by fragment, a leaf-spine's multicast sent 0.52 of plain's bytes).
-    // The mask is N - 1, 0 by default: a priority BMv2 has no queue for drops the packet,
-    // so it stays 0 unless the controller is told N (``FabricSettings.egress_queues``).
-    // v1model only: TNA picks queues in the traffic manager, whose buffer is shared.
-    bit<3> queue_mask = 0;
-
-    action set_egress_queues(bit<3> mask) {
-        queue_mask = mask;
-    }
-
-    table egress_queues {
-        actions = { set_egress_queues; }
-        size = 1;
-        default_action = set_egress_queues(0);
-    }
 
     apply {
         if (standard_metadata.parser_error != error.NoError) {
@@ -106,9 +81,6 @@ control MyIngress(inout headers_t hdr,
         if (meta.drop_reason != DROP_NONE) {
             drop_reason.count((bit<32>)meta.drop_reason);
             mark_to_drop(standard_metadata);
-        } else if (hdr.kv.isValid()) {
-            egress_queues.apply();
-            standard_metadata.priority = hdr.kv.chunk_key[2:0] & queue_mask;
         }
     }
 }

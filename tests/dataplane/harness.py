@@ -30,7 +30,7 @@ from switchmodel.p4rt_server import P4RuntimeServer
 from switchmodel.pipeline import KvpoolPipeline
 from switchmodel.ports import MemoryPorts
 from switchmodel.state import SwitchState
-from switchmodel.targets import BMV2_EGRESS_QUEUES, Process, start_bmv2, start_model
+from switchmodel.targets import Process, start_bmv2, start_model
 from switchmodel.vethlab import VethLab
 
 from .packets import Mask, describe
@@ -169,9 +169,8 @@ class VethTarget(Target):
         try:
             if kind == "bmv2":
                 # KVPOOL_BMV2_TRACE=1 writes BMv2's per-packet trace into logs/dataplane/.
-                # As the Mininet testbed starts it: the program uses the queues only when told.
                 process = start_bmv2(lab.switch_ifs, LOG_DIR, device_id=DEVICE_ID,
-                                     trace=os.environ.get("KVPOOL_BMV2_TRACE") == "1", egress_queues=BMV2_EGRESS_QUEUES)
+                                     trace=os.environ.get("KVPOOL_BMV2_TRACE") == "1")
             else:
                 process = start_model(lab.switch_ifs, LOG_DIR, device_id=DEVICE_ID)
         except BaseException:

@@ -98,11 +98,6 @@ def pending_timeout(sw: P4RuntimeSwitch, microseconds: int) -> None:
     sw.set_default_action(n.COALESCE_CONFIG, n.SET_PENDING_TIMEOUT, {"timeout_us": microseconds})
 
 
-def egress_queues(sw: P4RuntimeSwitch, queues: int) -> None:
-    """Egress queues per port the switch runs with, which the program spreads a port's fragments over."""
-    sw.set_default_action(n.EGRESS_QUEUES, n.SET_EGRESS_QUEUES, {"mask": queues - 1})
-
-
 def popularity(sw: P4RuntimeSwitch, threshold: int, epoch: int) -> None:
     """Hot threshold and sketch epoch."""
     sw.set_default_action(n.POPULARITY_CONFIG, n.SET_POPULARITY, {"threshold": threshold, "epoch": epoch})

@@ -10,11 +10,10 @@ from kvpool import contract as n
 from kvpool import wire
 from kvpool.contract import DropReason as Drop
 from kvpool.contract import PoolStat
-from switchmodel.targets import BMV2_EGRESS_QUEUES
 
 from . import program
 from .harness import Target
-from .packets import arp_request, data_frame, get_frame, host, kv_frame, stripped_get, udp_frame, with_ttl
+from .packets import arp_request, get_frame, host, kv_frame, stripped_get, udp_frame, with_ttl
 from .program import HOLDER
 
 
@@ -77,22 +76,3 @@ def test_no_route_ttl_expired_unhandled_and_bad_checksum_are_counted(target: Tar
     target.send(1, ok)
     target.expect(2, with_ttl(ok, 63))
     target.expect_no_other_packets()
-
-
-def test_a_ports_answers_spread_over_its_egress_queues_and_all_arrive(target: Target) -> None:
-    # Told the queues the switch has (the harness starts BMv2 with them, as the testbed does),
-    # the program gives each chunk's packets the queue its key's low bits name; BMv2 drops a
-    # packet whose queue it lacks, so every fragment arriving says each took one that exists.
-    # The model has one queue per port and ignores the choice.
-    program.routes(target.sw)
-    program.writer(target.sw, HOLDER)
-    program.egress_queues(target.sw, BMV2_EGRESS_QUEUES)
-    chunk = program.chunk_bytes(2 * wire.FRAG_PAYLOAD)
-    frames = [data_frame(HOLDER, host(1), 0xAB0 + key, i, chunk, request_id=9)
-              for key in range(BMV2_EGRESS_QUEUES) for i in range(2)]
-    for frame in frames:
-        target.send(HOLDER.port, frame)
-    for frame in frames:
-        target.expect(1, with_ttl(frame, 63))
-    target.expect_no_other_packets()
-    assert target.counters(n.DROP_REASON) == {}

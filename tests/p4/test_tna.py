@@ -52,11 +52,6 @@ _CONST = re.compile(r"^\s*const\s+bit<\d+>\s+(\w+)\s*=\s*([^;]+);", re.M)
 WIRE_HEADERS = ("ethernet_t", "arp_t", "ipv4_t", "udp_t", "kvpool_t")
 
 
-def _tna(names: dict[str, Any]) -> dict[str, Any]:
-    """The contract's tables or actions without the v1model program's own (``contract.V1MODEL_ONLY``)."""
-    return {name: v for name, v in names.items() if name not in contract.V1MODEL_ONLY}
-
-
 def _strip_comments(text: str) -> str:
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return re.sub(r"//[^\n]*", "", text)
@@ -177,7 +172,7 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @needs_cpp
 def test_every_table_has_the_contracts_keys(controls: dict[str, str]) -> None:
-    for table, keys in _tna(contract.TABLE_KEYS).items():
+    for table, keys in contract.TABLE_KEYS.items():
         body, leaf = _resolve(controls, table)
         found = re.search(rf"\btable\s+{leaf}\s*\{{", body)
         assert found is not None, f"{table} is not declared"
@@ -190,7 +185,7 @@ def test_every_table_has_the_contracts_keys(controls: dict[str, str]) -> None:
 
 @needs_cpp
 def test_every_action_has_the_contracts_parameters(controls: dict[str, str]) -> None:
-    for action, params in _tna(contract.ACTION_PARAMS).items():
+    for action, params in contract.ACTION_PARAMS.items():
         if action == contract.NO_ACTION:
             continue
         body, leaf = _resolve(controls, action)
@@ -238,7 +233,7 @@ def test_p4info_has_every_contract_name(p4info: P4Info) -> None:
 
 @needs_p4info
 def test_p4info_has_nothing_else(p4info: P4Info) -> None:
-    assert {_short(t.name) for t in p4info.tables} == set(_tna(contract.TABLE_KEYS))
+    assert {_short(t.name) for t in p4info.tables} == set(contract.TABLE_KEYS)
     assert {_short(c.name) for c in p4info.counters} == set(contract.COUNTERS)
     assert {_short(d.name) for d in p4info.digests} == set(contract.DIGEST_MEMBERS)
     assert {_short(r.name) for r in p4info.registers} == set(contract.TNA_REGISTER_SHAPES)
@@ -246,10 +241,10 @@ def test_p4info_has_nothing_else(p4info: P4Info) -> None:
 
 @needs_p4info
 def test_p4info_keys_params_digests_and_sizes(p4info: P4Info) -> None:
-    for table, keys in _tna(contract.TABLE_KEYS).items():
+    for table, keys in contract.TABLE_KEYS.items():
         assert tuple(p4info.match_field_names(table)) == keys, table
         assert p4info.table(table).size >= contract.TNA_TABLE_SIZES[table], table
-    for action, params in _tna(contract.ACTION_PARAMS).items():
+    for action, params in contract.ACTION_PARAMS.items():
         assert tuple(p.name for p in p4info.action(action).params) == params, action
     for digest, members in contract.DIGEST_MEMBERS.items():
         assert tuple(m for m, _ in p4info.digest(digest).members) == members, digest
