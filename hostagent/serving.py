@@ -324,7 +324,7 @@ class Server:
         for the generation the other answer's GET asked for: then the requester waits in a
         switch's pending slot of that answer's owner, and the oldest such answer still sending is
         the one whose GET opened it.  (Riding another joiner's re-ask instead, the fragments went
-        to that joiner alone and the rest waited ``Transfers.own_silence_s`` for them.)
+        to that joiner alone and the rest waited ``Transfers.join_patience_s`` for them.)
         """
         want = wire.Flag.RETRANSMIT | wire.Flag.COALESCED
         if hdr.flags & want != want:

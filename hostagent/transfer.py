@@ -16,7 +16,7 @@ NACK (``on_nack``).  Its invariants (the reasons, measured: docs/design/transpor
   ``NO_CACHE`` where a switch's copy failed, up to ``integrity_retries`` rounds.
 * Silence is judged per holder (a holder serves its queue in order): a request re-asks
   what ``missing_ranges`` reports after a retransmit timeout (doubling) of silence from its
-  holder, after ``own_silence_s`` of its own silence even while the holder streams, and
+  holder, after ``_STALL_RTOS`` of its own silence even while the holder streams, and
   re-asks single GETs overtaken by later ones (``resend_overtaken``) and what its holder's
   own answer passed over (``resend_gaps``), each after a reorder window.  It fails after
   ``give_up_s`` of silence from its holder, or at its caller's deadline.
@@ -62,10 +62,12 @@ _MIN_GRANT: Final = 32
 """Fewest fragments a request asks for in one more window while some of its fragments are in flight."""
 _SLOW_TRANSFER_RTOS: Final = 4
 """A transfer that took this many retransmit timeouts is logged (INFO) with how it spent its time."""
+_STALL_RTOS: Final = 4
+"""Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams."""
 _COALESCED: Final = int(wire.Flag.COALESCED)
-_PATIENCE_RTOS: Final = 1.0
-"""Retransmit timeouts of a request's own silence after which it re-asks even while its holder streams
-(``own_silence_s``)."""
+_JOIN_PATIENCE_RTOS: Final = 1.0
+"""Retransmit timeouts of a joined request's own silence after which it asks the holder itself (not
+``_STALL_RTOS``): the answer it joined is another requester's, paced by its windows, and may stop."""
 
 
 class Transfers:
@@ -289,7 +291,7 @@ class Transfers:
         self._holder_progress[r.holder] = now
         r.rto = self.config.retransmit_timeout_s
         if not r.refused:  # a refusal's re-ask stays when the holder's hint said, DATA or not
-            r.next_retx = now + min(r.rto, self.own_silence_s)
+            r.next_retx = now + (min(r.rto, self.join_patience_s) if r.joined else r.rto)
         if reasm.complete and self._verified(r, reasm, now):
             self._c.goodput_bytes += reasm.chunk_len
             for path, nbytes in zip(PATHS, bytes_by_path(reasm.flags, reasm.chunk_len), strict=True):
@@ -301,20 +303,15 @@ class Transfers:
         self._grant(r)
 
     @property
-    def own_silence_s(self) -> float:
-        """How long a request hears nothing of its own, while its holder streams to others, before it re-asks.
+    def join_patience_s(self) -> float:
+        """How long a joined request waits for its own fragments before it asks the holder for them.
 
-        A holder sends its queued answers in turns (``SendQueue``: a lane per request, each a
-        quantum at a time), so an answer that is queued arrives in every round, and a request
-        that hears nothing for the queue's bound was lost: its GET, its answer, or the answer a
-        switch absorbed it into (a pending slot whose last fragment never came; the slot
-        expires, but its waiters only re-ask).  A joined request's answer is another
-        requester's, paced by its windows, and may stop.  A retransmit timeout, and never less
-        than the holder's queue bound (this agent's ``max_queue_s``, a deployment's holders
-        taking the same): re-asked sooner, an answer still queued would be sent twice.
+        A retransmit timeout, and never less than the holder's queue bound (this agent's
+        ``max_queue_s``, a deployment's holders taking the same): the answer it joined may wait
+        that long in the holder's queue, and re-asked sooner it is sent twice.
         """
         cfg = self.config
-        return max(_PATIENCE_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
+        return max(_JOIN_PATIENCE_RTOS * cfg.retransmit_timeout_s, cfg.max_queue_s)
 
     def _join(self, r: Request, seen: int) -> None:
         """Copies of another requester's answer reached ``r`` (its GET joined that answer in a switch), up to ``seen``.
@@ -327,7 +324,8 @@ class Transfers:
         switch sends it to the holder.  Copies of other joiners' re-asks come too, low
         fragments out of the answer's order, so it looks again at every copy, not only the
         first.  Whatever else goes missing (the owner gives up or
-        waits, a copy is lost) it asks for after ``own_silence_s`` of its own silence.
+        waits, a copy is lost) it asks for after ``join_patience_s`` of its own silence, not
+        the ``_STALL_RTOS`` a request whose holder streams to others waits.
         """
         assert r.reasm is not None
         if not r.joined:
@@ -649,7 +647,7 @@ class Transfers:
             return
         now = time.monotonic()
         cfg = self.config
-        patience = self.own_silence_s
+        stall = _STALL_RTOS * cfg.retransmit_timeout_s
         for r in list(self.active.values()):
             quiet = now - max(r.last_progress, self._holder_progress.get(r.holder, 0.0))
             if now >= r.deadline or quiet >= cfg.give_up_s:
@@ -671,7 +669,9 @@ class Transfers:
                 self.resend_gaps(r, now)
             if now < r.next_retx:
                 continue
-            stall_at = r.last_progress + patience
+            # A joined request waits for its own fragments less: they come at the pace of another
+            # requester's windows, which may stop (it failed, or waits for budget of its own).
+            stall_at = r.last_progress + (self.join_patience_s if r.joined else stall)
             if quiet < r.rto and now < stall_at and not r.refused:
                 # The holder streams: ours are most likely queued behind, not lost.  Unless our
                 # own fragments stay away for long (a switch absorbed our GETs into a pending slot
