@@ -14,7 +14,8 @@ them.  Two orders are trusted:
   elsewhere, in another order, and says nothing.
 
 Without these a loss waited for the retransmit timer, which fires only once the holder goes
-quiet for this requester, or after ``_STALL_RTOS`` timeouts while it streams to others.
+quiet for this requester, or after ``hostagent.transfer._STALL_RTOS`` timeouts while it streams
+to others.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ packets: 16 such answers per requester overflowed the spine's egress queues on t
 leaf-spine (pool p50 2.6x faster than plain against 4.4x with 4)."""
 
 
-
 def knobs_help(knob: str) -> str:
     """``knob`` of ``TARGET_KNOBS`` on every target, for ``--help``: "600 on the model, 600 on bmv2"."""
     return ", ".join(f"{getattr(k, knob)} on {'the model' if t == 'model' else t}" for t, k in TARGET_KNOBS.items())

@@ -84,7 +84,9 @@ def test_busy_refusals_are_timed_from_the_nack_to_the_re_ask() -> None:
 def test_a_lost_datagram_costs_a_retransmit_round_and_its_silence() -> None:
     payload = os.urandom(200_000)
     cfg = TransportConfig(port=0, window_fragments=64, retransmit_timeout_s=0.2, give_up_s=10.0)
-    last = wire.fragment_count(len(payload))  # nothing after it shows it lost: the timer's (a gap is not)
+    # The proxy numbers DATA datagrams from 1: drop the last one.  Nothing after it shows it lost,
+    # so the retransmit timer finds it (a fragment an answer passed over is a gap re-ask instead).
+    last = wire.fragment_count(len(payload))
     res, proxy, _r = _through_proxy({7: payload}, 7, cfg, drop=lambda i: i == last)
     t = res.timing
     assert res.ok and proxy.dropped == 1
