@@ -278,6 +278,15 @@ class EmulatedNetwork:
         self._spawn(handle)
         return handle
 
+    def switch_state(self, name: str) -> str:
+        """One line on switch ``name``'s process for an error: running or exited, and its log's tail."""
+        handle = self.switches[name]
+        proc = handle.process
+        state = ("not started" if proc is None else f"running as pid {proc.pid}" if proc.poll() is None
+                 else f"exited with code {proc.returncode}")
+        tail = handle.log_path.read_text(errors="replace")[-600:].strip() if handle.log_path.exists() else ""
+        return f"{state}; log {handle.log_path}" + (f" ends: {tail}" if tail else " is empty")
+
     def frames_lost(self) -> dict[str, int]:
         """Per model switch that lost any: frames its ports dropped (a full socket buffer), from its log.
 

@@ -45,7 +45,9 @@ def wait_listening(address: str, timeout_s: float, gave_up: Callable[[], bool] =
             return False
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.2)
-            if sock.connect_ex((host, int(port))) == 0:
+            # A loopback connect to a port nobody listens on yet can pick that very port as its
+            # own (TCP simultaneous open) and "succeed" by talking to itself: not a listener.
+            if sock.connect_ex((host, int(port))) == 0 and sock.getsockname() != sock.getpeername():
                 return True
         if time.monotonic() >= deadline:
             return False

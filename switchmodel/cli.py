@@ -76,15 +76,22 @@ def run(args: argparse.Namespace) -> int:
     gc.set_threshold(50_000, 20, 20)
     try:
         state = make_state(args)
-        server = P4RuntimeServer(state, args.grpc_addr).start()
     except (OSError, ValueError) as e:
         print(f"kvpool-switch: {e}", file=sys.stderr)
         return 1
+    # The ports first, the P4Runtime listener last: a launcher that waits for the port to
+    # listen then knows the switch is whole, and a port that fails ends the process before
+    # anyone connects to a switch that is about to vanish.
     try:
         plane = dataplane.start(state, specs, keep_offloads=args.keep_offloads, impair=impair,
                                 impair_file=args.impair_file)
     except PortError as e:
-        server.stop()
+        print(f"kvpool-switch: {e}", file=sys.stderr)
+        return 1
+    try:
+        server = P4RuntimeServer(state, args.grpc_addr).start()
+    except (OSError, ValueError) as e:
+        plane.stop()
         print(f"kvpool-switch: {e}", file=sys.stderr)
         return 1
     host = args.grpc_addr.rsplit(":", 1)[0]

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from bmv2_topologies.experiment.config import MODES
-from bmv2_topologies.experiment.testbed import StarHosts, fresh_network
+from bmv2_topologies.experiment.testbed import StarHosts, fresh_network, wait_switches
 from bmv2_topologies.network import EmulatedNetwork, default_target
 from controller.api import ControllerAPI
 from controller.catalog import Catalog, ChunkInfo
@@ -220,6 +220,7 @@ class IntegrityBed(StarHosts):
         ctl = Controller(self.topo, endpoints, settings, catalog, filler if mode == "pool" else None,
                          directory=self.directory)
         ctl.start()
+        wait_switches(ctl, self.net)
         ctl.clean_slate()  # no register or counter of the last mode
         self.ctl = ctl
         self._api = ControllerAPI(ctl, "127.0.0.1", 0, self.socket, token=self.token).start()

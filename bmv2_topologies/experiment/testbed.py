@@ -136,6 +136,19 @@ class StarHosts:
         return sorted(self.topo.inference_hosts(), key=lambda h: int(h.name[1:]))
 
 
+def wait_switches(ctl: Controller, net: EmulatedNetwork, timeout_s: float = 60.0) -> None:
+    """Wait until ``ctl`` reaches every switch of ``net``; NetworkError naming one it cannot.
+
+    A loaded machine can take a connect past the driver's own timeout; the driver then
+    retries in the background, and this waits for that rather than failing the run.
+    """
+    deadline = time.monotonic() + timeout_s
+    for name, sw in ctl.switches.items():
+        if not sw.wait_connected(max(0.0, deadline - time.monotonic())):
+            raise NetworkError(f"the controller cannot reach switch {name} at {sw.address} after {timeout_s:.0f} s "
+                               f"({sw.health()['last_error']}); the switch is {net.switch_state(name)}")
+
+
 class Testbed(StarHosts):
     """One network, agents in every host, the controller reprogrammed per mode."""
 
@@ -311,11 +324,13 @@ class Testbed(StarHosts):
         for name, keys in self.shares(list(wl.blobs)).items():
             AgentClient(self.api(name), timeout=120).publish_chunks(keys, [wl.blobs[k] for k in keys])
         ctl = self.controller(mode)
+        assert self.net is not None  # self.controller raised otherwise
         result = ModeResult(mode)
         stop = threading.Event()
         agents_before = self.agent_counters()
         waits_before = self.holder_waits()
         with ctl, (self.observer.controller(ctl) if self.observer else contextlib.nullcontext()):
+            wait_switches(ctl, self.net)
             # A clean slate: registers and counters of the last mode are gone; the driver
             # replays this controller's intended entries onto the fresh pipeline.
             ctl.clean_slate()

@@ -51,7 +51,9 @@ def test_star_comes_up_shaped_and_goes_away(tmp_path: Path) -> None:
         # The holder's link is shaped on the switch side (tc htb at 50 Mbit/s).
         assert "rate 50Mbit" in net.host("s1").cmd("tc class show dev s1-eth1")
         pid = handle.process.pid
+        assert net.switch_state("s1").startswith(f"running as pid {pid}; log {tmp_path / 's1.log'}")
     assert handle.process.poll() is not None
+    assert net.switch_state("s1").startswith("exited with code ")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert "s1-eth1" not in _links()

@@ -35,3 +35,14 @@ def test_switch_process_serves_a_preloaded_pipeline() -> None:
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert main(["--json", str(MINI)]) == 2
     assert main(["--p4info", str(tmp_path / "missing.txtpb")]) == 2
+
+
+def test_a_port_that_fails_ends_the_switch_with_one_line() -> None:
+    """Exit 1 and the interface named, and no line saying it serves (a launcher waits for that)."""
+    from kvpool.tcp import free_port
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "switchmodel.cli", "--grpc-addr", f"127.0.0.1:{port}",
+                           "--interface", "1@kvpool-nosuch0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "kvpool-switch: " in proc.stderr and "kvpool-nosuch0" in proc.stderr
+    assert "serving P4Runtime" not in proc.stdout
