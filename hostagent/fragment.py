@@ -32,7 +32,9 @@ fragment by fragment where that fails or the chunk is not a serialized one.
 
 from __future__ import annotations
 
+import itertools
 import struct
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
@@ -246,39 +248,87 @@ def empty_records(count: int) -> npt.NDArray[np.void]:
     return np.empty(count, dtype=wire.DATA_PACKET_DTYPE)
 
 
-_CHECK_BUF: Final = wire.IDENTITY_STRUCT.size + wire.FRAG_PAYLOAD
+_IDENTITY: Final = np.dtype([("chunk_key", ">u8"), ("generation", ">u4"), ("frag_index", ">u2"),
+                              ("frag_count", ">u2"), ("chunk_len", ">u4"), ("payload_len", ">u2")])
+"""``wire.IDENTITY_STRUCT`` as a record, so a whole chunk's identities are filled at once."""
+assert _IDENTITY.itemsize == wire.IDENTITY_STRUCT.size
+_CHECKED: Final = np.dtype([("identity", _IDENTITY), ("payload", _ROW)])
+"""What one fragment's check hashes, back to back: its identity, then its payload."""
+_CHECKED_LEN: Final = _CHECKED.itemsize
+
+
+_CHECK_BLOCK: Final = 1024
+"""Fragments hashed per block (1.4 MB of messages per thread, reused): a bounded buffer."""
+
+
+class _CheckArea(threading.local):
+    """A thread's buffer of ``_CHECK_BLOCK`` messages and a memoryview of each, made once.
+
+    The views are what makes the loop cheap: one xxh3 call per fragment over a view that
+    already exists, with no slicing, packing or copying per fragment.
+    """
+
+    def __init__(self) -> None:
+        self.area = np.zeros(_CHECK_BLOCK, dtype=_CHECKED)
+        self.raw = self.area.view(np.uint8).data
+        self.views = [self.raw[o : o + _CHECKED_LEN] for o in range(0, _CHECK_BLOCK * _CHECKED_LEN, _CHECKED_LEN)]
+
+
+_check_area: Final = _CheckArea()
 
 
 def fragment_checks(chunk_bytes: BufferLike, chunk_key: int, *, generation: int = 0, first: int = 0,
                     count: int | None = None) -> npt.NDArray[np.uint64]:
     """``wire.fragment_check`` of fragments ``first .. first+count-1`` (default: all) of a chunk.
 
-    One xxh3 call per fragment over its identity and valid bytes (copied next to each
-    other in one reused buffer): a holder computes them once per chunk and generation
-    and passes them to ``fragment_into`` for every answer; a receiver computes them only
-    to find the fragments of a chunk that failed its whole-chunk check.
+    Block by block, the identities and payloads are laid out with a few array-wide copies
+    in a per-thread buffer (``_CheckArea``), then one xxh3 call per fragment hashes its
+    part of it (about a quarter of the time of packing and copying each fragment in
+    Python).  A holder computes them once per chunk and generation and passes them to
+    ``fragment_into`` for every answer; a receiver computes them to find the fragments of
+    a chunk that failed its whole-chunk check, or to check every fragment of a chunk that
+    has none.
     """
     src = _as_u8(chunk_bytes)
     chunk_len = int(src.size)
     total, count = _fragment_range(chunk_len, first, count)
     _check_header_values(chunk_key, generation, 0, 0)
     out = np.empty(count, dtype=np.uint64)
-    buf = bytearray(_CHECK_BUF)
-    view = memoryview(buf)
-    data = src.data
-    pack_into = wire.IDENTITY_STRUCT.pack_into
-    ident = wire.IDENTITY_STRUCT.size
-    digest = xxhash.xxh3_64_intdigest
-    seed = wire.CHECK_SEED
-    payload = wire.FRAG_PAYLOAD
-    for k in range(count):
-        i = first + k
-        start = i * payload
-        plen = min(payload, chunk_len - start)
-        pack_into(buf, 0, chunk_key, generation, i, total, chunk_len, plen)
-        view[ident : ident + plen] = data[start : start + plen]
-        out[k] = digest(view[: ident + plen], seed)
+    for at in range(first, first + count, _CHECK_BLOCK):
+        n = min(_CHECK_BLOCK, first + count - at)
+        out[at - first : at - first + n] = _check_block(src, chunk_key, generation, total, at, n)
     return out
+
+
+def _check_block(src: npt.NDArray[np.uint8], chunk_key: int, generation: int, total: int, first: int,
+                 count: int) -> npt.NDArray[np.uint64]:
+    """``fragment_checks`` of at most ``_CHECK_BLOCK`` fragments from ``first``."""
+    area = _check_area
+    chunk_len = int(src.size)
+    payload = wire.FRAG_PAYLOAD
+    end = first + count
+    n_full = min(end, chunk_len // payload) - first  # those with a whole payload (all but a short tail)
+    ident = area.area["identity"][:count]
+    ident["chunk_key"] = chunk_key
+    ident["generation"] = generation
+    ident["frag_index"] = _INDEX[first:end]
+    ident["frag_count"] = total
+    ident["chunk_len"] = chunk_len
+    ident["payload_len"] = payload
+    if n_full:
+        area.area["payload"][:n_full] = src[first * payload : (first + n_full) * payload].view(_ROW)
+    checks = np.fromiter(map(xxhash.xxh3_64_intdigest, area.views[:n_full], itertools.repeat(wire.CHECK_SEED, n_full)),
+                         dtype=np.uint64, count=n_full)
+    if n_full == count:
+        return checks
+    # The short tail fragment: its check covers its valid bytes only.
+    start = (end - 1) * payload
+    plen = chunk_len - start
+    ident["payload_len"][count - 1] = plen
+    at = (count - 1) * _CHECKED_LEN
+    tail = area.raw[at : at + wire.IDENTITY_STRUCT.size + plen]
+    tail[wire.IDENTITY_STRUCT.size :] = src[start:].data
+    return np.append(checks, np.uint64(xxhash.xxh3_64_intdigest(tail, wire.CHECK_SEED)))
 
 
 def fragment_into(out: npt.NDArray[np.void], chunk_bytes: BufferLike, chunk_key: int, *,

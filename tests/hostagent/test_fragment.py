@@ -435,6 +435,19 @@ def test_checks_given_or_computed_are_the_same(length: int) -> None:
         fragment(chunk, KEY, generation=3, checks=checks[:-1] if checks.size > 1 else np.zeros(2, np.uint64))
 
 
+@pytest.mark.parametrize("length", [1, P, 1024 * P, 1024 * P + 1, 2049 * P + 7])
+def test_checks_are_the_wires_one_by_one_over_any_range(length: int) -> None:
+    """The block-wise checks equal ``wire.fragment_check`` per fragment, across block edges and tails."""
+    chunk = _chunk(length)
+    total = wire.fragment_count(length)
+    data = bytes(chunk)
+    want = [wire.fragment_check(KEY, 9, i, total, length, data[i * P : (i + 1) * P]) for i in range(total)]
+    assert [int(c) for c in fragment_checks(chunk, KEY, generation=9)] == want
+    first, count = total // 3, max(1, total // 2)
+    assert [int(c) for c in fragment_checks(chunk, KEY, generation=9, first=first, count=count)] == \
+        want[first : first + count]
+
+
 def test_bad_fragments_finds_exactly_the_damaged_ones_and_forget_unstores_them() -> None:
     chunk = _chunk(20 * P + 5)
     recs = fragment(chunk, KEY, generation=2, flags=int(wire.Flag.SWITCH_SERVED))
