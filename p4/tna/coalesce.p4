@@ -69,6 +69,11 @@ control Coalesce(inout headers_t hdr,
     Counter<bit<32>, bit<32>>(COALESCE_STATS, CounterType_t.PACKETS) coalesce_stats;
 
     Hash<bit<32>>(HashAlgorithm_t.CRC32) pending_hash;
+    // The same crc32 of the same key, 16 bits of it straight from a hash unit into the bridged
+    // header (egress reads its low 11, crc[10:0]): one source for that container, not two
+    // slices of the 32-bit result.  Egress only needs the same index for a chunk's GETs and
+    // its answers, which this gives whatever bits the unit picks.
+    Hash<bit<16>>(HashAlgorithm_t.CRC32) bridge_hash;
 
     bit<32> pending_timeout;
 
@@ -317,7 +322,7 @@ control Coalesce(inout headers_t hdr,
 
         bit<32> crc = pending_hash.get({ hdr.kv.chunk_key });
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
-        hdr.bridge.pending_idx = (bit<16>)crc[10:0];
+        hdr.bridge.pending_idx = bridge_hash.get({ hdr.kv.chunk_key });
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
         // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11] (a slice of the
         // hash, not a shift: one ALU operation per statement of an action's stage).
@@ -355,7 +360,7 @@ control Coalesce(inout headers_t hdr,
                     if (waiters_open.execute(idx) != 0) {
                         meta.coalesce_stat = CO_EXPIRED_REUSED;
                     }
-                    hdr.bridge.record_reply = 1;
+                    hdr.bridge.flags = BRIDGE_RECORD;
                 } else if (live == LIVE_EXPIRED) {
                     meta.coalesce_stat = CO_RETRANSMIT;
                 } else if (key_same.execute(idx) == 0) {
@@ -363,14 +368,13 @@ control Coalesce(inout headers_t hdr,
                 } else if (gen_same.execute(idx) == 0) {
                     meta.coalesce_stat = CO_OTHER_GENERATION;
                 } else if (live == LIVE_MINE) {
-                    hdr.bridge.record_reply = 1;
+                    hdr.bridge.flags = BRIDGE_RECORD;
                     meta.coalesce_stat = CO_OWNER;
                 } else if (retransmit) {
                     meta.coalesce_stat = CO_RETRANSMIT;
                 } else {
                     waiters_join.execute(idx);
-                    hdr.bridge.record_reply = 1;
-                    hdr.bridge.absorb = 1;
+                    hdr.bridge.flags = BRIDGE_RECORD | BRIDGE_ABSORB;
                     meta.coalesce_stat = CO_ABSORBED;
                 }
             }
@@ -395,7 +399,7 @@ control Coalesce(inout headers_t hdr,
                         mask = waiters_read.execute(idx);
                     }
                     if (mask != 0 && mask != meta.me) {
-                        hdr.bridge.release = 1;
+                        hdr.bridge.flags = BRIDGE_RELEASE;
                         hdr.bridge.release_mask = mask;
                         hdr.bridge.release_dst = meta.waiter_id[7:0];
                         release_group.apply();
@@ -504,7 +508,7 @@ control CoalesceEgress(inout headers_t hdr,
     apply {
         bit<32> stat = EG_REPLY_RECORDED;
         bool count = false;
-        if (hdr.bridge.release == 1) {
+        if (hdr.bridge.flags == BRIDGE_RELEASE) {
             rid_bits.apply();
             bit<16> cell = replica_cell.get({ hdr.bridge.pending_idx[10:0], standard_metadata.egress_rid[4:0] });
             count = true;
@@ -526,13 +530,13 @@ control CoalesceEgress(inout headers_t hdr,
                 waiter_replicas.count((bit<32>)standard_metadata.egress_rid);
                 stat = EG_REPLICA_SENT;
             }
-        } else if (hdr.bridge.record_reply == 1) {
+        } else if ((hdr.bridge.flags & BRIDGE_RECORD) != 0) {
             bit<16> cell = record_cell.get({ hdr.bridge.pending_idx[10:0], hdr.bridge.waiter_id[4:0] });
             reply_id_write.execute(cell);
             reply_port_write.execute(cell);
             count = true;
             stat = EG_REPLY_RECORDED;
-            if (hdr.bridge.absorb == 1) {
+            if ((hdr.bridge.flags & BRIDGE_ABSORB) != 0) {
                 eg_dprsr_md.drop_ctl = 1;
             }
         }

@@ -23,7 +23,7 @@ control MyEgress(inout headers_t hdr,
     PoolEgress()     pool;
 
     apply {
-        if (hdr.bridge.flood == 1 && standard_metadata.egress_port == hdr.bridge.ingress_port) {
+        if (hdr.bridge.flags == BRIDGE_FLOOD && standard_metadata.egress_port == hdr.bridge.ingress_port) {
             eg_dprsr_md.drop_ctl = 1;
         } else if (eg_prsr_md.parser_err != 0) {
             // A DATA shorter than its UDP length (only the pool's packets parse a payload).

@@ -37,7 +37,7 @@ control Forwarding(inout headers_t hdr,
 
     action arp_flood(MulticastGroupId_t mcast_grp) {
         ig_tm_md.mcast_grp_a = mcast_grp;
-        hdr.bridge.flood = 1;
+        hdr.bridge.flags = BRIDGE_FLOOD;
     }
 
     table arp_forward {

@@ -45,22 +45,32 @@ header kvWords_t {
 #endif
 }
 
-// Ingress -> egress (16 bytes).
+// Ingress -> egress (14 bytes).  Every field a whole number of bytes, and the four flags one
+// byte written whole: on Tofino an action writes each PHV container from one PHV source (plus
+// the container itself) or from a constant, so fields that share a container must not be
+// written from different sources in one action.
 header bridge_t {
     bit<8>       pool_op;        // POOL_OP_*: what the egress pool does
-    bit<1>       release;        // multicast of a response to the waiters in release_mask
-    bit<1>       record_reply;   // store (request_id, UDP port) of this waiter's GET
-    bit<1>       absorb;         // duplicate GET: recorded in egress, then dropped
-    bit<1>       flood;          // ARP flooded through a multicast group
-    bit<4>       _pad0;
-    bit<32>      slot;           // pool slot (pool_op != NONE)
-    bit<16>      pending_idx;    // pending slot of chunk_key
-    bit<8>       waiter_id;      // the GET's waiter (record_reply)
-    bit<8>       release_dst;    // waiter the response was addressed to (release)
+    bit<8>       flags;          // BRIDGE_*: set once per packet, as a whole byte
+    bit<16>      slot;           // pool slot (pool_op != NONE)
+    bit<16>      pending_idx;    // pending slot of chunk_key (its low PENDING_SLOTS bits)
+    bit<8>       waiter_id;      // the GET's waiter (BRIDGE_RECORD)
+    bit<8>       release_dst;    // waiter the response was addressed to (BRIDGE_RELEASE)
     waiterMask_t release_mask;
-    bit<7>       _pad1;
+    bit<7>       _pad;           // never written: the port's container is copied, not built
     PortId_t     ingress_port;   // a flooded copy never leaves through it
 }
+
+#if POOL_SLOTS > 65536
+#error "bridge_t.slot is 16 bits: POOL_SLOTS must fit"
+#endif
+
+// bridge_t.flags: at most one of these groups per packet (a response releases, a GET is
+// recorded or absorbed, ARP floods).
+const bit<8> BRIDGE_RELEASE = 1;   // multicast of a response to the waiters in release_mask
+const bit<8> BRIDGE_RECORD  = 2;   // store (request_id, UDP port) of this waiter's GET
+const bit<8> BRIDGE_ABSORB  = 4;   // duplicate GET: recorded in egress, then dropped
+const bit<8> BRIDGE_FLOOD   = 8;   // ARP flooded through a multicast group
 
 struct headers_t {
     bridge_t   bridge;

@@ -21,6 +21,13 @@
  ***********************  I N G R E S S  *********************************
  *************************************************************************/
 
+// Each bridged field in a container of its own: actions write them from different sources.
+@pa_container_size("ingress", "hdr.bridge.pool_op", 8)
+@pa_container_size("ingress", "hdr.bridge.flags", 8)
+@pa_container_size("ingress", "hdr.bridge.pending_idx", 16)
+@pa_container_size("ingress", "hdr.bridge.waiter_id", 8)
+@pa_container_size("ingress", "hdr.bridge.release_dst", 8)
+@pa_container_size("ingress", "hdr.bridge.release_mask", 32)
 control MyIngress(inout headers_t hdr,
                   inout ig_metadata_t meta,
                   in ingress_intrinsic_metadata_t standard_metadata,
@@ -39,17 +46,12 @@ control MyIngress(inout headers_t hdr,
     apply {
         hdr.bridge.setValid();
         hdr.bridge.pool_op = POOL_OP_NONE;
-        hdr.bridge.release = 0;
-        hdr.bridge.record_reply = 0;
-        hdr.bridge.absorb = 0;
-        hdr.bridge.flood = 0;
-        hdr.bridge._pad0 = 0;
+        hdr.bridge.flags = 0;
         hdr.bridge.slot = 0;
         hdr.bridge.pending_idx = 0;
         hdr.bridge.waiter_id = 0;
         hdr.bridge.release_dst = 0;
         hdr.bridge.release_mask = 0;
-        hdr.bridge._pad1 = 0;
         hdr.bridge.ingress_port = standard_metadata.ingress_port;
 
         if (ig_prsr_md.parser_err != 0) {
@@ -80,7 +82,7 @@ control MyIngress(inout headers_t hdr,
         }
 
         if (meta.drop_reason == DROP_NONE) {
-            if (hdr.bridge.absorb == 1) {
+            if ((hdr.bridge.flags & BRIDGE_ABSORB) != 0) {
                 ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
             } else if (meta.served == 0) {
                 if (hdr.ipv4.isValid()) {
@@ -90,7 +92,7 @@ control MyIngress(inout headers_t hdr,
                         hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
                     }
                 }
-                if (meta.drop_reason == DROP_NONE && hdr.bridge.release == 0) {
+                if (meta.drop_reason == DROP_NONE && hdr.bridge.flags != BRIDGE_RELEASE) {
                     fwd.apply(hdr, meta, ig_tm_md);
                 }
             }

@@ -16,7 +16,7 @@
  * 4 per stage: one register per served word.  And a switch only rewrites bytes its parser
  * put into the PHV: Tofino 1's egress parser reads at most 160 bytes of a packet (bf-p4c,
  * specs/parde_spec.h), of which the egress intrinsic metadata (27), the bridged header
- * (16), Ethernet + IPv4 + UDP (42) and the kvpool header (40) take 125.  That leaves 35:
+ * (14), Ethernet + IPv4 + UDP (42) and the kvpool header (40) take 123.  That leaves 37:
  * SERVED_WORDS = 8, 32 bytes.  More passes (recirculation) do not help: no pass reaches
  * further into the payload.  (Serving from ingress, whose parser has no such limit, would
  * lift it to the PHV's and the stateful ALUs' budget, about 128 bytes.)  So the TNA pool
@@ -116,6 +116,10 @@ control Pool(inout headers_t hdr,
     };
 
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) slot_index;
+    // 32-bit sums narrowed to 16-bit header fields through a hash unit: a copy would tie the
+    // sum's container to the header's size, and a sum cannot be split across containers.
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) slot_low;
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) rest_low;
 
     action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
                       generation_t generation, bit<8> state, placement_t placement) {
@@ -138,7 +142,7 @@ control Pool(inout headers_t hdr,
     // The GET becomes the DATA reply in place and goes back out of its ingress port;
     // egress fills the served part of its room (POOL_OP_SERVE).
     @hidden
-    action serve(bit<32> slot, bit<16> payload_len) {
+    action serve(bit<16> slot, bit<16> payload_len) {
         macAddr_t mac = hdr.ethernet.dstAddr;
         hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
         hdr.ethernet.srcAddr = mac;
@@ -167,7 +171,7 @@ control Pool(inout headers_t hdr,
     }
 
     @hidden
-    action fill(bit<32> slot) {
+    action fill(bit<16> slot) {
         hdr.bridge.pool_op = POOL_OP_FILL;
         hdr.bridge.slot = slot;
     }
@@ -177,8 +181,9 @@ control Pool(inout headers_t hdr,
         if (pool_lookup.apply().hit) {
             // A register index must be an action argument, a constant or a hash unit's
             // output (bf-p4c): the sum goes to metadata and through an identity hash.
-            meta.pool_slot = meta.base_slot + (slotIdx_t)hdr.kv.frag_index;
+            meta.pool_slot = meta.base_slot + meta.want_index;  // want_index: frag_index widened (Safety)
             bit<32> sidx = slot_index.get({ meta.pool_slot });
+            bit<16> slot16 = slot_low.get({ meta.pool_slot });
             bool slot_ok = meta.base_slot < POOL_SLOTS && meta.pool_slot < POOL_SLOTS;
             bool usable = (meta.pool_state == POOL_STATE_FILLING
                            || meta.pool_state == POOL_STATE_VALID)
@@ -186,7 +191,7 @@ control Pool(inout headers_t hdr,
             // Payload bytes of this fragment as the entry describes the chunk.
             bit<32> rest = meta.pool_chunk_len - meta.frag_done;
             bool fits = rest <= (bit<32>)SERVED_BYTES;
-            meta.want_index = (bit<32>)hdr.kv.frag_index;
+            bit<16> rest16 = rest_low.get({ rest });
 
             if (hdr.kv.opcode == OP_GET) {
                 if (meta.pool_state == POOL_STATE_UPSTREAM) {
@@ -203,7 +208,7 @@ control Pool(inout headers_t hdr,
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     meta.pool_stat = POOL_NO_ROOM;
                 } else if (tag_is.execute(sidx) == 1) {
-                    serve(meta.pool_slot, (bit<16>)rest);
+                    serve(slot16, rest16);
                     slot_hits.count(sidx);
                     meta.pool_stat = POOL_HIT;
                 } else {
@@ -244,7 +249,7 @@ control Pool(inout headers_t hdr,
                     if (current == 1 && meta.pool_state == POOL_STATE_VALID && !repair) {
                         meta.pool_stat = POOL_FILL_SKIPPED;
                     } else {
-                        fill(meta.pool_slot);
+                        fill(slot16);
                         slot_fills.count(sidx);
                         meta.pool_stat = POOL_FILL;
                         if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
@@ -280,8 +285,8 @@ control Pool(inout headers_t hdr,
         void apply(inout bit<32> v) { v = hdr.words.w##i; }                              \
     };
 
-#define POOL_WORD_READ(i)  hdr.words.w##i = word_##i##_read.execute(hdr.bridge.slot);
-#define POOL_WORD_WRITE(i) word_##i##_write.execute(hdr.bridge.slot);
+#define POOL_WORD_READ(i)  hdr.words.w##i = word_##i##_read.execute((bit<32>)hdr.bridge.slot);
+#define POOL_WORD_WRITE(i) word_##i##_write.execute((bit<32>)hdr.bridge.slot);
 
 control PoolEgress(inout headers_t hdr,
                    in egress_intrinsic_metadata_t standard_metadata) {
@@ -345,10 +350,10 @@ control PoolEgress(inout headers_t hdr,
 #if SERVED_WORDS > 28
             POOL_WORD_READ(28)  POOL_WORD_READ(29)  POOL_WORD_READ(30)  POOL_WORD_READ(31)
 #endif
-            hdr.kv.check[63:32] = check_hi_read.execute(hdr.bridge.slot);
-            hdr.kv.check[31:0] = check_lo_read.execute(hdr.bridge.slot);
+            hdr.kv.check[63:32] = check_hi_read.execute((bit<32>)hdr.bridge.slot);
+            hdr.kv.check[31:0] = check_lo_read.execute((bit<32>)hdr.bridge.slot);
         } else if (hdr.bridge.pool_op == POOL_OP_FILL && hdr.words.isValid()
-                   && (hdr.bridge.release == 0
+                   && (hdr.bridge.flags != BRIDGE_RELEASE
                        || standard_metadata.egress_rid == (bit<16>)hdr.bridge.release_dst)) {
             // A released DATA is written once: by the replica to the waiter it answered.
             POOL_WORD_WRITE(0)   POOL_WORD_WRITE(1)   POOL_WORD_WRITE(2)   POOL_WORD_WRITE(3)
@@ -371,8 +376,8 @@ control PoolEgress(inout headers_t hdr,
 #if SERVED_WORDS > 28
             POOL_WORD_WRITE(28)  POOL_WORD_WRITE(29)  POOL_WORD_WRITE(30)  POOL_WORD_WRITE(31)
 #endif
-            check_hi_write.execute(hdr.bridge.slot);
-            check_lo_write.execute(hdr.bridge.slot);
+            check_hi_write.execute((bit<32>)hdr.bridge.slot);
+            check_lo_write.execute((bit<32>)hdr.bridge.slot);
         }
     }
 }

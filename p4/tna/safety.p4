@@ -22,36 +22,54 @@ control Safety(inout headers_t hdr,
     ip4Addr_t host_addr = 0;
     bit<1> guarded = 0;
 
-    // x * 1408 = (x << 10) + (x << 8) + (x << 7), for idx = frag_index and cnt = frag_count,
-    // in three actions of independent operations each: bf-p4c runs an action in one stage
-    // and does not split dependent statements into several (a direct action call is a
-    // table of its own, so each layer gets its stage).
-    bit<32> idx10; bit<32> idx8; bit<32> idx7;
-    bit<32> cnt10; bit<32> cnt8; bit<32> cnt7;
+    // x * 1408 = (x * 11) << 7 = ((x << 3) + (x << 1) + x) << 7, for idx = frag_index and
+    // cnt = frag_count, in actions of independent operations each: bf-p4c runs an action in
+    // one stage and does not split dependent statements into several (a direct action call
+    // is a table of its own, so each layer gets its stage).  Two 32-bit temporaries per
+    // product, reused in place: the ingress PHV holds every one of them at once.
+    // frag_index (meta.want_index, which the pool reads too), frag_count and payload_len are
+    // widened through hash units (identity): a copy from a 16-bit header field would put the
+    // 32-bit value in 16-bit containers, and a shift or sum cannot span two containers.
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
+    bit<32> cnt;
+    bit<32> plen;
     bit<32> done;    // idx * 1408: payload bytes before this fragment
     bit<32> upto;    // cnt * 1408
+    bit<32> idx2;    // idx << 1, then unused
+    bit<32> cnt2;    // cnt << 1
     bit<32> end;     // idx + cnt
     bit<32> below;   // (cnt - 1) * 1408
     bit<32> rest;    // chunk_len - done
 
+    action widen() {
+        meta.want_index = wide_idx.get({ hdr.kv.frag_index });
+        cnt = wide_cnt.get({ hdr.kv.frag_count });
+        plen = wide_len.get({ hdr.kv.payload_len });
+    }
+
     action shifts() {
-        idx10 = ((bit<32>)hdr.kv.frag_index) << 10;
-        idx8 = ((bit<32>)hdr.kv.frag_index) << 8;
-        idx7 = ((bit<32>)hdr.kv.frag_index) << 7;
-        cnt10 = ((bit<32>)hdr.kv.frag_count) << 10;
-        cnt8 = ((bit<32>)hdr.kv.frag_count) << 8;
-        cnt7 = ((bit<32>)hdr.kv.frag_count) << 7;
-        end = (bit<32>)hdr.kv.frag_index + (bit<32>)hdr.kv.frag_count;
+        done = meta.want_index << 3;
+        idx2 = meta.want_index << 1;
+        upto = cnt << 3;
+        cnt2 = cnt << 1;
+        end = meta.want_index + cnt;
     }
 
     action sums() {
-        done = idx10 + idx8;
-        upto = cnt10 + cnt8;
+        done = done + idx2;
+        upto = upto + cnt2;
     }
 
     action totals() {
-        done = done + idx7;
-        upto = upto + cnt7;
+        done = done + meta.want_index;
+        upto = upto + cnt;
+    }
+
+    action times128() {
+        done = done << 7;
+        upto = upto << 7;
     }
 
     action bounds() {
@@ -95,9 +113,11 @@ control Safety(inout headers_t hdr,
         if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
+            widen();
             shifts();
             sums();
             totals();
+            times128();
             bounds();
             bit<32> frag = (bit<32>)FRAG_PAYLOAD;
 
@@ -120,7 +140,7 @@ control Safety(inout headers_t hdr,
                     meta.drop_reason = DROP_BAD_LENGTH;
                 } else if (rest >= frag && hdr.kv.payload_len != FRAG_PAYLOAD) {
                     meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (rest < frag && (bit<32>)hdr.kv.payload_len != rest) {
+                } else if (rest < frag && plen != rest) {
                     meta.drop_reason = DROP_BAD_LENGTH;
                 }
             } else if (hdr.kv.payload_len != 0) {
