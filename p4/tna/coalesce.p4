@@ -10,7 +10,7 @@
  * each in its own stage, in this order (each decides from what the previous returned):
  *   pending_live    {ts, tag}: ts = when the slot last showed life (global_tstamp[47:16],
  *                   65.536 us units; set to the deadline when the answer is over, which
- *                   frees it), tag = {1, 00, owner waiter id:8, crc32(chunk_key)[31:11]}.
+ *                   frees it), tag = {1, 00, owner waiter id:8, crc64(chunk_key)[20:0]}.
  *                   Liveness is decided here, first, because the other three are written
  *                   only when a slot is opened: GET -> OPENED (slot over: opened with my
  *                   tag), MINE (my tag: ts refreshed), OTHER (another owner or chunk).
@@ -69,6 +69,9 @@ control Coalesce(inout headers_t hdr,
     Counter<bit<32>, bit<32>>(COALESCE_STATS, CounterType_t.PACKETS) coalesce_stats;
 
     Hash<bit<32>>(HashAlgorithm_t.CRC32) pending_hash;
+    // The tag's 21 bits of hash from a unit of their own (crc64's low 21), not crc32's high
+    // bits: slicing crc32 at bit 11 for both the index and the tag left no PHV allocation.
+    Hash<bit<21>>(HashAlgorithm_t.CRC64) tag_hash;
     // The same crc32 of the same key, 16 bits of it straight from a hash unit into the bridged
     // header (egress reads its low 11, crc[10:0]): one source for that container, not two
     // slices of the 32-bit result.  Egress only needs the same index for a chunk's GETs and
@@ -324,9 +327,9 @@ control Coalesce(inout headers_t hdr,
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
         hdr.bridge.pending_idx = bridge_hash.get({ hdr.kv.chunk_key });
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
-        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with crc[31:11] (a slice of the
-        // hash, not a shift: one ALU operation per statement of an action's stage).
-        meta.my_tag = meta.my_tag | (bit<32>)crc[31:11];
+        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with 21 bits of tag_hash (one ALU
+        // operation: the hash unit's output is an operand of its own).
+        meta.my_tag = meta.my_tag | (bit<32>)tag_hash.get({ hdr.kv.chunk_key });
         // 65.536 us units; pending_timeout holds the timeout in them already (set_pending_timeout).
         meta.now = ig_prsr_md.global_tstamp[47:16];
         meta.deadline = meta.now - pending_timeout;

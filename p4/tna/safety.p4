@@ -22,60 +22,73 @@ control Safety(inout headers_t hdr,
     ip4Addr_t host_addr = 0;
     bit<1> guarded = 0;
 
-    // x * 1408 = (x * 11) << 7 = ((x << 3) + (x << 1) + x) << 7, for idx = frag_index and
-    // cnt = frag_count, in actions of independent operations each: bf-p4c runs an action in
-    // one stage and does not split dependent statements into several (a direct action call
-    // is a table of its own, so each layer gets its stage).  Two 32-bit temporaries per
-    // product, reused in place: the ingress PHV holds every one of them at once.
-    // frag_index (meta.want_index, which the pool reads too), frag_count and payload_len are
-    // widened through hash units (identity): a copy from a 16-bit header field would put the
-    // 32-bit value in 16-bit containers, and a shift or sum cannot span two containers.
+    // x * 1408 = (x << 10) + (x << 8) + (x << 7) for idx = frag_index and cnt = frag_count.
+    // The shifted terms come from identity hash units over {x, zeros} (a shift in an action
+    // is a rotated deposit that splits its result at the shift, and a split value cannot be
+    // summed); so do the 32-bit copies of frag_index, frag_count and payload_len (a copy from
+    // a 16-bit header field would put the 32-bit value in 16-bit containers).  Each sum is
+    // an action of its own: bf-p4c runs an action in one stage and does not split dependent
+    // statements into several (a direct action call is a table of its own).
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_10;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_8;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_7;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_10;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_8;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_7;
     bit<32> cnt;
     bit<32> plen;
+    bit<32> idx8; bit<32> idx7; bit<32> cnt8; bit<32> cnt7;
     bit<32> done;    // idx * 1408: payload bytes before this fragment
     bit<32> upto;    // cnt * 1408
-    bit<32> idx2;    // idx << 1, then unused
-    bit<32> cnt2;    // cnt << 1
     bit<32> end;     // idx + cnt
-    bit<32> below;   // (cnt - 1) * 1408
+    bit<32> over;    // chunk_len - upto: in [-1407, 0] exactly when chunk_len fits cnt fragments
+    bit<32> slack;   // over + 1407: below 1408 exactly then (a wrapped value is huge)
     bit<32> rest;    // chunk_len - done
+    bit<32> want;    // min(rest, 1408): the payload_len a DATA must carry
+    bit<32> wrong;   // want ^ payload_len: 0 when it does
 
     action widen() {
         meta.want_index = wide_idx.get({ hdr.kv.frag_index });
         cnt = wide_cnt.get({ hdr.kv.frag_count });
         plen = wide_len.get({ hdr.kv.payload_len });
-    }
-
-    action shifts() {
-        done = meta.want_index << 3;
-        idx2 = meta.want_index << 1;
-        upto = cnt << 3;
-        cnt2 = cnt << 1;
-        end = meta.want_index + cnt;
+        done = idx_10.get({ hdr.kv.frag_index, 10w0 });
+        idx8 = idx_8.get({ hdr.kv.frag_index, 8w0 });
+        idx7 = idx_7.get({ hdr.kv.frag_index, 7w0 });
+        upto = cnt_10.get({ hdr.kv.frag_count, 10w0 });
+        cnt8 = cnt_8.get({ hdr.kv.frag_count, 8w0 });
+        cnt7 = cnt_7.get({ hdr.kv.frag_count, 7w0 });
     }
 
     action sums() {
-        done = done + idx2;
-        upto = upto + cnt2;
+        done = done + idx8;
+        upto = upto + cnt8;
+        end = meta.want_index + cnt;
     }
 
     action totals() {
-        done = done + meta.want_index;
-        upto = upto + cnt;
+        done = done + idx7;
+        upto = upto + cnt7;
     }
 
-    action times128() {
-        done = done << 7;
-        upto = upto << 7;
-    }
-
+    // The length checks reduced to one field against a constant each: a gateway compares at
+    // most 4 bytes (+12 bits) of PHV, and a compare of two 32-bit fields put them all in
+    // one container group that no PHV allocation satisfied.
     action bounds() {
-        below = upto - (bit<32>)FRAG_PAYLOAD;
+        over = hdr.kv.chunk_len - upto;
         rest = hdr.kv.chunk_len - done;
         meta.frag_done = done;
+    }
+
+    action margins() {
+        slack = over + (bit<32>)(FRAG_PAYLOAD - 1);
+        want = (rest < (bit<32>)FRAG_PAYLOAD) ? rest : (bit<32>)FRAG_PAYLOAD;
+    }
+
+    action mismatch() {
+        wrong = want ^ plen;
     }
 
     action guard_source(ip4Addr_t addr) {
@@ -114,12 +127,11 @@ control Safety(inout headers_t hdr,
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
             widen();
-            shifts();
             sums();
             totals();
-            times128();
             bounds();
-            bit<32> frag = (bit<32>)FRAG_PAYLOAD;
+            margins();
+            mismatch();
 
             if (hdr.kv.version != KVPOOL_VERSION) {
                 meta.drop_reason = DROP_BAD_VERSION;
@@ -136,12 +148,10 @@ control Safety(inout headers_t hdr,
                     meta.drop_reason = DROP_BAD_LENGTH;
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (hdr.kv.chunk_len <= below || hdr.kv.chunk_len > upto) {
-                    meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (rest >= frag && hdr.kv.payload_len != FRAG_PAYLOAD) {
-                    meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (rest < frag && plen != rest) {
-                    meta.drop_reason = DROP_BAD_LENGTH;
+                } else if (slack >= (bit<32>)FRAG_PAYLOAD) {
+                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len outside ((cnt-1)*1408, cnt*1408]
+                } else if (wrong != 0) {
+                    meta.drop_reason = DROP_BAD_LENGTH;   // payload_len is not min(rest, 1408)
                 }
             } else if (hdr.kv.payload_len != 0) {
                 meta.drop_reason = DROP_BAD_LENGTH;
