@@ -3,10 +3,11 @@
  * Safety: the host-port source guard, header validation and the writers ACL, as
  * ../include/safety.p4 (same tables, actions, order of checks and drop reasons).
  *
- * Tofino differences: there is no multiplier, so x * 1408 is (x << 10) + (x << 8) +
- * (x << 7); and the payload of a DATA is not parsed in ingress, so a DATA shorter than its
- * UDP length claims is not caught here (DROP_PARSE_ERROR in v1model) but in the egress
- * parser, and only for a packet the egress pool writes (which then drops it).
+ * Tofino differences: there is no multiplier, so x * 1408 is the sum of x's bytes'
+ * products, from constant tables (products.p4); and the payload of a DATA is not parsed
+ * in ingress, so a DATA shorter than its UDP length claims is not caught here
+ * (DROP_PARSE_ERROR in v1model) but in the egress parser, and only for a packet the
+ * egress pool writes (which then drops it).
  */
 #ifndef KVPOOL_TNA_SAFETY_P4
 #define KVPOOL_TNA_SAFETY_P4
@@ -22,27 +23,24 @@ control Safety(inout headers_t hdr,
     ip4Addr_t host_addr = 0;
     bit<1> guarded = 0;
 
-    // x * 1408 = (x << 10) + (x << 8) + (x << 7) for idx = frag_index and cnt = frag_count.
-    // The shifted terms come from identity hash units over {x, zeros} (a shift in an action
-    // is a rotated deposit that splits its result at the shift, and a split value cannot be
-    // summed); so do the 32-bit copies of frag_index, frag_count and payload_len (a copy from
-    // a 16-bit header field would put the 32-bit value in 16-bit containers).  Each sum is
-    // an action of its own: bf-p4c runs an action in one stage and does not split dependent
-    // statements into several (a direct action call is a table of its own).
+    // x * 1408 for idx = frag_index and cnt = frag_count: the sum of its bytes' products,
+    // read from constant tables (products.p4, generated from FRAG_PAYLOAD).  Tofino has no
+    // multiplier, and shifted terms do not do: bf-p4c splits a sum at a term's known-zero low
+    // bits (x << 7's seven), and the split left no PHV allocation for the 32-bit values the
+    // checks below compute.  frag_index (meta.want_index, which the pool reads too),
+    // frag_count and payload_len reach 32 bits through identity hash units: a copy from a
+    // 16-bit header field would put the 32-bit value in 16-bit containers, and a sum cannot
+    // span two containers.  Each layer of sums is an action of its own: bf-p4c runs an action
+    // in one stage and does not split dependent statements into several.
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_10;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_8;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) idx_7;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_10;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_8;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) cnt_7;
     bit<32> cnt;
     bit<32> plen;
-    bit<32> idx8; bit<32> idx7; bit<32> cnt8; bit<32> cnt7;
-    bit<32> done;    // idx * 1408: payload bytes before this fragment
-    bit<32> upto;    // cnt * 1408
+    bit<32> done;    // idx * 1408: payload bytes before this fragment (its low byte's product first)
+    bit<32> upto;    // cnt * 1408 (its low byte's product first)
+    bit<32> idx_hi;  // the high bytes' products
+    bit<32> cnt_hi;
     bit<32> end;     // idx + cnt
     bit<32> over;    // chunk_len - upto: in [-1407, 0] exactly when chunk_len fits cnt fragments
     bit<32> slack;   // over + 1407: below 1408 exactly then (a wrapped value is huge)
@@ -50,27 +48,18 @@ control Safety(inout headers_t hdr,
     bit<32> want;    // min(rest, 1408): the payload_len a DATA must carry
     bit<32> wrong;   // want ^ payload_len: 0 when it does
 
+#include "products.p4"
+
     action widen() {
         meta.want_index = wide_idx.get({ hdr.kv.frag_index });
         cnt = wide_cnt.get({ hdr.kv.frag_count });
         plen = wide_len.get({ hdr.kv.payload_len });
-        done = idx_10.get({ hdr.kv.frag_index, 10w0 });
-        idx8 = idx_8.get({ hdr.kv.frag_index, 8w0 });
-        idx7 = idx_7.get({ hdr.kv.frag_index, 7w0 });
-        upto = cnt_10.get({ hdr.kv.frag_count, 10w0 });
-        cnt8 = cnt_8.get({ hdr.kv.frag_count, 8w0 });
-        cnt7 = cnt_7.get({ hdr.kv.frag_count, 7w0 });
     }
 
     action sums() {
-        done = done + idx8;
-        upto = upto + cnt8;
+        done = done + idx_hi;
+        upto = upto + cnt_hi;
         end = meta.want_index + cnt;
-    }
-
-    action totals() {
-        done = done + idx7;
-        upto = upto + cnt7;
     }
 
     // The length checks reduced to one field against a constant each: a gateway compares at
@@ -127,8 +116,11 @@ control Safety(inout headers_t hdr,
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
             widen();
+            idx_lo_times.apply();
+            idx_hi_times.apply();
+            cnt_lo_times.apply();
+            cnt_hi_times.apply();
             sums();
-            totals();
             bounds();
             margins();
             mismatch();

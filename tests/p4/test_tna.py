@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from kvpool import contract
+from kvpool import contract, wire
 from kvpool.p4rt.p4info import P4Info, names_missing
 from tests.paths import SCRIPTS
 
@@ -122,6 +122,15 @@ def test_the_wire_format_has_one_home() -> None:
     for name, text in sources.items():
         again = (set(_defines(text)) | {n for n, _ in _CONST.findall(text)}) & (shared - overridable)
         assert again == set(), f"{name} defines shared constants again"
+
+
+def test_the_product_tables_are_generated_from_the_fragment_size() -> None:
+    """p4/tna/products.p4 is what scripts/tna_products.py writes (python -m scripts.tna_products)."""
+    products_p4 = runpy.run_path(str(SCRIPTS / "tna_products.py"))["products_p4"]
+    text = products_p4()
+    assert (TNA / "products.p4").read_text() == text, "regenerate: python -m scripts.tna_products > p4/tna/products.p4"
+    assert f"1 : idx_lo_times_set(32w{wire.FRAG_PAYLOAD});" in text
+    assert f"255 : idx_hi_times_set(32w{255 * 256 * wire.FRAG_PAYLOAD});" in text
 
 
 # ------------------------------------------------------------------------------- declarations
