@@ -35,18 +35,33 @@ control Safety(inout headers_t hdr,
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_status;
     bit<32> cnt;
     bit<32> plen;
+    bit<32> status;
+    // Compares a gateway cannot make (two fields, or a range over more bits than it reads)
+    // become a subtraction here and a test of its sign bit there: every value compared is
+    // below 2^31, so the sign bit of a - b says a < b.
+    bit<32> left;        // frag_count - frag_index: 0 or negative when the index is past the end
+    bit<32> status_over; // STATUS_MAX - status: negative past the last NACK status
     bit<32> done;    // idx * 1408: payload bytes before this fragment (its low byte's product first)
     bit<32> upto;    // cnt * 1408 (its low byte's product first)
     bit<32> idx_hi;  // the high bytes' products
     bit<32> cnt_hi;
     bit<32> end;     // idx + cnt
     bit<32> over;    // chunk_len - upto: in [-1407, 0] exactly when chunk_len fits cnt fragments
-    bit<32> slack;   // over + 1407: below 1408 exactly then (a wrapped value is huge)
+    bit<32> slack;   // over + 1407: negative when chunk_len is too short for cnt fragments
+                     // (or past 2^31 beyond them, where over itself looks negative)
     bit<32> rest;    // chunk_len - done
     bit<32> want;    // min(rest, 1408): the payload_len a DATA must carry
     bit<32> wrong;   // want ^ payload_len: 0 when it does
+    // slack and over copied through hash units before their sign bits are tested: a slice of
+    // a value in the chain of 32-bit sums above splits the whole chain, and no PHV
+    // allocation holds it split.
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_slack;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_over;
+    bit<32> slack_sign;
+    bit<32> over_sign;
 
 #include "products.p4"
 
@@ -54,12 +69,15 @@ control Safety(inout headers_t hdr,
         meta.want_index = wide_idx.get({ hdr.kv.frag_index });
         cnt = wide_cnt.get({ hdr.kv.frag_count });
         plen = wide_len.get({ hdr.kv.payload_len });
+        status = wide_status.get({ hdr.kv.status });
     }
 
     action sums() {
         done = done + idx_hi;
         upto = upto + cnt_hi;
         end = meta.want_index + cnt;
+        left = cnt - meta.want_index;
+        status_over = (bit<32>)STATUS_MAX - status;
     }
 
     // The length checks reduced to one field against a constant each: a gateway compares at
@@ -78,6 +96,8 @@ control Safety(inout headers_t hdr,
 
     action mismatch() {
         wrong = want ^ plen;
+        slack_sign = copy_slack.get({ slack });
+        over_sign = copy_over.get({ over });
     }
 
     action guard_source(ip4Addr_t addr) {
@@ -134,14 +154,17 @@ control Safety(inout headers_t hdr,
             } else if (hdr.kv.frag_count == 0 || hdr.kv.frag_index == MAX_FRAG_INDEX) {
                 meta.drop_reason = DROP_BAD_RANGE;
             } else if (hdr.kv.opcode == OP_DATA) {
-                if (hdr.kv.frag_index >= hdr.kv.frag_count) {
-                    meta.drop_reason = DROP_BAD_RANGE;
-                } else if (hdr.kv.payload_len == 0 || hdr.kv.payload_len > FRAG_PAYLOAD) {
+                if (left == 0 || left[31:31] == 1) {
+                    meta.drop_reason = DROP_BAD_RANGE;    // frag_index >= frag_count
+                } else if (hdr.kv.payload_len == 0) {
+                    // (one longer than a fragment fails `wrong` below, with the same reason)
                     meta.drop_reason = DROP_BAD_LENGTH;
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (slack >= (bit<32>)FRAG_PAYLOAD) {
-                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len outside ((cnt-1)*1408, cnt*1408]
+                } else if (slack_sign[31:31] == 1) {
+                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408
+                } else if (over_sign != 0 && over_sign[31:31] == 0) {
+                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len > cnt*1408
                 } else if (wrong != 0) {
                     meta.drop_reason = DROP_BAD_LENGTH;   // payload_len is not min(rest, 1408)
                 }
@@ -156,7 +179,7 @@ control Safety(inout headers_t hdr,
 
             if (meta.drop_reason == DROP_NONE) {
                 if (hdr.kv.opcode == OP_NACK) {
-                    if (hdr.kv.status == STATUS_OK || hdr.kv.status > STATUS_MAX) {
+                    if (hdr.kv.status == STATUS_OK || status_over[31:31] == 1) {
                         meta.drop_reason = DROP_BAD_STATUS;
                     }
                 } else if (hdr.kv.status != STATUS_OK) {
