@@ -79,6 +79,35 @@ control Coalesce(inout headers_t hdr,
     Hash<bit<16>>(HashAlgorithm_t.CRC32) bridge_hash;
 
     bit<32> pending_timeout;
+    // frag_index + 1 == frag_count (the chunk's last fragment) as an XOR tested against 0,
+    // each step an action: a gateway does not compare two fields.
+    bit<16> next;
+    bit<16> past_last;
+    bit<32> crc;
+
+    // One hash output per action: an action takes at most 32 bits from hash units.
+    action slot_hash() {
+        crc = pending_hash.get({ hdr.kv.chunk_key });
+    }
+
+    action bridge_slot() {
+        hdr.bridge.pending_idx = bridge_hash.get({ hdr.kv.chunk_key });
+        hdr.bridge.waiter_id = meta.waiter_id[7:0];
+    }
+
+    // tag = {1, 00, waiter id:8} from waiter_bits, ORed with 21 bits of tag_hash (one ALU
+    // operation: the hash unit's output is an operand of its own).
+    action tag_bits() {
+        meta.my_tag = meta.my_tag | (bit<32>)tag_hash.get({ hdr.kv.chunk_key });
+    }
+
+    action next_fragment() {
+        next = hdr.kv.frag_index + 1;
+    }
+
+    action last_fragment() {
+        past_last = next ^ hdr.kv.frag_count;
+    }
 
     // cmplo and cmphi written inline: bf-p4c takes each as one comparison of the cell.
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_get = {
@@ -323,13 +352,10 @@ control Coalesce(inout headers_t hdr,
             }
         }
 
-        bit<32> crc = pending_hash.get({ hdr.kv.chunk_key });
+        slot_hash();
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
-        hdr.bridge.pending_idx = bridge_hash.get({ hdr.kv.chunk_key });
-        hdr.bridge.waiter_id = meta.waiter_id[7:0];
-        // tag = {1, 00, waiter id:8} from waiter_bits, ORed with 21 bits of tag_hash (one ALU
-        // operation: the hash unit's output is an operand of its own).
-        meta.my_tag = meta.my_tag | (bit<32>)tag_hash.get({ hdr.kv.chunk_key });
+        bridge_slot();
+        tag_bits();
         // 65.536 us units; pending_timeout holds the timeout in them already (set_pending_timeout).
         meta.now = ig_prsr_md.global_tstamp[47:16];
         meta.deadline = meta.now - pending_timeout;
@@ -385,8 +411,9 @@ control Coalesce(inout headers_t hdr,
             // DATA or NACK from a writer: released when it answers the slot's owner.
             meta.count_coalesce = 0;
             if (meta.has_waiter == 1) {
-                bit<16> next = hdr.kv.frag_index + 1;
-                bool over = hdr.kv.opcode == OP_NACK || next == hdr.kv.frag_count;
+                next_fragment();
+                last_fragment();
+                bool over = hdr.kv.opcode == OP_NACK || past_last == 0;
                 bit<8> pred;
                 if (over) {
                     pred = live_answer_last.execute(idx);
@@ -449,6 +476,11 @@ control CoalesceEgress(inout headers_t hdr,
     };
 
     waiterMask_t rid_bit = 0;
+    waiterMask_t waiting;   // release_mask & rid_bit, in an action: a gateway ANDs with constants only
+
+    action prune_bits() {
+        waiting = hdr.bridge.release_mask & rid_bit;
+    }
 
     action rewrite_waiter(ip4Addr_t addr, macAddr_t mac) {
         hdr.ipv4.dstAddr = addr;
@@ -515,7 +547,7 @@ control CoalesceEgress(inout headers_t hdr,
             rid_bits.apply();
             bit<16> cell = replica_cell.get({ hdr.bridge.pending_idx[10:0], standard_metadata.egress_rid[4:0] });
             count = true;
-            waiterMask_t waiting = hdr.bridge.release_mask & rid_bit;
+            prune_bits();
             if (waiting == 0) {
                 eg_dprsr_md.drop_ctl = 1;
                 stat = EG_REPLICA_PRUNED;

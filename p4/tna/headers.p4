@@ -130,8 +130,8 @@ struct ig_metadata_t {
 
     // Pool operands of the stateful ALUs (a register action reads them from the PHV).
     bit<32>      want_index;     // (bit<32>)frag_index: the low half of the tag a slot must hold
-    bit<32>      what_hi;        // key[63:32] ^ generation (mismatch_seen)
-    bit<32>      what_lo;        // key[31:0] ^ chunk_len
+    bit<32>      what_hi;        // crc32(key, generation) (mismatch_seen)
+    bit<32>      what_lo;        // crc32(chunk_len, key)
 
     // Popularity operands.
     epochTag_t   tag;            // {1, epoch}

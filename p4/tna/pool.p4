@@ -120,6 +120,90 @@ control Pool(inout headers_t hdr,
     // sum's container to the header's size, and a sum cannot be split across containers.
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) slot_low;
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) rest_low;
+    // The entry's checks, cut to what a gateway compares (at most 4 bytes of PHV, one side
+    // constant): differences, XORs and ORs here, their sign bits or zero there.  Copies
+    // through identity hash units keep a tested value out of the chain of 32-bit sums
+    // (a slice of one splits the whole chain), and widen 16-bit fields for 32-bit ones.
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_rest;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_base;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_count;       // the entry's frag_count
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_asked_count; // the packet's frag_count
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_count;       // the entry's again, for count_left
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_index;       // frag_index, for count_left
+    bit<32> rest;        // pool_chunk_len - frag_done: payload bytes of this fragment as the entry has it
+    bit<32> rest_copy;   // rest, out of the chain
+    bit<32> room;        // SERVED_BYTES - rest: negative when the fragment is longer
+    bit<32> base_copy;
+    bit<32> sidx;        // pool_slot through slot_index: the slot registers' index
+    bit<32> slot_bits;   // pool_slot | base_slot: zero from bit 14 up when both are slots
+    bit<32> count;       // the entry's frag_count, 32 bits
+    bit<32> asked_count; // the packet's
+    bit<32> count_left;  // count - frag_index: 0 or negative past the entry's last fragment
+    bit<32> count_copy;
+    bit<32> index_copy;
+    bit<32> gen_diff;    // generation ^ the entry's
+    bit<32> gen_bad;     // min(generation, gen_diff): not 0 when a GET pins another generation
+    bit<32> len_diff;    // chunk_len ^ the entry's
+    bit<32> count_diff;  // frag_count ^ the entry's
+    bit<32> differs;     // gen_diff | len_diff | count_diff: not 0 when a DATA describes another chunk
+
+    // One hash output per action: an action takes at most 32 bits from hash units.
+    action entry_rest_sum() {
+        rest = meta.pool_chunk_len - meta.frag_done;
+    }
+
+    action entry_rest() {
+        rest_copy = copy_rest.get({ rest });
+        gen_diff = hdr.kv.generation ^ meta.pool_generation;
+        len_diff = hdr.kv.chunk_len ^ meta.pool_chunk_len;
+    }
+
+    // A reported mismatch, as the key of mismatch_seen: two CRC-32s over the chunk key with its
+    // generation and with its length (v1model XORs them in; here that XOR would join the
+    // header's fields to the group of the entry's compares, which then no longer fits one).
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) what_hash_hi;
+    Hash<bit<32>>(HashAlgorithm_t.CRC32) what_hash_lo;
+
+    action what_hi_of() {
+        meta.what_hi = what_hash_hi.get({ hdr.kv.chunk_key, hdr.kv.generation });
+    }
+
+    action what_lo_of() {
+        meta.what_lo = what_hash_lo.get({ hdr.kv.chunk_len, hdr.kv.chunk_key });
+    }
+
+    action entry_base() {
+        base_copy = copy_base.get({ meta.base_slot });
+    }
+
+    action entry_count() {
+        count = wide_count.get({ meta.pool_frag_count });
+    }
+
+    action entry_asked_count() {
+        asked_count = wide_asked_count.get({ hdr.kv.frag_count });
+    }
+
+    action entry_count_copy() {
+        count_copy = copy_count.get({ meta.pool_frag_count });
+    }
+
+    action entry_index_copy() {
+        index_copy = copy_index.get({ hdr.kv.frag_index });
+    }
+
+    action compare_entry() {
+        room = (bit<32>)SERVED_BYTES - rest_copy;
+        count_left = count_copy - index_copy;
+        count_diff = asked_count ^ count;
+        gen_bad = (hdr.kv.generation < gen_diff) ? hdr.kv.generation : gen_diff;
+        differs = gen_diff | len_diff;
+    }
+
+    action combine_entry() {
+        differs = differs | count_diff;
+        slot_bits = sidx | base_copy;
+    }
 
     action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
                       generation_t generation, bit<8> state, placement_t placement) {
@@ -182,26 +266,38 @@ control Pool(inout headers_t hdr,
             // A register index must be an action argument, a constant or a hash unit's
             // output (bf-p4c): the sum goes to metadata and through an identity hash.
             meta.pool_slot = meta.base_slot + meta.want_index;  // want_index: frag_index widened (Safety)
-            bit<32> sidx = slot_index.get({ meta.pool_slot });
+            sidx = slot_index.get({ meta.pool_slot });
             bit<16> slot16 = slot_low.get({ meta.pool_slot });
-            bool slot_ok = meta.base_slot < POOL_SLOTS && meta.pool_slot < POOL_SLOTS;
-            bool usable = (meta.pool_state == POOL_STATE_FILLING
-                           || meta.pool_state == POOL_STATE_VALID)
-                          && meta.pool_placement != 0;
-            // Payload bytes of this fragment as the entry describes the chunk.
-            bit<32> rest = meta.pool_chunk_len - meta.frag_done;
-            bool fits = rest <= (bit<32>)SERVED_BYTES;
+            entry_rest_sum();
             bit<16> rest16 = rest_low.get({ rest });
+            entry_rest();
+            entry_base();
+            entry_count();
+            entry_asked_count();
+            entry_count_copy();
+            entry_index_copy();
+            compare_entry();
+            combine_entry();
+            // fits: rest <= SERVED_BYTES, rest not wrapped; usable: FILLING or VALID, placed.
+            bool fits = rest_copy[31:31] == 0 && room[31:31] == 0;
+            bool slot_ok = (slot_bits & ~((bit<32>)POOL_SLOTS - 1)) == 0;   // both below POOL_SLOTS (a power of 2)
+            bool unusable_state = meta.pool_state != POOL_STATE_FILLING
+                                  && meta.pool_state != POOL_STATE_VALID;
 
             if (hdr.kv.opcode == OP_GET) {
                 if (meta.pool_state == POOL_STATE_UPSTREAM) {
                     meta.pool_stat = POOL_UPSTREAM;
-                } else if (hdr.kv.frag_count != 1
-                        || (hdr.kv.flags & FLAG_NO_CACHE) != 0
-                        || (hdr.kv.generation != 0 && hdr.kv.generation != meta.pool_generation)
-                        || !usable
-                        || hdr.kv.frag_index >= meta.pool_frag_count
-                        || !fits) {
+                } else if (hdr.kv.frag_count != 1 || (hdr.kv.flags & FLAG_NO_CACHE) != 0) {
+                    meta.pool_stat = POOL_BYPASS;
+                } else if (gen_bad != 0) {
+                    meta.pool_stat = POOL_BYPASS;   // pins a generation the pool does not hold
+                } else if (unusable_state) {
+                    meta.pool_stat = POOL_BYPASS;
+                } else if (meta.pool_placement == 0) {
+                    meta.pool_stat = POOL_BYPASS;
+                } else if (count_left == 0 || count_left[31:31] == 1) {
+                    meta.pool_stat = POOL_BYPASS;   // frag_index >= the entry's frag_count
+                } else if (!fits) {
                     meta.pool_stat = POOL_BYPASS;
                 } else if (!slot_ok) {
                     meta.pool_stat = POOL_SLOT_RANGE;
@@ -219,18 +315,16 @@ control Pool(inout headers_t hdr,
                     meta.pool_stat = POOL_FILL_UNAUTH;
                 } else if ((hdr.kv.flags & (FLAG_SWITCH_SERVED | FLAG_COALESCED)) != 0) {
                     meta.pool_stat = POOL_FILL_REPLICA;
-                } else if (hdr.kv.generation != meta.pool_generation
-                           || hdr.kv.frag_count != meta.pool_frag_count
-                           || hdr.kv.chunk_len != meta.pool_chunk_len) {
+                } else if (differs != 0) {
                     meta.pool_stat = POOL_FILL_MISMATCH;
-                    meta.what_hi = hdr.kv.chunk_key[63:32] ^ hdr.kv.generation;
-                    meta.what_lo = hdr.kv.chunk_key[31:0] ^ hdr.kv.chunk_len;
+                    what_hi_of();
+                    what_lo_of();
                     bit<16> cell = mismatch_hash.get({ hdr.kv.chunk_key });
                     if (mismatch_new.execute((bit<32>)cell[7:0]) == 1) {
                         ig_dprsr_md.digest_type = DIGEST_FILL_MISMATCH;
                         meta.pool_stat = POOL_MISMATCH_REPORTED;
                     }
-                } else if (!usable) {
+                } else if (unusable_state || meta.pool_placement == 0) {
                     meta.count_pool = 0;   // disabled entry: pass the DATA on, remember nothing
                 } else if (!slot_ok) {
                     meta.pool_stat = POOL_SLOT_RANGE;

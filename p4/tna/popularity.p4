@@ -63,6 +63,19 @@ control Popularity(inout headers_t hdr,
     Counter<bit<32>, bit<32>>(POPULARITY_STATS, CounterType_t.PACKETS) popularity_stats;
 
     bit<32> hot_threshold;
+    // estimate >= hot_threshold as max(estimate, hot_threshold) == estimate: a gateway does not
+    // compare two fields, so the max and its XOR with the estimate are actions of their own.
+    bit<32> estimate;
+    bit<32> top;
+    bit<32> short_of;   // top ^ estimate: 0 when the estimate reached the threshold
+
+    action reach_max() {
+        top = max(estimate, hot_threshold);
+    }
+
+    action reach_cmp() {
+        short_of = top ^ estimate;
+    }
     epoch_t cur_epoch;
 
     SKETCH_ROW(0)
@@ -88,6 +101,33 @@ control Popularity(inout headers_t hdr,
         default_action = set_popularity(DEFAULT_HOT_THRESHOLD, DEFAULT_SKETCH_EPOCH);
     }
 
+    // One hash output per action: an action takes at most 32 bits from hash units.
+    bit<32> i0;
+    bit<16> i1;
+    bit<32> i2;
+    bit<32> b0;
+    bit<16> b1;
+
+    action row0_index() {
+        i0 = row0_hash.get({ hdr.kv.chunk_key });
+    }
+
+    action row1_index() {
+        i1 = row1_hash.get({ hdr.kv.chunk_key });
+    }
+
+    action row2_index() {
+        i2 = row2_hash.get({ hdr.kv.chunk_key, SKETCH_SALT });
+    }
+
+    action bloom0_index() {
+        b0 = bloom0_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
+    }
+
+    action bloom1_index() {
+        b1 = bloom1_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
+    }
+
     apply {
         if (meta.pool_found == 0 && hdr.kv.frag_index == 0
                 && (hdr.kv.flags & FLAG_RETRANSMIT) == 0) {
@@ -96,20 +136,22 @@ control Popularity(inout headers_t hdr,
             meta.tag32 = (bit<32>)meta.tag;
 
             // mod SKETCH_COLS and mod BLOOM_BITS (both 4096): the low 12 bits.
-            bit<32> i0 = row0_hash.get({ hdr.kv.chunk_key });
-            bit<16> i1 = row1_hash.get({ hdr.kv.chunk_key });
-            bit<32> i2 = row2_hash.get({ hdr.kv.chunk_key, SKETCH_SALT });
+            row0_index();
+            row1_index();
+            row2_index();
             bit<32> n0 = sketch_row0_count.execute((bit<32>)i0[11:0]);
             bit<32> n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
             bit<32> n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
             bit<32> n12 = min(n1, n2);
-            bit<32> estimate = min(n0, n12);
+            estimate = min(n0, n12);
+            reach_max();
+            reach_cmp();
 
             meta.count_popularity = 1;
             meta.popularity_stat = POP_COUNTED;
-            if (estimate >= hot_threshold) {
-                bit<32> b0 = bloom0_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
-                bit<16> b1 = bloom1_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
+            if (short_of == 0) {
+                bloom0_index();
+                bloom1_index();
                 bit<1> seen0 = bloom_row0_set.execute((bit<32>)b0[11:0]);
                 bit<1> seen1 = bloom_row1_set.execute((bit<32>)b1[11:0]);
                 if (seen0 == 1 && seen1 == 1) {

@@ -36,6 +36,13 @@ control Safety(inout headers_t hdr,
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_status;
+    // chunk_len in and frag_done out through hash units too: an instruction reads its PHV
+    // sources from its destination's container group, so every value linked by sums,
+    // XORs and copies must fit one group at once; these copies keep the header's fields,
+    // the pool's and these sums in groups of their own.
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_chunk_len;
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_done;
+    bit<32> clen;
     bit<32> cnt;
     bit<32> plen;
     bit<32> status;
@@ -65,10 +72,28 @@ control Safety(inout headers_t hdr,
 
 #include "products.p4"
 
-    action widen() {
+    // One hash output per action: an action takes at most 32 bits from hash units.
+    action widen_index() {
         meta.want_index = wide_idx.get({ hdr.kv.frag_index });
+    }
+
+    action widen_count() {
         cnt = wide_cnt.get({ hdr.kv.frag_count });
+    }
+
+    action widen_length() {
         plen = wide_len.get({ hdr.kv.payload_len });
+    }
+
+    action widen_chunk_len() {
+        clen = copy_chunk_len.get({ hdr.kv.chunk_len });
+    }
+
+    action export_done() {
+        meta.frag_done = copy_done.get({ done });
+    }
+
+    action widen_status() {
         status = wide_status.get({ hdr.kv.status });
     }
 
@@ -84,9 +109,8 @@ control Safety(inout headers_t hdr,
     // most 4 bytes (+12 bits) of PHV, and a compare of two 32-bit fields put them all in
     // one container group that no PHV allocation satisfied.
     action bounds() {
-        over = hdr.kv.chunk_len - upto;
-        rest = hdr.kv.chunk_len - done;
-        meta.frag_done = done;
+        over = clen - upto;
+        rest = clen - done;
     }
 
     action margins() {
@@ -96,7 +120,13 @@ control Safety(inout headers_t hdr,
 
     action mismatch() {
         wrong = want ^ plen;
+    }
+
+    action sign_of_slack() {
         slack_sign = copy_slack.get({ slack });
+    }
+
+    action sign_of_over() {
         over_sign = copy_over.get({ over });
     }
 
@@ -135,15 +165,22 @@ control Safety(inout headers_t hdr,
         if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
             meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.kv.isValid()) {
-            widen();
+            widen_index();
+            widen_count();
+            widen_length();
+            widen_status();
+            widen_chunk_len();
             idx_lo_times.apply();
             idx_hi_times.apply();
             cnt_lo_times.apply();
             cnt_hi_times.apply();
             sums();
             bounds();
+            export_done();
             margins();
             mismatch();
+            sign_of_slack();
+            sign_of_over();
 
             if (hdr.kv.version != KVPOOL_VERSION) {
                 meta.drop_reason = DROP_BAD_VERSION;
