@@ -126,25 +126,19 @@ control Pool(inout headers_t hdr,
     // (a slice of one splits the whole chain), and widen 16-bit fields for 32-bit ones.
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_rest;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_base;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_count;       // the entry's frag_count
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_asked_count; // the packet's frag_count
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_count;       // the entry's again, for count_left
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_index;       // frag_index, for count_left
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_count_diff;  // frag_count ^ the entry's, widened
     bit<32> rest;        // pool_chunk_len - frag_done: payload bytes of this fragment as the entry has it
     bit<32> rest_copy;   // rest, out of the chain
     bit<32> room;        // SERVED_BYTES - rest: negative when the fragment is longer
     bit<32> base_copy;
     bit<32> sidx;        // pool_slot through slot_index: the slot registers' index
-    bit<32> slot_bits;   // pool_slot | base_slot: zero from bit 14 up when both are slots
-    bit<32> count;       // the entry's frag_count, 32 bits
-    bit<32> asked_count; // the packet's
-    bit<32> count_left;  // count - frag_index: 0 or negative past the entry's last fragment
-    bit<32> count_copy;
-    bit<32> index_copy;
+    bit<16> count_xor;   // frag_count ^ the entry's (16 bits)
+    bit<16> index_top;   // max(frag_index, the entry's frag_count)
+    bit<16> index_past;  // index_top ^ frag_index: 0 when frag_index >= the entry's frag_count
     bit<32> gen_diff;    // generation ^ the entry's
     bit<32> gen_bad;     // min(generation, gen_diff): not 0 when a GET pins another generation
     bit<32> len_diff;    // chunk_len ^ the entry's
-    bit<32> count_diff;  // frag_count ^ the entry's
+    bit<32> count_diff;  // count_xor, 32 bits
     bit<32> differs;     // gen_diff | len_diff | count_diff: not 0 when a DATA describes another chunk
 
     // One hash output per action: an action takes at most 32 bits from hash units.
@@ -176,33 +170,27 @@ control Pool(inout headers_t hdr,
         base_copy = copy_base.get({ meta.base_slot });
     }
 
-    action entry_count() {
-        count = wide_count.get({ meta.pool_frag_count });
+    action entry_count_xor() {
+        count_xor = hdr.kv.frag_count ^ meta.pool_frag_count;
     }
 
-    action entry_asked_count() {
-        asked_count = wide_asked_count.get({ hdr.kv.frag_count });
+    action entry_count_diff() {
+        count_diff = wide_count_diff.get({ count_xor });
     }
 
-    action entry_count_copy() {
-        count_copy = copy_count.get({ meta.pool_frag_count });
-    }
-
-    action entry_index_copy() {
-        index_copy = copy_index.get({ hdr.kv.frag_index });
+    action entry_index_top() {
+        index_top = max(hdr.kv.frag_index, meta.pool_frag_count);
     }
 
     action compare_entry() {
         room = (bit<32>)SERVED_BYTES - rest_copy;
-        count_left = count_copy - index_copy;
-        count_diff = asked_count ^ count;
+        index_past = index_top ^ hdr.kv.frag_index;
         gen_bad = (hdr.kv.generation < gen_diff) ? hdr.kv.generation : gen_diff;
         differs = gen_diff | len_diff;
     }
 
     action combine_entry() {
         differs = differs | count_diff;
-        slot_bits = sidx | base_copy;
     }
 
     action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
@@ -272,15 +260,16 @@ control Pool(inout headers_t hdr,
             bit<16> rest16 = rest_low.get({ rest });
             entry_rest();
             entry_base();
-            entry_count();
-            entry_asked_count();
-            entry_count_copy();
-            entry_index_copy();
+            entry_count_xor();
+            entry_count_diff();
+            entry_index_top();
             compare_entry();
             combine_entry();
             // fits: rest <= SERVED_BYTES, rest not wrapped; usable: FILLING or VALID, placed.
             bool fits = rest_copy[31:31] == 0 && room[31:31] == 0;
-            bool slot_ok = (slot_bits & ~((bit<32>)POOL_SLOTS - 1)) == 0;   // both below POOL_SLOTS (a power of 2)
+            // Both below POOL_SLOTS (a power of 2), tested one by one (a gateway reads 4 bytes).
+            bool slot_high = (sidx & ~((bit<32>)POOL_SLOTS - 1)) != 0;
+            bool base_high = (base_copy & ~((bit<32>)POOL_SLOTS - 1)) != 0;
             bool unusable_state = meta.pool_state != POOL_STATE_FILLING
                                   && meta.pool_state != POOL_STATE_VALID;
 
@@ -295,11 +284,13 @@ control Pool(inout headers_t hdr,
                     meta.pool_stat = POOL_BYPASS;
                 } else if (meta.pool_placement == 0) {
                     meta.pool_stat = POOL_BYPASS;
-                } else if (count_left == 0 || count_left[31:31] == 1) {
+                } else if (index_past == 0) {
                     meta.pool_stat = POOL_BYPASS;   // frag_index >= the entry's frag_count
                 } else if (!fits) {
                     meta.pool_stat = POOL_BYPASS;
-                } else if (!slot_ok) {
+                } else if (slot_high) {
+                    meta.pool_stat = POOL_SLOT_RANGE;
+                } else if (base_high) {
                     meta.pool_stat = POOL_SLOT_RANGE;
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     meta.pool_stat = POOL_NO_ROOM;
@@ -326,7 +317,9 @@ control Pool(inout headers_t hdr,
                     }
                 } else if (unusable_state || meta.pool_placement == 0) {
                     meta.count_pool = 0;   // disabled entry: pass the DATA on, remember nothing
-                } else if (!slot_ok) {
+                } else if (slot_high) {
+                    meta.pool_stat = POOL_SLOT_RANGE;
+                } else if (base_high) {
                     meta.pool_stat = POOL_SLOT_RANGE;
                 } else if (!fits) {
                     meta.pool_stat = POOL_BYPASS;   // longer than the served part: not stored

@@ -65,16 +65,16 @@ control Popularity(inout headers_t hdr,
     bit<32> hot_threshold;
     // estimate >= hot_threshold as max(estimate, hot_threshold) == estimate: a gateway does not
     // compare two fields, so the max and its XOR with the estimate are actions of their own.
-    bit<32> estimate;
-    bit<32> top;
-    bit<32> short_of;   // top ^ estimate: 0 when the estimate reached the threshold
+    // The estimate is computed in meta.estimate (the digest's field) and the XOR overwrites
+    // the max: the fewer 32-bit values in this chain, the likelier one container group holds it.
+    bit<32> short_of;   // max(estimate, threshold), then its XOR with the estimate: 0 when reached
 
     action reach_max() {
-        top = max(estimate, hot_threshold);
+        short_of = max(meta.estimate, hot_threshold);
     }
 
     action reach_cmp() {
-        short_of = top ^ estimate;
+        short_of = short_of ^ meta.estimate;
     }
     epoch_t cur_epoch;
 
@@ -143,7 +143,7 @@ control Popularity(inout headers_t hdr,
             bit<32> n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
             bit<32> n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
             bit<32> n12 = min(n1, n2);
-            estimate = min(n0, n12);
+            meta.estimate = min(n0, n12);
             reach_max();
             reach_cmp();
 
@@ -157,7 +157,6 @@ control Popularity(inout headers_t hdr,
                 if (seen0 == 1 && seen1 == 1) {
                     meta.popularity_stat = POP_SUPPRESSED;
                 } else {
-                    meta.estimate = estimate;
                     meta.epoch = cur_epoch;
                     ig_dprsr_md.digest_type = DIGEST_HOT_CHUNK;
                     meta.popularity_stat = POP_REPORTED;

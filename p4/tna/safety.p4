@@ -35,7 +35,6 @@ control Safety(inout headers_t hdr,
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_status;
     // chunk_len in and frag_done out through hash units too: an instruction reads its PHV
     // sources from its destination's container group, so every value linked by sums,
     // XORs and copies must fit one group at once; these copies keep the header's fields,
@@ -45,12 +44,10 @@ control Safety(inout headers_t hdr,
     bit<32> clen;
     bit<32> cnt;
     bit<32> plen;
-    bit<32> status;
     // Compares a gateway cannot make (two fields, or a range over more bits than it reads)
     // become a subtraction here and a test of its sign bit there: every value compared is
     // below 2^31, so the sign bit of a - b says a < b.
     bit<32> left;        // frag_count - frag_index: 0 or negative when the index is past the end
-    bit<32> status_over; // STATUS_MAX - status: negative past the last NACK status
     bit<32> done;    // idx * 1408: payload bytes before this fragment (its low byte's product first)
     bit<32> upto;    // cnt * 1408 (its low byte's product first)
     bit<32> idx_hi;  // the high bytes' products
@@ -93,16 +90,11 @@ control Safety(inout headers_t hdr,
         meta.frag_done = copy_done.get({ done });
     }
 
-    action widen_status() {
-        status = wide_status.get({ hdr.kv.status });
-    }
-
     action sums() {
         done = done + idx_hi;
         upto = upto + cnt_hi;
         end = meta.want_index + cnt;
         left = cnt - meta.want_index;
-        status_over = (bit<32>)STATUS_MAX - status;
     }
 
     // The length checks reduced to one field against a constant each: a gateway compares at
@@ -168,7 +160,6 @@ control Safety(inout headers_t hdr,
             widen_index();
             widen_count();
             widen_length();
-            widen_status();
             widen_chunk_len();
             idx_lo_times.apply();
             idx_hi_times.apply();
@@ -216,7 +207,9 @@ control Safety(inout headers_t hdr,
 
             if (meta.drop_reason == DROP_NONE) {
                 if (hdr.kv.opcode == OP_NACK) {
-                    if (hdr.kv.status == STATUS_OK || status_over[31:31] == 1) {
+                    // status > STATUS_MAX in slices a gateway compares (a range over 12 bits at most)
+                    if (hdr.kv.status == STATUS_OK || hdr.kv.status[15:12] != 0
+                            || hdr.kv.status[11:0] > STATUS_MAX[11:0]) {
                         meta.drop_reason = DROP_BAD_STATUS;
                     }
                 } else if (hdr.kv.status != STATUS_OK) {
