@@ -248,11 +248,7 @@ def empty_records(count: int) -> npt.NDArray[np.void]:
     return np.empty(count, dtype=wire.DATA_PACKET_DTYPE)
 
 
-_IDENTITY: Final = np.dtype([("chunk_key", ">u8"), ("generation", ">u4"), ("frag_index", ">u2"),
-                              ("frag_count", ">u2"), ("chunk_len", ">u4"), ("payload_len", ">u2")])
-"""``wire.IDENTITY_STRUCT`` as a record, so a whole chunk's identities are filled at once."""
-assert _IDENTITY.itemsize == wire.IDENTITY_STRUCT.size
-_CHECKED: Final = np.dtype([("identity", _IDENTITY), ("payload", _ROW)])
+_CHECKED: Final = np.dtype([("identity", wire.IDENTITY_DTYPE), ("payload", _ROW)])
 """What one fragment's check hashes, back to back: its identity, then its payload."""
 _CHECKED_LEN: Final = _CHECKED.itemsize
 

@@ -368,6 +368,10 @@ CHECK_SEED: Final = 0x6B76_706F_6F6C_0002
 IDENTITY_STRUCT: Final = struct.Struct("!QIHHIH")
 """What ``fragment_check`` hashes before the payload: chunk_key, generation, frag_index,
 frag_count, chunk_len, payload_len (22 bytes, big-endian)."""
+IDENTITY_DTYPE: Final = np.dtype([("chunk_key", ">u8"), ("generation", ">u4"), ("frag_index", ">u2"),
+                                   ("frag_count", ">u2"), ("chunk_len", ">u4"), ("payload_len", ">u2")])
+"""``IDENTITY_STRUCT`` as a record, for filling many fragments' identities at once."""
+assert IDENTITY_DTYPE.itemsize == IDENTITY_STRUCT.size
 
 
 def fragment_check(chunk_key: int, generation: int, frag_index: int, frag_count: int, chunk_len: int,

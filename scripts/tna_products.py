@@ -37,6 +37,7 @@ def _table(name: str, key: str, weight: int, var: str) -> str:
             f"        size = 256;\n"
             f"        const entries = {{\n{entries}\n"
             f"        }}\n"
+            f"        const default_action = {name}_set(0);  // never taken: every byte has its entry\n"
             f"    }}\n")
 
 

@@ -269,6 +269,7 @@
             254 : idx_lo_times_set(32w357632);
             255 : idx_lo_times_set(32w359040);
         }
+        const default_action = idx_lo_times_set(0);  // never taken: every byte has its entry
     }
 
     action idx_hi_times_set(bit<32> product) {
@@ -538,6 +539,7 @@
             254 : idx_hi_times_set(32w91553792);
             255 : idx_hi_times_set(32w91914240);
         }
+        const default_action = idx_hi_times_set(0);  // never taken: every byte has its entry
     }
 
     action cnt_lo_times_set(bit<32> product) {
@@ -807,6 +809,7 @@
             254 : cnt_lo_times_set(32w357632);
             255 : cnt_lo_times_set(32w359040);
         }
+        const default_action = cnt_lo_times_set(0);  // never taken: every byte has its entry
     }
 
     action cnt_hi_times_set(bit<32> product) {
@@ -1076,4 +1079,5 @@
             254 : cnt_hi_times_set(32w91553792);
             255 : cnt_hi_times_set(32w91914240);
         }
+        const default_action = cnt_hi_times_set(0);  // never taken: every byte has its entry
     }
