@@ -17,7 +17,7 @@ from hostagent.holder import Holder
 from hostagent.tiers import BackendTier, HostTier, TieredStore
 from hostagent.transport import Address, FetchResult, Transport, TransportConfig
 from kvpool import wire
-from tests.hostagent.transport_kit import LossyProxy, _settled, _store, _through_proxy
+from tests.hostagent.transport_kit import LossyProxy, _fetch_through_proxy, _settled, _store, _through_proxy
 
 
 @pytest.fixture
@@ -144,7 +144,21 @@ def test_store_error_nack() -> None:
 def test_selective_retransmit_through_lossy_link() -> None:
     payload = os.urandom(400_000)  # 285 fragments
     cfg = TransportConfig(port=0, window_fragments=32, max_inflight_fragments=64, retransmit_timeout_s=0.05)
-    res, proxy, r = _through_proxy({7: payload}, 7, cfg, drop=lambda i: i % 17 == 3)
+    # Besides every 17th datagram, the first copy of the last fragment: no later fragment shows
+    # that loss as a gap, so the retransmit timer must find it (gap re-asks alone had recovered
+    # everything in some runs, and the rounds asserted below depended on timing).
+    last = wire.fragment_count(len(payload)) - 1
+    lost_last: list[bytes] = []
+
+    def first_copy_of_last(pkt: bytes) -> bool:
+        if len(pkt) == wire.DATA_DATAGRAM_LEN and not lost_last and wire.parse(pkt).frag_index == last:
+            lost_last.append(pkt)
+            return True
+        return False
+
+    (res,), proxy, r = _fetch_through_proxy({7: payload}, [7], cfg, drop=lambda i: i % 17 == 3,
+                                            drop_pkt=first_copy_of_last)
+    assert lost_last
     assert res.ok and bytes(res.data or b"") == payload
     assert proxy.dropped > 0 and res.retransmit_rounds > 0
     st = r.stats()
