@@ -8,9 +8,10 @@
  *
  * Ingress, 4 registers of PENDING_SLOTS cells indexed by crc32(chunk_key) mod PENDING_SLOTS,
  * each in its own stage, in this order (each decides from what the previous returned):
- *   pending_live    {ts, tag}: ts = when the slot last showed life (global_tstamp[47:16],
- *                   65.536 us units; set to the deadline when the answer is over, which
- *                   frees it), tag = {1, 00, owner waiter id:8, crc64(chunk_key)[20:0]}.
+ *   pending_live    {ts, tag}: ts = the slot clock's tick when the slot last showed life
+ *                   (tick_shift: global_tstamp[47:16] >> k, k from the configured timeout;
+ *                   set half the clock away when the answer is over, which frees it),
+ *                   tag = {1, 00, owner waiter id:8, crc64(chunk_key)[20:0]}.
  *                   Liveness is decided here, first, because the other three are written
  *                   only when a slot is opened: GET -> OPENED (slot over: opened with my
  *                   tag), MINE (my tag: ts refreshed), OTHER (another owner or chunk).
@@ -28,6 +29,12 @@
  *   answer to the slot's owner, with the same 21-bit hash, gets that far, so what it can
  *   cost is coalescing, never a wrong answer.
  * - Every answer to the owner refreshes ts (BMv2: only while others wait).
+ * - A slot is over 17 ticks of a coarse clock after its last sign of life, which is between
+ *   the timeout and about twice it (BMv2: the timeout exactly).  A Tofino 1 stateful ALU takes
+ *   two PHV operands, the tag and one time, so the test compares their difference with a
+ *   constant; the clock's step (tick_shift, a constant table on the controller's timeout)
+ *   makes 16 ticks at least the timeout.  The test is unsigned (now - ts >= 17), so a slot
+ *   touched just before the 48-bit timestamp wraps (every 78 h) ends early, never late.
  * - A packet counts once per counter: CO_EXPIRED_REUSED stands for FIRST + EXPIRED_REUSED.
  * - 1 << waiter_id and the group of the highest waiter are looked up in two small constant
  *   tables (a Tofino ALU does not shift by a variable amount and has no priority encoder).
@@ -40,6 +47,9 @@
 #define KVPOOL_TNA_COALESCE_P4
 
 // What pending_live says about a slot.
+// A slot is over once the slot clock (tick_shift) has advanced LIVE_TICKS ticks past its last
+// sign of life: 16 whole ticks, at least the timeout.
+const bit<32> LIVE_TICKS = 17;
 const bit<8> LIVE_OPENED  = 1;   // it was over: now opened by this GET
 const bit<8> LIVE_MINE    = 2;   // live, tag of this waiter and chunk hash
 const bit<8> LIVE_OTHER   = 3;   // live, another owner or another chunk
@@ -83,13 +93,8 @@ control Coalesce(inout headers_t hdr,
     // each step an action: a gateway does not compare two fields.
     bit<16> next;
     bit<16> past_last;
-    bit<32> crc;
 
     // One hash output per action: an action takes at most 32 bits from hash units.
-    action slot_hash() {
-        crc = pending_hash.get({ hdr.kv.chunk_key });
-    }
-
     action bridge_slot() {
         hdr.bridge.pending_idx = bridge_hash.get({ hdr.kv.chunk_key });
         hdr.bridge.waiter_id = meta.waiter_id[7:0];
@@ -112,21 +117,21 @@ control Coalesce(inout headers_t hdr,
     // cmplo and cmphi written inline: bf-p4c takes each as one comparison of the cell.
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_get = {
         void apply(inout pair32_t v, out bit<8> rv) {
-            rv = this.predicate((int<32>)(v.hi - meta.deadline) <= 0, v.lo == meta.my_tag);
-            if ((int<32>)(v.hi - meta.deadline) <= 0) {
-                v.hi = meta.now;
+            rv = this.predicate(meta.tick - v.hi >= LIVE_TICKS, v.lo == meta.my_tag);
+            if (meta.tick - v.hi >= LIVE_TICKS) {
+                v.hi = meta.tick;
                 v.lo = meta.my_tag;
             } else if (v.lo == meta.my_tag) {
-                v.hi = meta.now;
+                v.hi = meta.tick;
             }
         }
     };
 
     RegisterAction<pair32_t, bit<32>, bit<8>>(pending_live) live_peek = {
         void apply(inout pair32_t v, out bit<8> rv) {
-            rv = this.predicate((int<32>)(v.hi - meta.deadline) <= 0, v.lo == meta.my_tag);
-            if ((int<32>)(v.hi - meta.deadline) > 0 && v.lo == meta.my_tag) {
-                v.hi = meta.now;
+            rv = this.predicate(meta.tick - v.hi >= LIVE_TICKS, v.lo == meta.my_tag);
+            if (meta.tick - v.hi < LIVE_TICKS && v.lo == meta.my_tag) {
+                v.hi = meta.tick;
             }
         }
     };
@@ -136,7 +141,7 @@ control Coalesce(inout headers_t hdr,
         void apply(inout pair32_t v, out bit<8> rv) {
             rv = this.predicate(v.lo == meta.my_tag);
             if (v.lo == meta.my_tag) {
-                v.hi = meta.now;
+                v.hi = meta.tick;
             }
         }
     };
@@ -145,7 +150,7 @@ control Coalesce(inout headers_t hdr,
         void apply(inout pair32_t v, out bit<8> rv) {
             rv = this.predicate(v.lo == meta.my_tag);
             if (v.lo == meta.my_tag) {
-                v.hi = meta.deadline;
+                v.hi = meta.tick + 32w0x80000000;   // half the clock away: over at once
             }
         }
     };
@@ -219,6 +224,85 @@ control Coalesce(inout headers_t hdr,
             v = 0;
         }
     };
+
+    // The slot clock: now >> k, k the smallest that makes 16 ticks at least the timeout (from
+    // the timeout's highest set bit: entry b matches bit b set and every bit above it clear).
+    action tick_0() { meta.tick = meta.now >> 0; }
+    action tick_1() { meta.tick = meta.now >> 1; }
+    action tick_2() { meta.tick = meta.now >> 2; }
+    action tick_3() { meta.tick = meta.now >> 3; }
+    action tick_4() { meta.tick = meta.now >> 4; }
+    action tick_5() { meta.tick = meta.now >> 5; }
+    action tick_6() { meta.tick = meta.now >> 6; }
+    action tick_7() { meta.tick = meta.now >> 7; }
+    action tick_8() { meta.tick = meta.now >> 8; }
+    action tick_9() { meta.tick = meta.now >> 9; }
+    action tick_10() { meta.tick = meta.now >> 10; }
+    action tick_11() { meta.tick = meta.now >> 11; }
+    action tick_12() { meta.tick = meta.now >> 12; }
+    action tick_13() { meta.tick = meta.now >> 13; }
+    action tick_14() { meta.tick = meta.now >> 14; }
+    action tick_15() { meta.tick = meta.now >> 15; }
+    action tick_16() { meta.tick = meta.now >> 16; }
+    action tick_17() { meta.tick = meta.now >> 17; }
+    action tick_18() { meta.tick = meta.now >> 18; }
+    action tick_19() { meta.tick = meta.now >> 19; }
+    action tick_20() { meta.tick = meta.now >> 20; }
+    action tick_21() { meta.tick = meta.now >> 21; }
+    action tick_22() { meta.tick = meta.now >> 22; }
+    action tick_23() { meta.tick = meta.now >> 23; }
+    action tick_24() { meta.tick = meta.now >> 24; }
+    action tick_25() { meta.tick = meta.now >> 25; }
+    action tick_26() { meta.tick = meta.now >> 26; }
+    action tick_27() { meta.tick = meta.now >> 27; }
+    action tick_28() { meta.tick = meta.now >> 28; }
+
+    @hidden
+    table tick_shift {
+        key = { pending_timeout: ternary; }
+        actions = {
+            tick_0; tick_1; tick_2; tick_3; tick_4; tick_5; tick_6; tick_7;
+            tick_8; tick_9; tick_10; tick_11; tick_12; tick_13; tick_14; tick_15;
+            tick_16; tick_17; tick_18; tick_19; tick_20; tick_21; tick_22; tick_23;
+            tick_24; tick_25; tick_26; tick_27; tick_28;
+        }
+        size = 32;
+        const entries = {
+            (32w1 << 31) &&& ~((32w1 << 31) - 1) : tick_28();
+            (32w1 << 30) &&& ~((32w1 << 30) - 1) : tick_27();
+            (32w1 << 29) &&& ~((32w1 << 29) - 1) : tick_26();
+            (32w1 << 28) &&& ~((32w1 << 28) - 1) : tick_25();
+            (32w1 << 27) &&& ~((32w1 << 27) - 1) : tick_24();
+            (32w1 << 26) &&& ~((32w1 << 26) - 1) : tick_23();
+            (32w1 << 25) &&& ~((32w1 << 25) - 1) : tick_22();
+            (32w1 << 24) &&& ~((32w1 << 24) - 1) : tick_21();
+            (32w1 << 23) &&& ~((32w1 << 23) - 1) : tick_20();
+            (32w1 << 22) &&& ~((32w1 << 22) - 1) : tick_19();
+            (32w1 << 21) &&& ~((32w1 << 21) - 1) : tick_18();
+            (32w1 << 20) &&& ~((32w1 << 20) - 1) : tick_17();
+            (32w1 << 19) &&& ~((32w1 << 19) - 1) : tick_16();
+            (32w1 << 18) &&& ~((32w1 << 18) - 1) : tick_15();
+            (32w1 << 17) &&& ~((32w1 << 17) - 1) : tick_14();
+            (32w1 << 16) &&& ~((32w1 << 16) - 1) : tick_13();
+            (32w1 << 15) &&& ~((32w1 << 15) - 1) : tick_12();
+            (32w1 << 14) &&& ~((32w1 << 14) - 1) : tick_11();
+            (32w1 << 13) &&& ~((32w1 << 13) - 1) : tick_10();
+            (32w1 << 12) &&& ~((32w1 << 12) - 1) : tick_9();
+            (32w1 << 11) &&& ~((32w1 << 11) - 1) : tick_8();
+            (32w1 << 10) &&& ~((32w1 << 10) - 1) : tick_7();
+            (32w1 << 9) &&& ~((32w1 << 9) - 1) : tick_6();
+            (32w1 << 8) &&& ~((32w1 << 8) - 1) : tick_5();
+            (32w1 << 7) &&& ~((32w1 << 7) - 1) : tick_4();
+            (32w1 << 6) &&& ~((32w1 << 6) - 1) : tick_3();
+            (32w1 << 5) &&& ~((32w1 << 5) - 1) : tick_2();
+            (32w1 << 4) &&& ~((32w1 << 4) - 1) : tick_1();
+            (32w1 << 3) &&& ~((32w1 << 3) - 1) : tick_0();
+            (32w1 << 2) &&& ~((32w1 << 2) - 1) : tick_0();
+            (32w1 << 1) &&& ~((32w1 << 1) - 1) : tick_0();
+            (32w1 << 0) &&& ~((32w1 << 0) - 1) : tick_0();
+        }
+        default_action = tick_0();
+    }
 
     // The controller's microseconds / 64 (no divider: a slice), in global_tstamp[47:16]'s
     // 65.536 us units: 2.4% longer.
@@ -352,13 +436,13 @@ control Coalesce(inout headers_t hdr,
             }
         }
 
-        slot_hash();
+        bit<32> crc = pending_hash.get({ hdr.kv.chunk_key });
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
         bridge_slot();
         tag_bits();
         // 65.536 us units; pending_timeout holds the timeout in them already (set_pending_timeout).
         meta.now = ig_prsr_md.global_tstamp[47:16];
-        meta.deadline = meta.now - pending_timeout;
+        tick_shift.apply();
         bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
 
         meta.count_coalesce = 1;
@@ -392,19 +476,25 @@ control Coalesce(inout headers_t hdr,
                     hdr.bridge.flags = BRIDGE_RECORD;
                 } else if (live == LIVE_EXPIRED) {
                     meta.coalesce_stat = CO_RETRANSMIT;
-                } else if (key_same.execute(idx) == 0) {
-                    meta.coalesce_stat = CO_COLLISION;
-                } else if (gen_same.execute(idx) == 0) {
-                    meta.coalesce_stat = CO_OTHER_GENERATION;
-                } else if (live == LIVE_MINE) {
-                    hdr.bridge.flags = BRIDGE_RECORD;
-                    meta.coalesce_stat = CO_OWNER;
-                } else if (retransmit) {
-                    meta.coalesce_stat = CO_RETRANSMIT;
                 } else {
-                    waiters_join.execute(idx);
-                    hdr.bridge.flags = BRIDGE_RECORD | BRIDGE_ABSORB;
-                    meta.coalesce_stat = CO_ABSORBED;
+                    // Both compares read only, so both run: neither register's stage then
+                    // waits on the other's answer.
+                    bit<1> same_key = key_same.execute(idx);
+                    bit<1> same_gen = gen_same.execute(idx);
+                    if (same_key == 0) {
+                        meta.coalesce_stat = CO_COLLISION;
+                    } else if (same_gen == 0) {
+                        meta.coalesce_stat = CO_OTHER_GENERATION;
+                    } else if (live == LIVE_MINE) {
+                        hdr.bridge.flags = BRIDGE_RECORD;
+                        meta.coalesce_stat = CO_OWNER;
+                    } else if (retransmit) {
+                        meta.coalesce_stat = CO_RETRANSMIT;
+                    } else {
+                        waiters_join.execute(idx);
+                        hdr.bridge.flags = BRIDGE_RECORD | BRIDGE_ABSORB;
+                        meta.coalesce_stat = CO_ABSORBED;
+                    }
                 }
             }
         } else {
@@ -420,8 +510,13 @@ control Coalesce(inout headers_t hdr,
                 } else {
                     pred = live_answer.execute(idx);
                 }
-                if (pred == PRED_OVER && key_same.execute(idx) == 1
-                        && gen_answers.execute(idx) == 1) {
+                bit<1> same_key = 0;
+                bit<1> answers = 0;
+                if (pred == PRED_OVER) {
+                    same_key = key_same.execute(idx);
+                    answers = gen_answers.execute(idx);
+                }
+                if (same_key == 1 && answers == 1) {
                     waiterMask_t mask;
                     if (over) {
                         mask = waiters_take.execute(idx);

@@ -125,8 +125,8 @@ struct ig_metadata_t {
     waiterId_t   waiter_id;
     waiterMask_t me;             // 1 << waiter_id
     bit<32>      now;            // global_tstamp[47:16]: 65.536 us units
-    bit<32>      deadline;       // now - timeout: a slot touched at or before it is over
-    bit<32>      my_tag;         // pending_live tag: {1, 00, waiter id:8, crc32[31:11]}
+    bit<32>      tick;           // now >> k: the pending slots' clock (Coalesce.tick_shift)
+    bit<32>      my_tag;         // pending_live tag: {1, 00, waiter id:8, crc64[20:0]}
 
     // Pool operands of the stateful ALUs (a register action reads them from the PHV).
     bit<32>      want_index;     // (bit<32>)frag_index: the low half of the tag a slot must hold

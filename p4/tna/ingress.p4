@@ -28,6 +28,10 @@
 @pa_container_size("ingress", "hdr.bridge.waiter_id", 8)
 @pa_container_size("ingress", "hdr.bridge.release_dst", 8)
 @pa_container_size("ingress", "hdr.bridge.release_mask", 32)
+// A stateful ALU reads a PHV operand whole from one container (the search bus takes no
+// byte shared with other data): the liveness operands each get a 32-bit container.
+@pa_container_size("ingress", "meta.my_tag", 32)
+@pa_container_size("ingress", "meta.tick", 32)
 control MyIngress(inout headers_t hdr,
                   inout ig_metadata_t meta,
                   in ingress_intrinsic_metadata_t standard_metadata,

@@ -56,7 +56,7 @@ parser MyIngressParser(packet_in pkt,
         meta.waiter_id = 0;
         meta.me = 0;
         meta.now = 0;
-        meta.deadline = 0;
+        meta.tick = 0;
         meta.my_tag = 0;
         meta.want_index = 0;
         meta.what_hi = 0;
