@@ -34,10 +34,10 @@
 #define ARP_ENTRIES     1024
 #define WRITER_ENTRIES  256
 #define GUARD_ENTRIES   512
-// Pending timestamps are global_tstamp[47:16]: 65.536 us units in 32 bits, which wrap with the
-// 48-bit nanosecond clock itself (78 h; a slot untouched for half of that, 39 h, can look live
-// again until it is reused).  The timeout stays in microseconds; the data plane divides it by
-// 64, so it lasts 2.4% longer than on BMv2, at a resolution of 65.5 us.
+// Pending slots keep time on a coarse clock, global_tstamp[47:16] >> k (65.536 us << k per
+// tick, k from the timeout: Coalesce.tick_shift), and a slot is over 17 ticks after its last
+// sign of life, between the timeout and about twice it.  The timeout stays in microseconds;
+// the data plane divides it by 64 (65.536 us units, 2.4% longer than on BMv2).
 const bit<32> DEFAULT_PENDING_TIMEOUT_US = 100000;
 
 // TNA only: the served part of a fragment, SERVED_WORDS registers of 32 bits (a multiple of 4, 8 to 32; 8 on Tofino 1: see pool.p4).
