@@ -3,6 +3,12 @@
  * Forwarding: IPv4 routes (longest prefix) and ARP, as ../include/forwarding.p4 (same
  * tables, actions and parameters).  On Tofino the egress port is
  * ig_tm_md.ucast_egress_port and a flood goes to ig_tm_md.mcast_grp_a.
+ *
+ * The lookups run first, for every packet, and only record their answer (meta.fwd_*): the
+ * ingress applies it at its end, when it knows whether the pool served the packet or
+ * coalescing absorbed or released it.  Looked up after them, as v1model does, they would
+ * add their stages to the end of the pipe; a lookup changes nothing, so looking up a
+ * packet that ends up dropped or served costs nothing but the lookup.
  */
 #ifndef KVPOOL_TNA_FORWARDING_P4
 #define KVPOOL_TNA_FORWARDING_P4
@@ -16,12 +22,13 @@ control Forwarding(inout headers_t hdr,
                    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
 
     action drop_no_route() {
-        meta.drop_reason = DROP_NO_ROUTE;
+        meta.fwd = FWD_NO_ROUTE;
     }
 
     action ipv4_forward(PortId_t port, macAddr_t dst_mac) {
-        ig_tm_md.ucast_egress_port = port;
-        hdr.ethernet.dstAddr = dst_mac;
+        meta.fwd = FWD_ROUTE;
+        meta.fwd_port = port;
+        meta.fwd_mac = dst_mac;
     }
 
     table ipv4_route {
@@ -32,12 +39,13 @@ control Forwarding(inout headers_t hdr,
     }
 
     action arp_unicast(PortId_t port) {
-        ig_tm_md.ucast_egress_port = port;
+        meta.fwd = FWD_UNICAST;
+        meta.fwd_port = port;
     }
 
     action arp_flood(MulticastGroupId_t mcast_grp) {
-        ig_tm_md.mcast_grp_a = mcast_grp;
-        hdr.bridge.flags = BRIDGE_FLOOD;
+        meta.fwd = FWD_FLOOD;
+        meta.fwd_grp = mcast_grp;
     }
 
     table arp_forward {
@@ -53,7 +61,7 @@ control Forwarding(inout headers_t hdr,
         } else if (hdr.arp.isValid()) {
             arp_forward.apply();
         } else {
-            meta.drop_reason = DROP_UNHANDLED;
+            meta.fwd = FWD_UNHANDLED;
         }
     }
 }

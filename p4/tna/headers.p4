@@ -92,6 +92,13 @@ struct pair32_t {
  ***********************  M E T A D A T A  *******************************
  *************************************************************************/
 
+// What Forwarding found for a packet (meta.fwd).
+const bit<8> FWD_UNHANDLED = 0;  // neither IPv4 nor ARP
+const bit<8> FWD_ROUTE     = 1;  // an IPv4 route: fwd_port, fwd_mac
+const bit<8> FWD_UNICAST   = 2;  // an ARP target behind fwd_port
+const bit<8> FWD_FLOOD     = 3;  // an ARP flood to group fwd_grp
+const bit<8> FWD_NO_ROUTE  = 4;
+
 struct ig_metadata_t {
     dropReason_t drop_reason;    // DROP_NONE or why ingress drops the packet
     bool         checksum_error; // IPv4 header checksum wrong (ingress parser)
@@ -136,6 +143,12 @@ struct ig_metadata_t {
     // Popularity operands.
     epochTag_t   tag;            // {1, epoch}
     bit<32>      tag32;
+
+    // Forwarding's answer (FWD_*), applied at the end of the ingress.
+    bit<8>       fwd;
+    PortId_t     fwd_port;
+    macAddr_t    fwd_mac;
+    MulticastGroupId_t fwd_grp;
 
     // Popularity digest (hot_chunk_t).
     bit<32>      estimate;

@@ -58,6 +58,8 @@ control MyIngress(inout headers_t hdr,
         hdr.bridge.release_mask = 0;
         hdr.bridge.ingress_port = standard_metadata.ingress_port;
 
+        fwd.apply(hdr, meta, ig_tm_md);
+
         if (ig_prsr_md.parser_err != 0) {
             meta.drop_reason = DROP_PARSE_ERROR;
         } else if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5 && meta.checksum_error) {
@@ -85,19 +87,31 @@ control MyIngress(inout headers_t hdr,
             }
         }
 
+        // Forwarding's answer, unless the packet is absorbed (back to its port, which
+        // drops it in egress), served (back to its port) or released (multicast).
         if (meta.drop_reason == DROP_NONE) {
-            if ((hdr.bridge.flags & BRIDGE_ABSORB) != 0) {
+            if ((hdr.bridge.flags & BRIDGE_ABSORB) != 0 || meta.served == 1) {
                 ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
-            } else if (meta.served == 0) {
+            } else if (hdr.ipv4.isValid() && hdr.ipv4.ttl <= 1) {
+                meta.drop_reason = DROP_TTL_EXPIRED;
+            } else {
                 if (hdr.ipv4.isValid()) {
-                    if (hdr.ipv4.ttl <= 1) {
-                        meta.drop_reason = DROP_TTL_EXPIRED;
-                    } else {
-                        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
-                    }
+                    hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
                 }
-                if (meta.drop_reason == DROP_NONE && hdr.bridge.flags != BRIDGE_RELEASE) {
-                    fwd.apply(hdr, meta, ig_tm_md);
+                if (hdr.bridge.flags == BRIDGE_RELEASE) {
+                    // multicast by Coalesce
+                } else if (meta.fwd == FWD_ROUTE) {
+                    ig_tm_md.ucast_egress_port = meta.fwd_port;
+                    hdr.ethernet.dstAddr = meta.fwd_mac;
+                } else if (meta.fwd == FWD_UNICAST) {
+                    ig_tm_md.ucast_egress_port = meta.fwd_port;
+                } else if (meta.fwd == FWD_FLOOD) {
+                    ig_tm_md.mcast_grp_a = meta.fwd_grp;
+                    hdr.bridge.flags = BRIDGE_FLOOD;
+                } else if (meta.fwd == FWD_NO_ROUTE) {
+                    meta.drop_reason = DROP_NO_ROUTE;
+                } else {
+                    meta.drop_reason = DROP_UNHANDLED;
                 }
             }
         }

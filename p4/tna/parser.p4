@@ -65,6 +65,10 @@ parser MyIngressParser(packet_in pkt,
         meta.tag32 = 0;
         meta.estimate = 0;
         meta.epoch = 0;
+        meta.fwd = FWD_UNHANDLED;
+        meta.fwd_port = 0;
+        meta.fwd_mac = 0;
+        meta.fwd_grp = 0;
         transition parse_ethernet;
     }
 

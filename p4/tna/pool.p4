@@ -239,7 +239,6 @@ control Pool(inout headers_t hdr,
         meta.served = 1;
         hdr.bridge.pool_op = POOL_OP_SERVE;
         hdr.bridge.slot = slot;
-        ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
     }
 
     @hidden

@@ -152,11 +152,19 @@ control Safety(inout headers_t hdr,
         default_action = NoAction();
     }
 
+    // Each group of checks decides into a reason of its own and one chain at the end picks
+    // the first, in v1model's order: a chain that read drop_reason between groups made every
+    // group wait for the one before (a stage each), and everything downstream waits for it.
+    bit<8> header_reason = DROP_NONE;
+    bit<8> data_reason = DROP_NONE;
+    bit<8> status_reason = DROP_NONE;
+
     apply {
         host_guard.apply();
-        if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
-            meta.drop_reason = DROP_SPOOFED;
-        } else if (hdr.kv.isValid()) {
+        // Looked up for every packet (it only reads): is_writer is read for DATA, NACK and
+        // INVALIDATE only, as v1model's writers lookup leaves it 0 for a GET.
+        writers.apply();
+        if (hdr.kv.isValid()) {
             widen_index();
             widen_count();
             widen_length();
@@ -173,55 +181,68 @@ control Safety(inout headers_t hdr,
             sign_of_slack();
             sign_of_over();
 
+            // v1model's one chain, cut in two: header_reason takes the checks of every
+            // opcode and those of the others, data_reason those of a DATA.  A DATA's checks
+            // need the fragment arithmetic (five stages); the others are known by the third,
+            // so a GET's verdict can be too (p4/README.md, "v1model and TNA", Status).
             if (hdr.kv.version != KVPOOL_VERSION) {
-                meta.drop_reason = DROP_BAD_VERSION;
+                header_reason = DROP_BAD_VERSION;
             } else if (hdr.kv.opcode == 0 || hdr.kv.opcode > OP_MAX) {
-                meta.drop_reason = DROP_BAD_OPCODE;
+                header_reason = DROP_BAD_OPCODE;
             } else if ((hdr.kv.flags & ~KNOWN_FLAGS) != 0) {
-                meta.drop_reason = DROP_BAD_FLAGS;
+                header_reason = DROP_BAD_FLAGS;
             } else if (hdr.kv.frag_count == 0 || hdr.kv.frag_index == MAX_FRAG_INDEX) {
-                meta.drop_reason = DROP_BAD_RANGE;
+                header_reason = DROP_BAD_RANGE;
             } else if (hdr.kv.opcode == OP_DATA) {
-                if (left == 0 || left[31:31] == 1) {
-                    meta.drop_reason = DROP_BAD_RANGE;    // frag_index >= frag_count
-                } else if (hdr.kv.payload_len == 0) {
-                    // (one longer than a fragment fails `wrong` below, with the same reason)
-                    meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
-                    meta.drop_reason = DROP_BAD_LENGTH;
-                } else if (slack_sign[31:31] == 1) {
-                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408
-                } else if (over_sign != 0 && over_sign[31:31] == 0) {
-                    meta.drop_reason = DROP_BAD_LENGTH;   // chunk_len > cnt*1408
-                } else if (wrong != 0) {
-                    meta.drop_reason = DROP_BAD_LENGTH;   // payload_len is not min(rest, 1408)
-                }
+                // data_reason decides
             } else if (hdr.kv.payload_len != 0) {
-                meta.drop_reason = DROP_BAD_LENGTH;
+                header_reason = DROP_BAD_LENGTH;
             } else if (hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD
                        && !(hdr.kv.opcode == OP_GET && hdr.udp.length == KV_UDP_LEN_DATA)) {
-                meta.drop_reason = DROP_BAD_LENGTH;
+                header_reason = DROP_BAD_LENGTH;
             } else if (hdr.kv.opcode == OP_GET && end > (bit<32>)MAX_FRAG_INDEX) {
-                meta.drop_reason = DROP_BAD_RANGE;
+                header_reason = DROP_BAD_RANGE;
             }
 
-            if (meta.drop_reason == DROP_NONE) {
-                if (hdr.kv.opcode == OP_NACK) {
-                    // status > STATUS_MAX in slices a gateway compares (a range over 12 bits at most)
-                    if (hdr.kv.status == STATUS_OK || hdr.kv.status[15:12] != 0
-                            || hdr.kv.status[11:0] > STATUS_MAX[11:0]) {
-                        meta.drop_reason = DROP_BAD_STATUS;
-                    }
-                } else if (hdr.kv.status != STATUS_OK) {
-                    meta.drop_reason = DROP_BAD_STATUS;
+            if (hdr.kv.opcode == OP_DATA) {
+                if (left == 0 || left[31:31] == 1) {
+                    data_reason = DROP_BAD_RANGE;    // frag_index >= frag_count
+                } else if (hdr.kv.payload_len == 0) {
+                    // (one longer than a fragment fails `wrong` below, with the same reason)
+                    data_reason = DROP_BAD_LENGTH;
+                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
+                    data_reason = DROP_BAD_LENGTH;
+                } else if (slack_sign[31:31] == 1) {
+                    data_reason = DROP_BAD_LENGTH;   // chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408
+                } else if (over_sign != 0 && over_sign[31:31] == 0) {
+                    data_reason = DROP_BAD_LENGTH;   // chunk_len > cnt*1408
+                } else if (wrong != 0) {
+                    data_reason = DROP_BAD_LENGTH;   // payload_len is not min(rest, 1408)
                 }
             }
 
-            if (meta.drop_reason == DROP_NONE && hdr.kv.opcode != OP_GET) {
-                writers.apply();
-                if (hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
-                    meta.drop_reason = DROP_NOT_WRITER;
+            if (hdr.kv.opcode == OP_NACK) {
+                // status > STATUS_MAX in slices a gateway compares (a range over 12 bits at most)
+                if (hdr.kv.status == STATUS_OK || hdr.kv.status[15:12] != 0
+                        || hdr.kv.status[11:0] > STATUS_MAX[11:0]) {
+                    status_reason = DROP_BAD_STATUS;
                 }
+            } else if (hdr.kv.status != STATUS_OK) {
+                status_reason = DROP_BAD_STATUS;
+            }
+        }
+
+        if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
+            meta.drop_reason = DROP_SPOOFED;
+        } else {
+            if (header_reason != DROP_NONE) {
+                meta.drop_reason = header_reason;
+            } else if (data_reason != DROP_NONE) {
+                meta.drop_reason = data_reason;
+            } else if (status_reason != DROP_NONE) {
+                meta.drop_reason = status_reason;
+            } else if (hdr.kv.isValid() && hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
+                meta.drop_reason = DROP_NOT_WRITER;
             }
         }
     }
