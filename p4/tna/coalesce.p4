@@ -444,9 +444,14 @@ control Coalesce(inout headers_t hdr,
         meta.now = ig_prsr_md.global_tstamp[47:16];
         tick_shift.apply();
         bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
+        next_fragment();
+        last_fragment();
 
-        meta.count_coalesce = 1;
-        if (hdr.kv.opcode == OP_GET) {
+        // The prologue above only reads and writes metadata (and the bridged slot, which
+        // egress reads only for a packet this marks), so it runs for every KV packet beside
+        // Safety; a range GET waits for a GET's verdict (get_ok), a response for the whole.
+        if (hdr.kv.opcode == OP_GET && hdr.kv.frag_count > 1 && meta.get_ok == 1) {
+            meta.count_coalesce = 1;
             if (meta.has_waiter == 0) {
                 meta.coalesce_stat = CO_NO_WAITER_ID;
             } else {
@@ -497,12 +502,11 @@ control Coalesce(inout headers_t hdr,
                     }
                 }
             }
-        } else {
+        } else if (meta.drop_reason == DROP_NONE && meta.is_writer == 1 && hdr.kv.isValid()
+                   && (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)) {
             // DATA or NACK from a writer: released when it answers the slot's owner.
             meta.count_coalesce = 0;
             if (meta.has_waiter == 1) {
-                next_fragment();
-                last_fragment();
                 bool over = hdr.kv.opcode == OP_NACK || past_last == 0;
                 bit<8> pred;
                 if (over) {

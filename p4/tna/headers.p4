@@ -57,6 +57,7 @@ header bridge_t {
     bit<8>       waiter_id;      // the GET's waiter (BRIDGE_RECORD)
     bit<8>       release_dst;    // waiter the response was addressed to (BRIDGE_RELEASE)
     waiterMask_t release_mask;
+    generation_t served_generation;  // the served chunk's, for egress's reply (POOL_OP_SERVE)
     bit<7>       _pad;           // never written: the port's container is copied, not built
     PortId_t     ingress_port;   // a flooded copy never leaves through it
 }
@@ -105,6 +106,7 @@ struct ig_metadata_t {
     bit<1>       is_writer;
     bit<1>       from_fabric;
     bit<1>       served;
+    bit<1>       get_ok;         // a GET that passed Safety (Safety: before a DATA's verdict)
     bit<32>      frag_done;      // frag_index * FRAG_PAYLOAD: payload bytes before this fragment
 
     // Counter indices: a Tofino counter is addressed once per packet, so each control sets
@@ -149,6 +151,11 @@ struct ig_metadata_t {
     PortId_t     fwd_port;
     macAddr_t    fwd_mac;
     MulticastGroupId_t fwd_grp;
+
+    // Digests asked for, set as digest_type at the end of the ingress: the pool (a DATA) and
+    // popularity (a GET) each writing digest_type would order all of one after the other.
+    bit<1>       report_hot;
+    bit<1>       report_mismatch;
 
     // Popularity digest (hot_chunk_t).
     bit<32>      estimate;

@@ -28,6 +28,7 @@
 @pa_container_size("ingress", "hdr.bridge.waiter_id", 8)
 @pa_container_size("ingress", "hdr.bridge.release_dst", 8)
 @pa_container_size("ingress", "hdr.bridge.release_mask", 32)
+@pa_container_size("ingress", "hdr.bridge.served_generation", 32)
 // A stateful ALU reads a PHV operand whole from one container (the search bus takes no
 // byte shared with other data): the liveness operands each get a 32-bit container.
 @pa_container_size("ingress", "meta.my_tag", 32)
@@ -42,6 +43,7 @@ control MyIngress(inout headers_t hdr,
     Counter<bit<32>, bit<32>>(DROP_REASONS, CounterType_t.PACKETS) drop_reason;
 
     Safety()     safety;
+    @name("pool") PoolLookup() pool_lookup;
     Pool()       pool;
     Popularity() popularity;
     Coalesce()   coalesce;
@@ -56,6 +58,7 @@ control MyIngress(inout headers_t hdr,
         hdr.bridge.waiter_id = 0;
         hdr.bridge.release_dst = 0;
         hdr.bridge.release_mask = 0;
+        hdr.bridge.served_generation = 0;
         hdr.bridge.ingress_port = standard_metadata.ingress_port;
 
         fwd.apply(hdr, meta, ig_tm_md);
@@ -68,24 +71,18 @@ control MyIngress(inout headers_t hdr,
             safety.apply(hdr, meta, standard_metadata);
         }
 
-        if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
-            // The three run side by side, not one after the other: the pool drops nothing and
-            // serves only single-fragment GETs of chunks in pool_lookup, which neither
-            // Popularity (chunks not in the pool) nor Coalesce (range GETs, responses) takes,
-            // so "not served" (v1model's condition) holds for every packet they see and no
-            // stage waits for slot_tag's answer.
-            pool.apply(hdr, meta, standard_metadata, ig_dprsr_md, ig_tm_md);
-            bool is_get = hdr.kv.opcode == OP_GET;
-            bool range_get = is_get && hdr.kv.frag_count > 1;
-            bool response = (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)
-                            && meta.is_writer == 1;
-            if (is_get && meta.from_fabric == 0) {
-                popularity.apply(hdr, meta, ig_dprsr_md);
-            }
-            if (range_get || response) {
-                coalesce.apply(hdr, meta, ig_prsr_md, ig_tm_md);
-            }
-        }
+        // The pool drops nothing and serves only single-fragment GETs of chunks in
+        // pool_lookup, which neither Popularity (chunks not in the pool) nor Coalesce (range
+        // GETs, responses) takes, so "not served" (v1model's condition) holds for every
+        // packet they see: they run before the pool's decisions, on the header as it came,
+        // and no stage of theirs waits for the pool's.
+        pool_lookup.apply(hdr, meta);
+        // Not inside an `if`: their prologues (hash indices, lookups, the slot clock) then
+        // run beside Safety, and only the registers wait for its verdict (a block's head
+        // would wait for every reader inside it).  Both decide only for a KV packet.
+        popularity.apply(hdr, meta, ig_dprsr_md);   // a GET's own verdict: meta.get_ok
+        coalesce.apply(hdr, meta, ig_prsr_md, ig_tm_md);   // range GETs and responses
+        pool.apply(hdr, meta, standard_metadata, ig_dprsr_md, ig_tm_md);
 
         // Forwarding's answer, unless the packet is absorbed (back to its port, which
         // drops it in egress), served (back to its port) or released (multicast).
@@ -114,6 +111,12 @@ control MyIngress(inout headers_t hdr,
                     meta.drop_reason = DROP_UNHANDLED;
                 }
             }
+        }
+
+        if (meta.report_hot == 1) {
+            ig_dprsr_md.digest_type = DIGEST_HOT_CHUNK;
+        } else if (meta.report_mismatch == 1) {
+            ig_dprsr_md.digest_type = DIGEST_FILL_MISMATCH;
         }
 
         if (meta.drop_reason != DROP_NONE) {

@@ -37,6 +37,7 @@ parser MyIngressParser(packet_in pkt,
         meta.is_writer = 0;
         meta.from_fabric = 0;
         meta.served = 0;
+        meta.get_ok = 0;
         meta.frag_done = 0;
         meta.pool_stat = 0;
         meta.count_pool = 0;
@@ -65,6 +66,8 @@ parser MyIngressParser(packet_in pkt,
         meta.tag32 = 0;
         meta.estimate = 0;
         meta.epoch = 0;
+        meta.report_hot = 0;
+        meta.report_mismatch = 0;
         meta.fwd = FWD_UNHANDLED;
         meta.fwd_port = 0;
         meta.fwd_mac = 0;

@@ -48,6 +48,40 @@
  ***********************  P O O L   (ingress)  ***************************
  *************************************************************************/
 
+// The pool's directory, looked up by its own control so that the ingress can run it first:
+// it only reads, so it runs for every KV packet beside Safety, and Popularity and Coalesce
+// (which read pool_found) then run before the pool's decisions, which rewrite the header of
+// a GET they serve.  The ingress names this instance "pool", so the table and action keep
+// v1model's names (MyIngress.pool.pool_lookup, MyIngress.pool.pool_entry).  The branch on
+// its answer tests pool_found, not the table's hit: Tofino 1 has no long branches, so every
+// later reader of a table's result would wait for the whole branch its hit decides.
+control PoolLookup(inout headers_t hdr, inout ig_metadata_t meta) {
+
+    action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
+                      generation_t generation, bit<8> state, placement_t placement) {
+        meta.pool_found = 1;
+        meta.base_slot = base_slot;
+        meta.pool_frag_count = frag_count;
+        meta.pool_chunk_len = chunk_len;
+        meta.pool_generation = generation;
+        meta.pool_state = state;
+        meta.pool_placement = placement;
+    }
+
+    table pool_lookup {
+        key = { hdr.kv.chunk_key: exact; }
+        actions = { pool_entry; NoAction; }
+        size = POOL_ENTRIES;
+        default_action = NoAction();
+    }
+
+    apply {
+        if (hdr.kv.isValid()) {
+            pool_lookup.apply();
+        }
+    }
+}
+
 control Pool(inout headers_t hdr,
              inout ig_metadata_t meta,
              in ingress_intrinsic_metadata_t standard_metadata,
@@ -119,6 +153,7 @@ control Pool(inout headers_t hdr,
     // 32-bit sums narrowed to 16-bit header fields through a hash unit: a copy would tie the
     // sum's container to the header's size, and a sum cannot be split across containers.
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) slot_low;
+    bit<32> sidx;        // pool_slot through slot_index: the slot registers' index
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) rest_low;
     // The entry's checks, cut to what a gateway compares (at most 4 bytes of PHV, one side
     // constant): differences, XORs and ORs here, their sign bits or zero there.  Copies
@@ -131,7 +166,6 @@ control Pool(inout headers_t hdr,
     bit<32> rest_copy;   // rest, out of the chain
     bit<32> room;        // SERVED_BYTES - rest: negative when the fragment is longer
     bit<32> base_copy;
-    bit<32> sidx;        // pool_slot through slot_index: the slot registers' index
     bit<16> count_xor;   // frag_count ^ the entry's (16 bits)
     bit<16> index_top;   // max(frag_index, the entry's frag_count)
     bit<16> index_past;  // index_top ^ frag_index: 0 when frag_index >= the entry's frag_count
@@ -193,52 +227,24 @@ control Pool(inout headers_t hdr,
         differs = differs | count_diff;
     }
 
-    action pool_entry(slotIdx_t base_slot, bit<16> frag_count, bit<32> chunk_len,
-                      generation_t generation, bit<8> state, placement_t placement) {
-        meta.pool_found = 1;
-        meta.base_slot = base_slot;
-        meta.pool_frag_count = frag_count;
-        meta.pool_chunk_len = chunk_len;
-        meta.pool_generation = generation;
-        meta.pool_state = state;
-        meta.pool_placement = placement;
-    }
 
-    table pool_lookup {
-        key = { hdr.kv.chunk_key: exact; }
-        actions = { pool_entry; NoAction; }
-        size = POOL_ENTRIES;
-        default_action = NoAction();
-    }
-
-    // The GET becomes the DATA reply in place and goes back out of its ingress port;
-    // egress fills the served part of its room (POOL_OP_SERVE).
+    // The GET becomes the DATA reply in place and goes back out of its ingress port; egress
+    // turns it around (PoolEgress.reply: addresses, ports, opcode, flags, frag_count and
+    // generation, the fields Popularity and Coalesce read, so that no stage of theirs
+    // waits for this one) and fills the served part of its room (POOL_OP_SERVE).
     @hidden
     action serve(bit<16> slot, bit<16> payload_len) {
-        macAddr_t mac = hdr.ethernet.dstAddr;
-        hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
-        hdr.ethernet.srcAddr = mac;
-        ip4Addr_t addr = hdr.ipv4.dstAddr;
-        hdr.ipv4.dstAddr = hdr.ipv4.srcAddr;
-        hdr.ipv4.srcAddr = addr;
-        hdr.ipv4.totalLen = KV_IPV4_LEN_DATA;
-        hdr.ipv4.ttl = SWITCH_REPLY_TTL;
-        bit<16> port = hdr.udp.dstPort;
-        hdr.udp.dstPort = hdr.udp.srcPort;
-        hdr.udp.srcPort = port;
-        hdr.udp.length = KV_UDP_LEN_DATA;
-        hdr.udp.checksum = 0;
-
-        hdr.kv.opcode = OP_DATA;
-        hdr.kv.flags = FLAG_SWITCH_SERVED;
-        hdr.kv.frag_count = meta.pool_frag_count;
-        hdr.kv.generation = meta.pool_generation;
         hdr.kv.payload_len = payload_len;
         hdr.kv.status = STATUS_OK;
         hdr.kv.chunk_len = meta.pool_chunk_len;
         meta.served = 1;
         hdr.bridge.pool_op = POOL_OP_SERVE;
         hdr.bridge.slot = slot;
+        // The reply's frag_count rides in the GET's UDP checksum, which the reply zeroes and
+        // nothing in ingress reads: the egress parser reaches 160 bytes at most, and a
+        // bridged field for it would take it to 161.
+        hdr.udp.checksum = meta.pool_frag_count;
+        hdr.bridge.served_generation = meta.pool_generation;
     }
 
     @hidden
@@ -247,23 +253,27 @@ control Pool(inout headers_t hdr,
         hdr.bridge.slot = slot;
     }
 
+    // pool_lookup (PoolLookup, above) has run; this waits for Safety's verdict.
     apply {
+        // The arithmetic on the lookup's answer only writes metadata, so it runs beside
+        // Safety; the decisions below wait for its verdict.
+        // A register index must be an action argument, a constant or a hash unit's
+        // output (bf-p4c): the sum goes to metadata and through an identity hash.
+        meta.pool_slot = meta.base_slot + meta.want_index;  // want_index: frag_index widened (Safety)
+        sidx = slot_index.get({ meta.pool_slot });
+        bit<16> slot16 = slot_low.get({ meta.pool_slot });
+        entry_rest_sum();
+        bit<16> rest16 = rest_low.get({ rest });
+        entry_rest();
+        entry_base();
+        entry_count_xor();
+        entry_count_diff();
+        entry_index_top();
+        compare_entry();
+        combine_entry();
+        if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
         meta.count_pool = 1;
-        if (pool_lookup.apply().hit) {
-            // A register index must be an action argument, a constant or a hash unit's
-            // output (bf-p4c): the sum goes to metadata and through an identity hash.
-            meta.pool_slot = meta.base_slot + meta.want_index;  // want_index: frag_index widened (Safety)
-            sidx = slot_index.get({ meta.pool_slot });
-            bit<16> slot16 = slot_low.get({ meta.pool_slot });
-            entry_rest_sum();
-            bit<16> rest16 = rest_low.get({ rest });
-            entry_rest();
-            entry_base();
-            entry_count_xor();
-            entry_count_diff();
-            entry_index_top();
-            compare_entry();
-            combine_entry();
+        if (meta.pool_found == 1) {
             // fits: rest <= SERVED_BYTES, rest not wrapped; usable: FILLING or VALID, placed.
             bool fits = rest_copy[31:31] == 0 && room[31:31] == 0;
             // Both below POOL_SLOTS (a power of 2), tested one by one (a gateway reads 4 bytes).
@@ -311,7 +321,7 @@ control Pool(inout headers_t hdr,
                     what_lo_of();
                     bit<16> cell = mismatch_hash.get({ hdr.kv.chunk_key });
                     if (mismatch_new.execute((bit<32>)cell[7:0]) == 1) {
-                        ig_dprsr_md.digest_type = DIGEST_FILL_MISMATCH;
+                        meta.report_mismatch = 1;   // digested at the end of the ingress
                         meta.pool_stat = POOL_MISMATCH_REPORTED;
                     }
                 } else if (unusable_state || meta.pool_placement == 0) {
@@ -353,6 +363,7 @@ control Pool(inout headers_t hdr,
         }
         if (meta.count_pool == 1) {
             pool_stats.count(meta.pool_stat);
+        }
         }
     }
 }
@@ -414,7 +425,31 @@ control PoolEgress(inout headers_t hdr,
         void apply(inout bit<32> v) { v = hdr.kv.check[31:0]; }
     };
 
+    // The reply's header, from the GET's (ingress set payload_len, status and chunk_len).
+    action reply() {
+        macAddr_t mac = hdr.ethernet.dstAddr;
+        hdr.ethernet.dstAddr = hdr.ethernet.srcAddr;
+        hdr.ethernet.srcAddr = mac;
+        ip4Addr_t addr = hdr.ipv4.dstAddr;
+        hdr.ipv4.dstAddr = hdr.ipv4.srcAddr;
+        hdr.ipv4.srcAddr = addr;
+        hdr.ipv4.totalLen = KV_IPV4_LEN_DATA;
+        hdr.ipv4.ttl = SWITCH_REPLY_TTL;
+        bit<16> port = hdr.udp.dstPort;
+        hdr.udp.dstPort = hdr.udp.srcPort;
+        hdr.udp.srcPort = port;
+        hdr.udp.length = KV_UDP_LEN_DATA;
+        hdr.kv.frag_count = hdr.udp.checksum;   // (serve)
+        hdr.udp.checksum = 0;
+        hdr.kv.opcode = OP_DATA;
+        hdr.kv.flags = FLAG_SWITCH_SERVED;
+        hdr.kv.generation = hdr.bridge.served_generation;
+    }
+
     apply {
+        if (hdr.bridge.pool_op == POOL_OP_SERVE) {
+            reply();
+        }
         if (hdr.bridge.pool_op == POOL_OP_SERVE && hdr.words.isValid()) {
             POOL_WORD_READ(0)   POOL_WORD_READ(1)   POOL_WORD_READ(2)   POOL_WORD_READ(3)
             POOL_WORD_READ(4)   POOL_WORD_READ(5)   POOL_WORD_READ(6)   POOL_WORD_READ(7)

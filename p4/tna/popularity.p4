@@ -63,19 +63,16 @@ control Popularity(inout headers_t hdr,
     Counter<bit<32>, bit<32>>(POPULARITY_STATS, CounterType_t.PACKETS) popularity_stats;
 
     bit<32> hot_threshold;
-    // estimate >= hot_threshold as max(estimate, hot_threshold) == estimate: a gateway does not
-    // compare two fields, so the max and its XOR with the estimate are actions of their own.
-    // The estimate is computed in meta.estimate (the digest's field) and the XOR overwrites
-    // the max: the fewer 32-bit values in this chain, the likelier one container group holds it.
-    bit<32> short_of;   // max(estimate, threshold), then its XOR with the estimate: 0 when reached
+    // estimate >= hot_threshold as "no row's count below it": each row's count minus the
+    // threshold, negative (bit 31) when below, beside the min that makes the estimate, so
+    // the Bloom filter waits two stages for the sketch, not four.  Counts stop at
+    // SKETCH_COUNT_MAX (2^24 - 1) and the threshold is taken at most 2^24, so a difference
+    // is negative exactly when the count is below.
+    bit<32> d0;
+    bit<32> d1;
+    bit<32> d2;
+    bit<32> n12;
 
-    action reach_max() {
-        short_of = max(meta.estimate, hot_threshold);
-    }
-
-    action reach_cmp() {
-        short_of = short_of ^ meta.estimate;
-    }
     epoch_t cur_epoch;
 
     SKETCH_ROW(0)
@@ -84,15 +81,17 @@ control Popularity(inout headers_t hdr,
     BLOOM_ROW(0)
     BLOOM_ROW(1)
 
-    Hash<bit<32>>(HashAlgorithm_t.CRC32) row0_hash;
+    Hash<bit<16>>(HashAlgorithm_t.CRC32) row0_hash;
     Hash<bit<16>>(HashAlgorithm_t.CRC16) row1_hash;
-    Hash<bit<32>>(HashAlgorithm_t.CRC32) row2_hash;
-    Hash<bit<32>>(HashAlgorithm_t.CRC32) bloom0_hash;
+    Hash<bit<16>>(HashAlgorithm_t.CRC32) row2_hash;
+    Hash<bit<16>>(HashAlgorithm_t.CRC32) bloom0_hash;
     Hash<bit<16>>(HashAlgorithm_t.CRC16) bloom1_hash;
 
     action set_popularity(bit<32> threshold, epoch_t epoch) {
-        hot_threshold = threshold;
+        hot_threshold = min(threshold, 32w0x1000000);   // a count never reaches more
         cur_epoch = epoch;
+        meta.tag = 1w1 ++ epoch;
+        meta.tag32 = (bit<32>)(1w1 ++ epoch);
     }
 
     table popularity_config {
@@ -101,11 +100,13 @@ control Popularity(inout headers_t hdr,
         default_action = set_popularity(DEFAULT_HOT_THRESHOLD, DEFAULT_SKETCH_EPOCH);
     }
 
-    // One hash output per action: an action takes at most 32 bits from hash units.
-    bit<32> i0;
+    // One hash output per action: an action takes at most 32 bits from hash units.  The
+    // CRC-32 rows keep 16 bits of it (taken to be its low 16, of which the index is the low
+    // 12 as on BMv2; checking that needs a Tofino model): 32-bit containers are the scarce ones.
+    bit<16> i0;
     bit<16> i1;
-    bit<32> i2;
-    bit<32> b0;
+    bit<16> i2;
+    bit<16> b0;
     bit<16> b1;
 
     action row0_index() {
@@ -128,43 +129,60 @@ control Popularity(inout headers_t hdr,
         b1 = bloom1_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
     }
 
-    apply {
-        if (meta.pool_found == 0 && hdr.kv.frag_index == 0
-                && (hdr.kv.flags & FLAG_RETRANSMIT) == 0) {
-            popularity_config.apply();
-            meta.tag = 1w1 ++ cur_epoch;
-            meta.tag32 = (bit<32>)meta.tag;
+    action below0(bit<32> n) { d0 = n - hot_threshold; }
+    action below1(bit<32> n) { d1 = n - hot_threshold; }
+    action below2(bit<32> n) { d2 = n - hot_threshold; }
 
-            // mod SKETCH_COLS and mod BLOOM_BITS (both 4096): the low 12 bits.
-            row0_index();
-            row1_index();
-            row2_index();
+    // The configuration and the hash indices only read, so they run for every KV packet,
+    // beside Safety; the registers wait for the GET's verdict (meta.get_ok), which Safety
+    // knows before a DATA's.
+    apply {
+        popularity_config.apply();
+        // mod SKETCH_COLS and mod BLOOM_BITS (both 4096): the low 12 bits.
+        row0_index();
+        row1_index();
+        row2_index();
+        bloom0_index();
+        bloom1_index();
+        // (two conditions: a gateway reads 4 bytes and 12 bits of PHV at most)
+        bool counted = meta.get_ok == 1 && meta.from_fabric == 0 && meta.pool_found == 0;
+        if (counted && hdr.kv.opcode == OP_GET) {
+          if (hdr.kv.frag_index == 0 && (hdr.kv.flags & FLAG_RETRANSMIT) == 0) {
             bit<32> n0 = sketch_row0_count.execute((bit<32>)i0[11:0]);
             bit<32> n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
             bit<32> n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
-            bit<32> n12 = min(n1, n2);
+            below0(n0);
+            below1(n1);
+            below2(n2);
+            n12 = min(n1, n2);
             meta.estimate = min(n0, n12);
-            reach_max();
-            reach_cmp();
 
             meta.count_popularity = 1;
             meta.popularity_stat = POP_COUNTED;
-            if (short_of == 0) {
-                bloom0_index();
-                bloom1_index();
+            // (one sign bit per condition: "too complex" for a gateway otherwise)
+            bool reached = false;
+            if (d0[31:31] == 0) {
+                if (d1[31:31] == 0) {
+                    if (d2[31:31] == 0) {
+                        reached = true;
+                    }
+                }
+            }
+            if (reached) {
                 bit<1> seen0 = bloom_row0_set.execute((bit<32>)b0[11:0]);
                 bit<1> seen1 = bloom_row1_set.execute((bit<32>)b1[11:0]);
                 if (seen0 == 1 && seen1 == 1) {
                     meta.popularity_stat = POP_SUPPRESSED;
                 } else {
                     meta.epoch = cur_epoch;
-                    ig_dprsr_md.digest_type = DIGEST_HOT_CHUNK;
+                    meta.report_hot = 1;   // digested at the end of the ingress
                     meta.popularity_stat = POP_REPORTED;
                 }
             }
             if (meta.count_popularity == 1) {
                 popularity_stats.count(meta.popularity_stat);
             }
+          }
         }
     }
 }

@@ -34,7 +34,6 @@ control Safety(inout headers_t hdr,
     // in one stage and does not split dependent statements into several.
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_idx;
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_cnt;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) wide_len;
     // chunk_len in and frag_done out through hash units too: an instruction reads its PHV
     // sources from its destination's container group, so every value linked by sums,
     // XORs and copies must fit one group at once; these copies keep the header's fields,
@@ -43,7 +42,6 @@ control Safety(inout headers_t hdr,
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_done;
     bit<32> clen;
     bit<32> cnt;
-    bit<32> plen;
     // Compares a gateway cannot make (two fields, or a range over more bits than it reads)
     // become a subtraction here and a test of its sign bit there: every value compared is
     // below 2^31, so the sign bit of a - b says a < b.
@@ -56,9 +54,16 @@ control Safety(inout headers_t hdr,
     bit<32> over;    // chunk_len - upto: in [-1407, 0] exactly when chunk_len fits cnt fragments
     bit<32> slack;   // over + 1407: negative when chunk_len is too short for cnt fragments
                      // (or past 2^31 beyond them, where over itself looks negative)
-    bit<32> rest;    // chunk_len - done
-    bit<32> want;    // min(rest, 1408): the payload_len a DATA must carry
-    bit<32> wrong;   // want ^ payload_len: 0 when it does
+    // The payload_len a DATA must carry, in 16 bits (off the 32-bit chain above, whose
+    // values must share one container group): 1408, or for the last fragment the chunk's
+    // tail, chunk_len - (cnt-1)*1408 = over + 1408, which is in [1, 1408] once the two
+    // checks on over hold, so its low 16 bits are all of it.
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) copy_over16;
+    bit<16> over16;     // over's low 16 bits
+    bit<16> plen_less;  // payload_len - 1408
+    bit<16> tail_diff;  // over16 ^ plen_less: 0 when payload_len is the tail
+    bit<16> next16;     // frag_index + 1
+    bit<16> last_diff;  // next16 ^ frag_count: 0 for the last fragment
     // slack and over copied through hash units before their sign bits are tested: a slice of
     // a value in the chain of 32-bit sums above splits the whole chain, and no PHV
     // allocation holds it split.
@@ -78,8 +83,21 @@ control Safety(inout headers_t hdr,
         cnt = wide_cnt.get({ hdr.kv.frag_count });
     }
 
-    action widen_length() {
-        plen = wide_len.get({ hdr.kv.payload_len });
+    action payload_less() {
+        plen_less = hdr.kv.payload_len - (bit<16>)FRAG_PAYLOAD;
+        next16 = hdr.kv.frag_index + 1;
+    }
+
+    action is_last() {
+        last_diff = next16 ^ hdr.kv.frag_count;
+    }
+
+    action low_over() {
+        over16 = copy_over16.get({ over });
+    }
+
+    action tail_check() {
+        tail_diff = over16 ^ plen_less;
     }
 
     action widen_chunk_len() {
@@ -102,17 +120,12 @@ control Safety(inout headers_t hdr,
     // one container group that no PHV allocation satisfied.
     action bounds() {
         over = clen - upto;
-        rest = clen - done;
     }
 
     action margins() {
         slack = over + (bit<32>)(FRAG_PAYLOAD - 1);
-        want = (rest < (bit<32>)FRAG_PAYLOAD) ? rest : (bit<32>)FRAG_PAYLOAD;
     }
 
-    action mismatch() {
-        wrong = want ^ plen;
-    }
 
     action sign_of_slack() {
         slack_sign = copy_slack.get({ slack });
@@ -167,7 +180,8 @@ control Safety(inout headers_t hdr,
         if (hdr.kv.isValid()) {
             widen_index();
             widen_count();
-            widen_length();
+            payload_less();
+            is_last();
             widen_chunk_len();
             idx_lo_times.apply();
             idx_hi_times.apply();
@@ -177,14 +191,15 @@ control Safety(inout headers_t hdr,
             bounds();
             export_done();
             margins();
-            mismatch();
+            low_over();
+            tail_check();
             sign_of_slack();
             sign_of_over();
 
             // v1model's one chain, cut in two: header_reason takes the checks of every
             // opcode and those of the others, data_reason those of a DATA.  A DATA's checks
             // need the fragment arithmetic (five stages); the others are known by the third,
-            // so a GET's verdict can be too (p4/README.md, "v1model and TNA", Status).
+            // so a GET's verdict (get_ok) is too, and Popularity does not wait for a DATA's.
             if (hdr.kv.version != KVPOOL_VERSION) {
                 header_reason = DROP_BAD_VERSION;
             } else if (hdr.kv.opcode == 0 || hdr.kv.opcode > OP_MAX) {
@@ -208,7 +223,7 @@ control Safety(inout headers_t hdr,
                 if (left == 0 || left[31:31] == 1) {
                     data_reason = DROP_BAD_RANGE;    // frag_index >= frag_count
                 } else if (hdr.kv.payload_len == 0) {
-                    // (one longer than a fragment fails `wrong` below, with the same reason)
+                    // (one longer than a fragment fails a check below, with the same reason)
                     data_reason = DROP_BAD_LENGTH;
                 } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
                     data_reason = DROP_BAD_LENGTH;
@@ -216,8 +231,10 @@ control Safety(inout headers_t hdr,
                     data_reason = DROP_BAD_LENGTH;   // chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408
                 } else if (over_sign != 0 && over_sign[31:31] == 0) {
                     data_reason = DROP_BAD_LENGTH;   // chunk_len > cnt*1408
-                } else if (wrong != 0) {
-                    data_reason = DROP_BAD_LENGTH;   // payload_len is not min(rest, 1408)
+                } else if (last_diff != 0 && hdr.kv.payload_len != (bit<16>)FRAG_PAYLOAD) {
+                    data_reason = DROP_BAD_LENGTH;   // not the last fragment, not 1408 bytes
+                } else if (last_diff == 0 && tail_diff != 0) {
+                    data_reason = DROP_BAD_LENGTH;   // the last fragment, not the chunk's tail
                 }
             }
 
@@ -243,6 +260,11 @@ control Safety(inout headers_t hdr,
                 meta.drop_reason = status_reason;
             } else if (hdr.kv.isValid() && hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
                 meta.drop_reason = DROP_NOT_WRITER;
+            }
+            // A GET passes every check of Safety exactly when these hold (a GET has no
+            // data_reason and needs no writer).
+            if (hdr.kv.isValid() && header_reason == DROP_NONE && status_reason == DROP_NONE) {
+                meta.get_ok = 1;
             }
         }
     }

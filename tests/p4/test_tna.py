@@ -164,14 +164,20 @@ def _controls(text: str) -> dict[str, str]:
 
 
 def _resolve(controls: dict[str, str], name: str) -> tuple[str, str]:
-    """(body of the control that declares it, leaf name) for a P4Info name ``Ctl.inst.leaf``."""
+    """(bodies of the controls that may declare it, leaf name) for a P4Info name ``Ctl.inst.leaf``.
+
+    An instance answers to its own name or to an ``@name("inst")`` on it; several can share a
+    name (the TNA ingress names its pool lookup "pool" beside the pool), so every one of them
+    is searched.
+    """
     parts = name.split(".")
-    body = controls[parts[0]]
+    bodies = [controls[parts[0]]]
     for instance in parts[1:-1]:
-        found = re.search(rf"\b(\w+)\s*\(\s*\)\s*{instance}\s*;", body)
-        assert found is not None, f"{name}: no instance {instance}"
-        body = controls[found.group(1)]
-    return body, parts[-1]
+        pattern = rf'(?:@name\("{instance}"\)\s*(\w+)\s*\(\s*\)\s*\w+|\b(\w+)\s*\(\s*\)\s*{instance})\s*;'
+        types = [m.group(1) or m.group(2) for body in bodies for m in re.finditer(pattern, body)]
+        assert types, f"{name}: no instance {instance}"
+        bodies = [controls[t] for t in types]
+    return "\n".join(bodies), parts[-1]
 
 
 @pytest.fixture(scope="module")
