@@ -46,18 +46,13 @@
 #ifndef KVPOOL_TNA_COALESCE_P4
 #define KVPOOL_TNA_COALESCE_P4
 
-// What pending_live says about a slot.
 // A slot is over once the slot clock (tick_shift) has advanced LIVE_TICKS ticks past its last
 // sign of life: 16 whole ticks, at least the timeout.
 const bit<32> LIVE_TICKS = 17;
-const bit<8> LIVE_OPENED  = 1;   // it was over: now opened by this GET
-const bit<8> LIVE_MINE    = 2;   // live, tag of this waiter and chunk hash
-const bit<8> LIVE_OTHER   = 3;   // live, another owner or another chunk
-const bit<8> LIVE_EXPIRED = 4;   // over, and this GET opens nothing (RETRANSMIT)
 
 // A Tofino 1 stateful ALU outputs one source per action, so pending_live's actions return
-// their 4-bit predicate, 1 << (cmphi * 2 + cmplo), with cmplo = over (ts at or before the
-// deadline) and cmphi = mine (the tag is this waiter's); the control reads LIVE_* from it.
+// their 4-bit predicate, 1 << (cmphi * 2 + cmplo), with cmplo = over (LIVE_TICKS or more since
+// ts) and cmphi = mine (the tag is this waiter's); the control branches on it.
 const bit<8> PRED_NEITHER  = 1;  // live, not mine
 const bit<8> PRED_OVER     = 2;  // over, not mine
 const bit<8> PRED_MINE     = 4;  // live, mine
@@ -461,17 +456,10 @@ control Coalesce(inout headers_t hdr,
                 } else {
                     pred = live_get.execute(idx);
                 }
-                bit<8> live = LIVE_OTHER;
-                if (pred == PRED_OVER || pred == PRED_OVER_MINE) {
-                    if (retransmit) {
-                        live = LIVE_EXPIRED;
-                    } else {
-                        live = LIVE_OPENED;
-                    }
-                } else if (pred == PRED_MINE) {
-                    live = LIVE_MINE;
-                }
-                if (live == LIVE_OPENED) {
+                // pred decides each branch itself: a local set from it (v1model's live)
+                // would take a stage of its own.
+                if ((pred == PRED_OVER || pred == PRED_OVER_MINE) && !retransmit) {
+                    // over: opened by this GET
                     key_open.execute(idx);
                     gen_open.execute(idx);
                     meta.coalesce_stat = CO_FIRST;
@@ -479,8 +467,8 @@ control Coalesce(inout headers_t hdr,
                         meta.coalesce_stat = CO_EXPIRED_REUSED;
                     }
                     hdr.bridge.flags = BRIDGE_RECORD;
-                } else if (live == LIVE_EXPIRED) {
-                    meta.coalesce_stat = CO_RETRANSMIT;
+                } else if (pred == PRED_OVER || pred == PRED_OVER_MINE) {
+                    meta.coalesce_stat = CO_RETRANSMIT;   // over, and a RETRANSMIT opens nothing
                 } else {
                     // Both compares read only, so both run: neither register's stage then
                     // waits on the other's answer.
@@ -490,7 +478,7 @@ control Coalesce(inout headers_t hdr,
                         meta.coalesce_stat = CO_COLLISION;
                     } else if (same_gen == 0) {
                         meta.coalesce_stat = CO_OTHER_GENERATION;
-                    } else if (live == LIVE_MINE) {
+                    } else if (pred == PRED_MINE) {
                         hdr.bridge.flags = BRIDGE_RECORD;
                         meta.coalesce_stat = CO_OWNER;
                     } else if (retransmit) {

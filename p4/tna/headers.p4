@@ -57,7 +57,6 @@ header bridge_t {
     bit<8>       waiter_id;      // the GET's waiter (BRIDGE_RECORD)
     bit<8>       release_dst;    // waiter the response was addressed to (BRIDGE_RELEASE)
     waiterMask_t release_mask;
-    generation_t served_generation;  // the served chunk's, for egress's reply (POOL_OP_SERVE)
     bit<7>       _pad;           // never written: the port's container is copied, not built
     PortId_t     ingress_port;   // a flooded copy never leaves through it
 }

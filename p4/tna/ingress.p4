@@ -28,7 +28,6 @@
 @pa_container_size("ingress", "hdr.bridge.waiter_id", 8)
 @pa_container_size("ingress", "hdr.bridge.release_dst", 8)
 @pa_container_size("ingress", "hdr.bridge.release_mask", 32)
-@pa_container_size("ingress", "hdr.bridge.served_generation", 32)
 // A stateful ALU reads a PHV operand whole from one container (the search bus takes no
 // byte shared with other data): the liveness operands each get a 32-bit container.
 @pa_container_size("ingress", "meta.my_tag", 32)
@@ -58,7 +57,6 @@ control MyIngress(inout headers_t hdr,
         hdr.bridge.waiter_id = 0;
         hdr.bridge.release_dst = 0;
         hdr.bridge.release_mask = 0;
-        hdr.bridge.served_generation = 0;
         hdr.bridge.ingress_port = standard_metadata.ingress_port;
 
         fwd.apply(hdr, meta, ig_tm_md);

@@ -153,11 +153,19 @@ parser MyEgressParser(packet_in pkt,
                       out eg_metadata_t meta,
                       out egress_intrinsic_metadata_t standard_metadata) {
 
+    // Only a packet the egress pool reads or writes has its served part parsed.  The choice
+    // is made at once, from the bridged pool_op, and each kind has its own copy of the
+    // states: a select on pool_op after the KV header would hold a match register through
+    // every state in between, and bf-p4c then finds none for the IPv4 select.
     state start {
         meta.ipv4_checksum = 0;  // set in egress
         pkt.extract(standard_metadata);
         pkt.extract(hdr.bridge);
-        transition parse_ethernet;
+        transition select(hdr.bridge.pool_op) {
+            POOL_OP_SERVE: pool_ethernet;
+            POOL_OP_FILL:  pool_ethernet;
+            default:       parse_ethernet;
+        }
     }
 
     state parse_ethernet {
@@ -191,14 +199,40 @@ parser MyEgressParser(packet_in pkt,
         }
     }
 
-    // Only a packet the egress pool reads or writes has its served part parsed.
     state parse_kvpool {
         pkt.extract(hdr.kv);
-        transition select(hdr.bridge.pool_op) {
-            POOL_OP_SERVE: parse_words;
-            POOL_OP_FILL:  parse_words;
-            default:       accept;
+        transition accept;
+    }
+
+    // The pool's packets: the same headers, then the served part.
+    state pool_ethernet {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.etherType) {
+            ETHERTYPE_IPV4: pool_ipv4;
+            default:        accept;
         }
+    }
+
+    state pool_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.fragOffset, hdr.ipv4.protocol) {
+            (5, 0, IPPROTO_UDP): pool_udp;
+            default:             accept;
+        }
+    }
+
+    state pool_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dstPort, hdr.udp.srcPort) {
+            (KVPOOL_UDP_PORT, _): pool_kvpool;
+            (_, KVPOOL_UDP_PORT): pool_kvpool;
+            default:              accept;
+        }
+    }
+
+    state pool_kvpool {
+        pkt.extract(hdr.kv);
+        transition parse_words;
     }
 
     state parse_words {

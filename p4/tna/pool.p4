@@ -240,11 +240,13 @@ control Pool(inout headers_t hdr,
         meta.served = 1;
         hdr.bridge.pool_op = POOL_OP_SERVE;
         hdr.bridge.slot = slot;
-        // The reply's frag_count rides in the GET's UDP checksum, which the reply zeroes and
-        // nothing in ingress reads: the egress parser reaches 160 bytes at most, and a
-        // bridged field for it would take it to 161.
+        // The reply's frag_count and generation ride in fields of the GET that the reply
+        // overwrites and nothing in ingress reads (its UDP checksum, which the reply zeroes,
+        // and the low half of its check, which egress reads from the slot): bridged, they
+        // would take the egress parser past its 160 bytes, or split its states where bf-p4c
+        // fails to allocate their match registers.
         hdr.udp.checksum = meta.pool_frag_count;
-        hdr.bridge.served_generation = meta.pool_generation;
+        hdr.kv.check[31:0] = meta.pool_generation;
     }
 
     @hidden
@@ -443,7 +445,7 @@ control PoolEgress(inout headers_t hdr,
         hdr.udp.checksum = 0;
         hdr.kv.opcode = OP_DATA;
         hdr.kv.flags = FLAG_SWITCH_SERVED;
-        hdr.kv.generation = hdr.bridge.served_generation;
+        hdr.kv.generation = hdr.kv.check[31:0];   // (serve)
     }
 
     apply {
