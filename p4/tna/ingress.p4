@@ -32,6 +32,8 @@
 // byte shared with other data): the liveness operands each get a 32-bit container.
 @pa_container_size("ingress", "meta.my_tag", 32)
 @pa_container_size("ingress", "meta.tick", 32)
+// A gateway compares the waiters read with meta.me by XOR, byte for byte: both whole.
+@pa_container_size("ingress", "meta.me", 32)
 control MyIngress(inout headers_t hdr,
                   inout ig_metadata_t meta,
                   in ingress_intrinsic_metadata_t standard_metadata,

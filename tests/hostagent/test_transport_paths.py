@@ -93,14 +93,17 @@ def test_a_pooled_chunk_keeps_the_servable_window_in_flight(servable_window: int
     hints = Hints({5: Hint(GetPath.SERVABLE, len(chunk))}, 60.0, True)
     cfg = TransportConfig(port=0, window_fragments=64, servable_window_fragments=servable_window,
                           retransmit_timeout_s=5.0, give_up_s=30.0)
-    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints, mangle=_as_if_switch_served)
+    # The proxy holds the answers until 9 GETs came: with no servable window the requester
+    # sends them all before any answer, with a window of 8 it cannot (then 2 s pass).
+    (res,), proxy, r = _fetch_through_proxy({5: chunk}, [5], cfg, hints=hints, mangle=_as_if_switch_served,
+                                            hold_until_gets=9)
     assert res.ok and bytes(res.data or b"") == chunk
     assert sorted(g.frag_index for g in proxy.gets) == list(range(60))  # each once, singly, with room
     assert {n for n in proxy.get_lens} == {wire.GET_WITH_ROOM_LEN}
     if servable_window:
         assert proxy.peak_outstanding <= servable_window
     else:
-        assert proxy.peak_outstanding > 8  # the whole hinted chunk at once (60 when nothing came back yet)
+        assert proxy.peak_outstanding > 8  # more than a window before any answer (60: the whole chunk)
     assert r.stats()["retransmit_gets"] == 0
 
 

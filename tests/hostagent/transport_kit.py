@@ -39,12 +39,16 @@ class LossyProxy:
     """A UDP relay between one requester and one holder that drops DATA datagrams picked by ``drop``
     (or by ``drop_pkt`` on their bytes) and rewrites the others with ``mangle(n, datagram)`` (n counts
     from 1).  It records every GET (``gets``, ``get_lens``) and every NACK coming back (``nacks``), and
-    the most fragments asked for and not yet answered when a GET came (``peak_outstanding``)."""
+    the most fragments asked for and not yet answered when a GET came (``peak_outstanding``).
+    With ``hold_until_gets`` it passes no answer on until that many GETs came (or 2 s after the
+    first), so what a requester sends before any answer does not depend on how fast it runs."""
 
     def __init__(self, holder: Address, drop: Callable[[int], bool],
                  mangle: Callable[[int, bytes], bytes] | None = None,
-                 drop_pkt: Callable[[bytes], bool] | None = None) -> None:
+                 drop_pkt: Callable[[bytes], bool] | None = None, hold_until_gets: int = 0) -> None:
         self.holder = holder
+        self.hold_until_gets = hold_until_gets
+        self._first_get_at: float | None = None
         self.drop = drop
         self.drop_pkt = drop_pkt
         self.get_lens: list[int] = []
@@ -79,13 +83,22 @@ class LossyProxy:
                 pkt, self.client = self.front.recvfrom(2048)
             except TimeoutError:
                 continue
+            if self._first_get_at is None:
+                self._first_get_at = time.monotonic()
             self.gets.append(wire.parse(pkt))
             self.get_lens.append(len(pkt))
             self.asked += self.gets[-1].frag_count
             self.peak_outstanding = max(self.peak_outstanding, self.asked - self.data_seen)
             self.back.sendto(pkt, self.holder)
 
+    def _holding(self) -> bool:
+        if len(self.gets) >= self.hold_until_gets:
+            return False
+        return self._first_get_at is None or time.monotonic() - self._first_get_at < 2.0
+
     def _down(self) -> None:
+        while self._holding() and not self._stop.is_set():
+            time.sleep(0.001)
         while not self._stop.is_set():
             try:
                 pkt = self.back.recv(2048)
@@ -124,6 +137,7 @@ def _fetch_through_proxy(chunks: dict[int, bytes], keys: list[int], cfg: Transpo
                          drop: Callable[[int], bool] = lambda i: False,
                          mangle: Callable[[int, bytes], bytes] | None = None,
                          drop_pkt: Callable[[bytes], bool] | None = None,
+                         hold_until_gets: int = 0,
                          ) -> tuple[list[FetchResult], LossyProxy, Transport]:
     """Fetch ``keys`` through a ``LossyProxy`` from a holder of ``chunks``, both told ``hints``."""
     fabric = FabricHints()
@@ -131,7 +145,8 @@ def _fetch_through_proxy(chunks: dict[int, bytes], keys: list[int], cfg: Transpo
         fabric.update(hints)
     with Transport(holder_cfg or TransportConfig(port=0), Holder(_store(chunks)), hints=fabric) as h, \
             Transport(cfg, hints=fabric) as r:
-        proxy = LossyProxy(h.address, drop=drop, mangle=mangle, drop_pkt=drop_pkt)
+        proxy = LossyProxy(h.address, drop=drop, mangle=mangle, drop_pkt=drop_pkt,
+                           hold_until_gets=hold_until_gets)
         try:
             results = r.fetch(keys, proxy.address, timeout=30)
         finally:
