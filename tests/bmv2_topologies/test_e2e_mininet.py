@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow,
 def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
     import torch
 
-    from bmv2_topologies.experiment.capture import holder_traffic
+    from bmv2_topologies.experiment.capture import holder_traffic, kvpool_packets
     from bmv2_topologies.experiment.config import DemoConfig
     from bmv2_topologies.experiment.testbed import Testbed
     from bmv2_topologies.experiment.workload import Workload, build_workload
@@ -84,17 +84,28 @@ def test_coalesce_then_serve_from_the_switch(tmp_path: Path) -> None:
         assert not [k for k in traffic.data_out if k[2] == "10.0.0.254"]  # no push to the fill sink
         start = pool.window[0] + 0.5 - 0.2
 
-        def sent_in_wave(wave: int) -> tuple[int, dict[int, int]]:
+        def sent_in_wave(wave: int) -> tuple[int, dict[int, int], dict[int, int]]:
+            """GETs in, DATA sent per fragment, and re-asks (RETRANSMIT GETs) per fragment."""
             lo = start + 4.0 * wave
-            later = holder_traffic(pool.pcaps["h0"], holder, (lo, lo + 4.0 if wave < 2 else pool.window[1]))
+            window = (lo, lo + 4.0 if wave < 2 else pool.window[1])
+            later = holder_traffic(pool.pcaps["h0"], holder, window)
             sent: dict[int, int] = {}
             for (_k, i, _dst), n in later.data_out.items():
                 sent[i] = sent.get(i, 0) + n
-            return later.gets_in, sent
+            # A requester that joined another's answer late re-asks what passed before it
+            # joined (RETRANSMIT | COALESCED), as does one whose timer fired on a loaded
+            # machine; the holder answers a re-ask once more, to the answer's destination.
+            reasked: dict[int, int] = {}
+            for p in kvpool_packets(pool.pcaps["h0"], window):
+                if p.dst == holder and p.header.opcode == wire.Opcode.GET and p.header.flags & wire.Flag.RETRANSMIT:
+                    for i in range(p.header.frag_index, p.header.frag_index + p.header.frag_count):
+                        reasked[i] = reasked.get(i, 0) + 1
+            return later.gets_in, sent, reasked
 
-        _, again = sent_in_wave(1)
-        assert max(again.values(), default=1) <= 3, again  # at most once per requester
-        gets_in, last = sent_in_wave(2)
+        _, again, reasked = sent_in_wave(1)
+        # At most once per requester, and once more per re-ask the holder saw.
+        assert all(n <= 3 + reasked.get(i, 0) for i, n in again.items()), (again, reasked)
+        gets_in, last, _ = sent_in_wave(2)
         assert (gets_in, last) == (0, {})  # every fragment filled: the third wave is all hits
         assert pool.switch_served >= 3 * frags + 3 * (frags - len(again)), (pool.switch_served, len(again))
 
