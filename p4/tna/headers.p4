@@ -115,7 +115,6 @@ struct ig_metadata_t {
     bit<32>      coalesce_stat;
     bit<1>       count_coalesce;
     bit<32>      popularity_stat;
-    bit<1>       count_popularity;
 
     // Pool lookup result.
     bit<1>       pool_found;

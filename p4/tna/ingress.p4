@@ -50,6 +50,54 @@ control MyIngress(inout headers_t hdr,
     Coalesce()   coalesce;
     Forwarding() fwd;
 
+    // Where a packet goes (forward_verdict, decide_ingress.p4: v1model's chain as one ternary
+    // table).  FWD_UNICAST and FWD_FLOOD come from ARP, which has no IPv4 header to age.
+    @hidden
+    action back_out() {
+        ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
+    }
+
+    @hidden
+    action ttl_expired() {
+        meta.drop_reason = DROP_TTL_EXPIRED;
+    }
+
+    @hidden
+    action released() {
+        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;   // multicast by Coalesce (release_group)
+    }
+
+    @hidden
+    action route() {
+        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
+        ig_tm_md.ucast_egress_port = meta.fwd_port;
+        hdr.ethernet.dstAddr = meta.fwd_mac;
+    }
+
+    @hidden
+    action route_as_is() {
+        ig_tm_md.ucast_egress_port = meta.fwd_port;
+        hdr.ethernet.dstAddr = meta.fwd_mac;
+    }
+
+    @hidden
+    action unicast() {
+        ig_tm_md.ucast_egress_port = meta.fwd_port;
+    }
+
+    @hidden
+    action flood() {
+        ig_tm_md.mcast_grp_a = meta.fwd_grp;
+        hdr.bridge.flags = BRIDGE_FLOOD;
+    }
+
+    @hidden
+    action drop_for(dropReason_t reason) {
+        meta.drop_reason = reason;
+    }
+
+#include "decide_ingress.p4"
+
     apply {
         hdr.bridge.setValid();
         hdr.bridge.pool_op = POOL_OP_NONE;
@@ -63,13 +111,9 @@ control MyIngress(inout headers_t hdr,
 
         fwd.apply(hdr, meta, ig_tm_md);
 
-        if (ig_prsr_md.parser_err != 0) {
-            meta.drop_reason = DROP_PARSE_ERROR;
-        } else if (hdr.ipv4.isValid() && hdr.ipv4.ihl == 5 && meta.checksum_error) {
-            meta.drop_reason = DROP_BAD_CHECKSUM;
-        } else if (hdr.ipv4.isValid()) {
-            safety.apply(hdr, meta, standard_metadata);
-        }
+        // Safety decides the parser's and the checksum's drops too (safety_verdict), so that
+        // no `if` around it holds its stages: a table after one waits for all of it.
+        safety.apply(hdr, meta, standard_metadata, ig_prsr_md);
 
         // The pool drops nothing and serves only single-fragment GETs of chunks in
         // pool_lookup, which neither Popularity (chunks not in the pool) nor Coalesce (range
@@ -86,32 +130,7 @@ control MyIngress(inout headers_t hdr,
 
         // Forwarding's answer, unless the packet is absorbed (back to its port, which
         // drops it in egress), served (back to its port) or released (multicast).
-        if (meta.drop_reason == DROP_NONE) {
-            if ((hdr.bridge.flags & BRIDGE_ABSORB) != 0 || meta.served == 1) {
-                ig_tm_md.ucast_egress_port = standard_metadata.ingress_port;
-            } else if (hdr.ipv4.isValid() && hdr.ipv4.ttl <= 1) {
-                meta.drop_reason = DROP_TTL_EXPIRED;
-            } else {
-                if (hdr.ipv4.isValid()) {
-                    hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
-                }
-                if (hdr.bridge.flags == BRIDGE_RELEASE) {
-                    // multicast by Coalesce
-                } else if (meta.fwd == FWD_ROUTE) {
-                    ig_tm_md.ucast_egress_port = meta.fwd_port;
-                    hdr.ethernet.dstAddr = meta.fwd_mac;
-                } else if (meta.fwd == FWD_UNICAST) {
-                    ig_tm_md.ucast_egress_port = meta.fwd_port;
-                } else if (meta.fwd == FWD_FLOOD) {
-                    ig_tm_md.mcast_grp_a = meta.fwd_grp;
-                    hdr.bridge.flags = BRIDGE_FLOOD;
-                } else if (meta.fwd == FWD_NO_ROUTE) {
-                    meta.drop_reason = DROP_NO_ROUTE;
-                } else {
-                    meta.drop_reason = DROP_UNHANDLED;
-                }
-            }
-        }
+        forward_verdict.apply();
 
         if (meta.report_hot == 1) {
             ig_dprsr_md.digest_type = DIGEST_HOT_CHUNK;

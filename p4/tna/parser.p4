@@ -44,7 +44,6 @@ parser MyIngressParser(packet_in pkt,
         meta.coalesce_stat = 0;
         meta.count_coalesce = 0;
         meta.popularity_stat = 0;
-        meta.count_popularity = 0;
         meta.pool_found = 0;
         meta.base_slot = 0;
         meta.pool_frag_count = 0;

@@ -48,6 +48,14 @@
  ***********************  P O O L   (ingress)  ***************************
  *************************************************************************/
 
+// What a decision table of the pool leaves to slot_tag or mismatch_seen (Pool.pool_do).
+const bit<8> POOL_DO_NONE          = 0;
+const bit<8> POOL_DO_SERVE         = 1;   // tag_is: served when the slot holds the fragment
+const bit<8> POOL_DO_MISMATCH      = 2;   // mismatch_new: reported unless it was already
+const bit<8> POOL_DO_FILL_IF_STALE = 3;   // tag_write_if_stale: written unless current
+const bit<8> POOL_DO_FILL_REPAIR   = 4;   // tag_write: written, a repair when current
+const bit<8> POOL_DO_FILL_ALWAYS   = 5;   // tag_write: written
+
 // The pool's directory, looked up by its own control so that the ingress can run it first:
 // it only reads, so it runs for every KV packet beside Safety, and Popularity and Coalesce
 // (which read pool_found) then run before the pool's decisions, which rewrite the header of
@@ -228,18 +236,28 @@ control Pool(inout headers_t hdr,
     }
 
 
+    bit<16> slot16;      // pool_slot, for the bridged header
+    bit<16> rest16;      // rest, the served reply's payload_len
+    bit<16> cell;        // mismatch_seen's cell
+    // What the decision tables leave to the registers (POOL_DO_*), and what they answer.
+    bit<8> pool_do = POOL_DO_NONE;
+    bit<1> hit = 0;      // tag_is: the slot holds the fragment
+    bit<1> current = 0;  // tag_write*: the slot held it before this DATA
+    bit<1> fresh = 0;    // mismatch_new: not reported yet
+
     // The GET becomes the DATA reply in place and goes back out of its ingress port; egress
     // turns it around (PoolEgress.reply: addresses, ports, opcode, flags, frag_count and
     // generation, the fields Popularity and Coalesce read, so that no stage of theirs
     // waits for this one) and fills the served part of its room (POOL_OP_SERVE).
     @hidden
-    action serve(bit<16> slot, bit<16> payload_len) {
-        hdr.kv.payload_len = payload_len;
+    action serve() {
+        hdr.kv.payload_len = rest16;
         hdr.kv.status = STATUS_OK;
         hdr.kv.chunk_len = meta.pool_chunk_len;
         meta.served = 1;
+        meta.pool_stat = POOL_HIT;
         hdr.bridge.pool_op = POOL_OP_SERVE;
-        hdr.bridge.slot = slot;
+        hdr.bridge.slot = slot16;
         // The reply's frag_count and generation ride in fields of the GET that the reply
         // overwrites and nothing in ingress reads (its UDP checksum, which the reply zeroes,
         // and the low half of its check, which egress reads from the slot): bridged, they
@@ -250,12 +268,84 @@ control Pool(inout headers_t hdr,
     }
 
     @hidden
-    action fill(bit<16> slot) {
+    action fill() {
         hdr.bridge.pool_op = POOL_OP_FILL;
-        hdr.bridge.slot = slot;
+        hdr.bridge.slot = slot16;
+        meta.pool_stat = POOL_FILL;
     }
 
-    // pool_lookup (PoolLookup, above) has run; this waits for Safety's verdict.
+    @hidden
+    action fill_repair() {
+        hdr.bridge.pool_op = POOL_OP_FILL;
+        hdr.bridge.slot = slot16;
+        meta.pool_stat = POOL_REPAIR;
+    }
+
+    @hidden
+    action mismatch_reported() {
+        meta.report_mismatch = 1;   // digested at the end of the ingress
+        meta.pool_stat = POOL_MISMATCH_REPORTED;
+    }
+
+    // What the decision tables (decide_pool.p4, scripts/tna_decisions.py) conclude: v1model's
+    // chains, one ternary table per opcode (Tofino 1 makes a table of every branch of a chain).
+    // The register accesses they lead to run in the switch below, and change the statistic
+    // where their answer decides it.
+    @hidden
+    action pool_count(bit<32> stat) {
+        meta.count_pool = 1;
+        meta.pool_stat = stat;
+    }
+
+    @hidden
+    action pool_skip() {
+        meta.count_pool = 0;   // a disabled entry's DATA (passed on, nothing remembered), a NACK
+    }
+
+    @hidden
+    action pool_try_serve() {
+        meta.count_pool = 1;
+        meta.pool_stat = POOL_MISS_UNFILLED;   // unless the slot's tag says it holds the fragment
+        pool_do = POOL_DO_SERVE;
+    }
+
+    @hidden
+    action pool_mismatch() {
+        meta.count_pool = 1;
+        meta.pool_stat = POOL_FILL_MISMATCH;
+        pool_do = POOL_DO_MISMATCH;
+    }
+
+    // VALID and not a NO_CACHE answer: written only when the slot is not current.
+    @hidden
+    action pool_fill_if_stale() {
+        meta.count_pool = 1;
+        meta.pool_stat = POOL_FILL_SKIPPED;   // unless the slot is stale
+        pool_do = POOL_DO_FILL_IF_STALE;
+    }
+
+    // VALID, a NO_CACHE answer: always written, a repair when the slot looked current.
+    @hidden
+    action pool_fill_repair() {
+        meta.count_pool = 1;
+        pool_do = POOL_DO_FILL_REPAIR;
+    }
+
+    // FILLING: always written.
+    @hidden
+    action pool_fill_always() {
+        meta.count_pool = 1;
+        pool_do = POOL_DO_FILL_ALWAYS;
+    }
+
+#include "decide_pool.p4"
+
+
+    // pool_lookup (PoolLookup, above) has run; this waits for Safety's verdict.  Tofino 1 has
+    // no long branches: a table that follows an `if` in its sequence waits until every table
+    // inside it is placed, so no `if` here holds more than one stage of tables (a decision
+    // table, or the registers it chose); what the next step needs is in pool_do and the
+    // registers' answers.
     apply {
         // The arithmetic on the lookup's answer only writes metadata, so it runs beside
         // Safety; the decisions below wait for its verdict.
@@ -263,9 +353,9 @@ control Pool(inout headers_t hdr,
         // output (bf-p4c): the sum goes to metadata and through an identity hash.
         meta.pool_slot = meta.base_slot + meta.want_index;  // want_index: frag_index widened (Safety)
         sidx = slot_index.get({ meta.pool_slot });
-        bit<16> slot16 = slot_low.get({ meta.pool_slot });
+        slot16 = slot_low.get({ meta.pool_slot });
         entry_rest_sum();
-        bit<16> rest16 = rest_low.get({ rest });
+        rest16 = rest_low.get({ rest });
         entry_rest();
         entry_base();
         entry_count_xor();
@@ -273,99 +363,40 @@ control Pool(inout headers_t hdr,
         entry_index_top();
         compare_entry();
         combine_entry();
-        if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
-        meta.count_pool = 1;
-        if (meta.pool_found == 1) {
-            // fits: rest <= SERVED_BYTES, rest not wrapped; usable: FILLING or VALID, placed.
-            bool fits = rest_copy[31:31] == 0 && room[31:31] == 0;
-            // Both below POOL_SLOTS (a power of 2), tested one by one (a gateway reads 4 bytes).
-            bool slot_high = (sidx & ~((bit<32>)POOL_SLOTS - 1)) != 0;
-            bool base_high = (base_copy & ~((bit<32>)POOL_SLOTS - 1)) != 0;
-            bool unusable_state = meta.pool_state != POOL_STATE_FILLING
-                                  && meta.pool_state != POOL_STATE_VALID;
+        what_hi_of();
+        what_lo_of();
+        cell = mismatch_hash.get({ hdr.kv.chunk_key });
 
+        if (meta.drop_reason == DROP_NONE && hdr.kv.isValid()) {
             if (hdr.kv.opcode == OP_GET) {
-                if (meta.pool_state == POOL_STATE_UPSTREAM) {
-                    meta.pool_stat = POOL_UPSTREAM;
-                } else if (hdr.kv.frag_count != 1 || (hdr.kv.flags & FLAG_NO_CACHE) != 0) {
-                    meta.pool_stat = POOL_BYPASS;
-                } else if (gen_bad != 0) {
-                    meta.pool_stat = POOL_BYPASS;   // pins a generation the pool does not hold
-                } else if (unusable_state) {
-                    meta.pool_stat = POOL_BYPASS;
-                } else if (meta.pool_placement == 0) {
-                    meta.pool_stat = POOL_BYPASS;
-                } else if (index_past == 0) {
-                    meta.pool_stat = POOL_BYPASS;   // frag_index >= the entry's frag_count
-                } else if (!fits) {
-                    meta.pool_stat = POOL_BYPASS;
-                } else if (slot_high) {
-                    meta.pool_stat = POOL_SLOT_RANGE;
-                } else if (base_high) {
-                    meta.pool_stat = POOL_SLOT_RANGE;
-                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
-                    meta.pool_stat = POOL_NO_ROOM;
-                } else if (tag_is.execute(sidx) == 1) {
-                    serve(slot16, rest16);
-                    slot_hits.count(sidx);
-                    meta.pool_stat = POOL_HIT;
-                } else {
-                    meta.pool_stat = POOL_MISS_UNFILLED;
-                }
+                pool_get_decide.apply();
             } else if (hdr.kv.opcode == OP_DATA) {
-                if (meta.is_writer == 0) {
-                    meta.pool_stat = POOL_FILL_UNAUTH;
-                } else if ((hdr.kv.flags & (FLAG_SWITCH_SERVED | FLAG_COALESCED)) != 0) {
-                    meta.pool_stat = POOL_FILL_REPLICA;
-                } else if (differs != 0) {
-                    meta.pool_stat = POOL_FILL_MISMATCH;
-                    what_hi_of();
-                    what_lo_of();
-                    bit<16> cell = mismatch_hash.get({ hdr.kv.chunk_key });
-                    if (mismatch_new.execute((bit<32>)cell[7:0]) == 1) {
-                        meta.report_mismatch = 1;   // digested at the end of the ingress
-                        meta.pool_stat = POOL_MISMATCH_REPORTED;
-                    }
-                } else if (unusable_state || meta.pool_placement == 0) {
-                    meta.count_pool = 0;   // disabled entry: pass the DATA on, remember nothing
-                } else if (slot_high) {
-                    meta.pool_stat = POOL_SLOT_RANGE;
-                } else if (base_high) {
-                    meta.pool_stat = POOL_SLOT_RANGE;
-                } else if (!fits) {
-                    meta.pool_stat = POOL_BYPASS;   // longer than the served part: not stored
-                } else {
-                    // One slot_tag access decides: VALID skips a current slot, unless the DATA
-                    // answers a NO_CACHE request (repair); FILLING always writes.
-                    bit<1> current;
-                    bool repair = (hdr.kv.flags & FLAG_NO_CACHE) != 0;
-                    if (meta.pool_state == POOL_STATE_VALID && !repair) {
-                        current = tag_write_if_stale.execute(sidx);
-                    } else {
-                        current = tag_write.execute(sidx);
-                    }
-                    if (current == 1 && meta.pool_state == POOL_STATE_VALID && !repair) {
-                        meta.pool_stat = POOL_FILL_SKIPPED;
-                    } else {
-                        fill(slot16);
-                        slot_fills.count(sidx);
-                        meta.pool_stat = POOL_FILL;
-                        if (current == 1 && meta.pool_state == POOL_STATE_VALID) {
-                            meta.pool_stat = POOL_REPAIR;
-                        }
-                    }
-                }
-            } else if (hdr.kv.opcode == OP_INVALIDATE) {
-                meta.pool_stat = POOL_INVALIDATE;
+                pool_data_decide.apply();
             } else {
-                meta.count_pool = 0;
+                pool_other_decide.apply();
             }
-        } else {
-            meta.pool_stat = POOL_LOOKUP_MISS;
         }
+        // One slot_tag access decides: VALID skips a current slot, unless the DATA answers a
+        // NO_CACHE request (repair); FILLING always writes.
+        if (pool_do == POOL_DO_SERVE) {
+            hit = tag_is.execute(sidx);
+        } else if (pool_do == POOL_DO_FILL_IF_STALE) {
+            current = tag_write_if_stale.execute(sidx);
+        } else if (pool_do == POOL_DO_FILL_REPAIR || pool_do == POOL_DO_FILL_ALWAYS) {
+            current = tag_write.execute(sidx);
+        } else if (pool_do == POOL_DO_MISMATCH) {
+            fresh = mismatch_new.execute((bit<32>)cell[7:0]);
+        }
+        pool_outcome.apply();
+        // The counters in tables of their own: a table's actions must address each indirect
+        // extern alike (bf-p4c), and pool_outcome's serve and fill count different ones.
         if (meta.count_pool == 1) {
             pool_stats.count(meta.pool_stat);
         }
+        if (hdr.bridge.pool_op == POOL_OP_SERVE) {
+            slot_hits.count(sidx);
+        } else if (hdr.bridge.pool_op == POOL_OP_FILL) {
+            slot_fills.count(sidx);
         }
     }
 }
@@ -374,21 +405,45 @@ control Pool(inout headers_t hdr,
  ***********************  P O O L   (egress)  ****************************
  *************************************************************************/
 
-// One register of served words: read into the reply, or written from the DATA.
-#define POOL_WORD(i)                                                                     \
-    Register<bit<32>, bit<32>>(POOL_SLOTS) word_##i;                                     \
-    RegisterAction<bit<32>, bit<32>, bit<32>>(word_##i) word_##i##_read = {              \
-        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }                          \
-    };                                                                                   \
-    RegisterAction<bit<32>, bit<32>, bit<32>>(word_##i) word_##i##_write = {             \
-        void apply(inout bit<32> v) { v = hdr.words.w##i; }                              \
-    };
+// What the egress pool does with its registers for this packet (PoolEgress.word_op).
+const bit<8> WORD_NONE = 0;
+const bit<8> WORD_GET  = 1;   // read into a served reply
+const bit<8> WORD_PUT  = 2;   // written from a filling DATA
 
-#define POOL_WORD_READ(i)  hdr.words.w##i = word_##i##_read.execute((bit<32>)hdr.bridge.slot);
-#define POOL_WORD_WRITE(i) word_##i##_write.execute((bit<32>)hdr.bridge.slot);
+// One register of the served part, or of the check: read into the reply, or written from the
+// DATA.  A stateful ALU takes one access per action, so each register has a table of its own,
+// and that table does both (keyed on word_op): one logical table per register, not two.
+#define POOL_REGISTER(name, reg_t, field)                                                \
+    Register<reg_t, bit<32>>(POOL_SLOTS) name;                                           \
+    RegisterAction<reg_t, bit<32>, reg_t>(name) name##_read = {                          \
+        void apply(inout reg_t v, out reg_t rv) { rv = v; }                              \
+    };                                                                                   \
+    RegisterAction<reg_t, bit<32>, reg_t>(name) name##_write = {                         \
+        void apply(inout reg_t v) { v = field; }                                         \
+    };                                                                                   \
+    @hidden                                                                              \
+    action name##_get() { field = name##_read.execute((bit<32>)hdr.bridge.slot); }      \
+    @hidden                                                                              \
+    action name##_put() { name##_write.execute((bit<32>)hdr.bridge.slot); }              \
+    @hidden                                                                              \
+    table name##_op {                                                                    \
+        key = { word_op: exact; }                                                        \
+        actions = { name##_get; name##_put; NoAction; }                                  \
+        size = 2;                                                                        \
+        const entries = {                                                                \
+            WORD_GET: name##_get();                                                      \
+            WORD_PUT: name##_put();                                                      \
+        }                                                                                \
+        const default_action = NoAction();                                               \
+    }
+
+#define POOL_WORD(i) POOL_REGISTER(word_##i, bit<32>, hdr.words.w##i)
+#define POOL_WORD_OP(i) word_##i##_op.apply();
 
 control PoolEgress(inout headers_t hdr,
                    in egress_intrinsic_metadata_t standard_metadata) {
+
+    bit<8> word_op = WORD_NONE;
 
     POOL_WORD(0)   POOL_WORD(1)   POOL_WORD(2)   POOL_WORD(3)
     POOL_WORD(4)   POOL_WORD(5)   POOL_WORD(6)   POOL_WORD(7)
@@ -412,20 +467,8 @@ control PoolEgress(inout headers_t hdr,
 #endif
 
     // The writer's check of the stored bytes, returned as is (two 32-bit halves).
-    Register<bit<32>, bit<32>>(POOL_SLOTS) slot_check_hi;
-    Register<bit<32>, bit<32>>(POOL_SLOTS) slot_check_lo;
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_hi) check_hi_read = {
-        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_hi) check_hi_write = {
-        void apply(inout bit<32> v) { v = hdr.kv.check[63:32]; }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_lo) check_lo_read = {
-        void apply(inout bit<32> v, out bit<32> rv) { rv = v; }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_check_lo) check_lo_write = {
-        void apply(inout bit<32> v) { v = hdr.kv.check[31:0]; }
-    };
+    POOL_REGISTER(slot_check_hi, bit<32>, hdr.kv.check[63:32])
+    POOL_REGISTER(slot_check_lo, bit<32>, hdr.kv.check[31:0])
 
     // The reply's header, from the GET's (ingress set payload_len, status and chunk_len).
     action reply() {
@@ -452,56 +495,38 @@ control PoolEgress(inout headers_t hdr,
         if (hdr.bridge.pool_op == POOL_OP_SERVE) {
             reply();
         }
-        if (hdr.bridge.pool_op == POOL_OP_SERVE && hdr.words.isValid()) {
-            POOL_WORD_READ(0)   POOL_WORD_READ(1)   POOL_WORD_READ(2)   POOL_WORD_READ(3)
-            POOL_WORD_READ(4)   POOL_WORD_READ(5)   POOL_WORD_READ(6)   POOL_WORD_READ(7)
-#if SERVED_WORDS > 8
-            POOL_WORD_READ(8)  POOL_WORD_READ(9)  POOL_WORD_READ(10)  POOL_WORD_READ(11)
-#endif
-#if SERVED_WORDS > 12
-            POOL_WORD_READ(12)  POOL_WORD_READ(13)  POOL_WORD_READ(14)  POOL_WORD_READ(15)
-#endif
-#if SERVED_WORDS > 16
-            POOL_WORD_READ(16)  POOL_WORD_READ(17)  POOL_WORD_READ(18)  POOL_WORD_READ(19)
-#endif
-#if SERVED_WORDS > 20
-            POOL_WORD_READ(20)  POOL_WORD_READ(21)  POOL_WORD_READ(22)  POOL_WORD_READ(23)
-#endif
-#if SERVED_WORDS > 24
-            POOL_WORD_READ(24)  POOL_WORD_READ(25)  POOL_WORD_READ(26)  POOL_WORD_READ(27)
-#endif
-#if SERVED_WORDS > 28
-            POOL_WORD_READ(28)  POOL_WORD_READ(29)  POOL_WORD_READ(30)  POOL_WORD_READ(31)
-#endif
-            hdr.kv.check[63:32] = check_hi_read.execute((bit<32>)hdr.bridge.slot);
-            hdr.kv.check[31:0] = check_lo_read.execute((bit<32>)hdr.bridge.slot);
-        } else if (hdr.bridge.pool_op == POOL_OP_FILL && hdr.words.isValid()
-                   && (hdr.bridge.flags != BRIDGE_RELEASE
-                       || standard_metadata.egress_rid == (bit<16>)hdr.bridge.release_dst)) {
-            // A released DATA is written once: by the replica to the waiter it answered.
-            POOL_WORD_WRITE(0)   POOL_WORD_WRITE(1)   POOL_WORD_WRITE(2)   POOL_WORD_WRITE(3)
-            POOL_WORD_WRITE(4)   POOL_WORD_WRITE(5)   POOL_WORD_WRITE(6)   POOL_WORD_WRITE(7)
-#if SERVED_WORDS > 8
-            POOL_WORD_WRITE(8)  POOL_WORD_WRITE(9)  POOL_WORD_WRITE(10)  POOL_WORD_WRITE(11)
-#endif
-#if SERVED_WORDS > 12
-            POOL_WORD_WRITE(12)  POOL_WORD_WRITE(13)  POOL_WORD_WRITE(14)  POOL_WORD_WRITE(15)
-#endif
-#if SERVED_WORDS > 16
-            POOL_WORD_WRITE(16)  POOL_WORD_WRITE(17)  POOL_WORD_WRITE(18)  POOL_WORD_WRITE(19)
-#endif
-#if SERVED_WORDS > 20
-            POOL_WORD_WRITE(20)  POOL_WORD_WRITE(21)  POOL_WORD_WRITE(22)  POOL_WORD_WRITE(23)
-#endif
-#if SERVED_WORDS > 24
-            POOL_WORD_WRITE(24)  POOL_WORD_WRITE(25)  POOL_WORD_WRITE(26)  POOL_WORD_WRITE(27)
-#endif
-#if SERVED_WORDS > 28
-            POOL_WORD_WRITE(28)  POOL_WORD_WRITE(29)  POOL_WORD_WRITE(30)  POOL_WORD_WRITE(31)
-#endif
-            check_hi_write.execute((bit<32>)hdr.bridge.slot);
-            check_lo_write.execute((bit<32>)hdr.bridge.slot);
+        if (hdr.words.isValid()) {
+            if (hdr.bridge.pool_op == POOL_OP_SERVE) {
+                word_op = WORD_GET;
+            } else if (hdr.bridge.pool_op == POOL_OP_FILL
+                       && (hdr.bridge.flags != BRIDGE_RELEASE
+                           || standard_metadata.egress_rid == (bit<16>)hdr.bridge.release_dst)) {
+                // A released DATA is written once: by the replica to the waiter it answered.
+                word_op = WORD_PUT;
+            }
         }
+        POOL_WORD_OP(0)   POOL_WORD_OP(1)   POOL_WORD_OP(2)   POOL_WORD_OP(3)
+        POOL_WORD_OP(4)   POOL_WORD_OP(5)   POOL_WORD_OP(6)   POOL_WORD_OP(7)
+#if SERVED_WORDS > 8
+        POOL_WORD_OP(8)  POOL_WORD_OP(9)  POOL_WORD_OP(10)  POOL_WORD_OP(11)
+#endif
+#if SERVED_WORDS > 12
+        POOL_WORD_OP(12)  POOL_WORD_OP(13)  POOL_WORD_OP(14)  POOL_WORD_OP(15)
+#endif
+#if SERVED_WORDS > 16
+        POOL_WORD_OP(16)  POOL_WORD_OP(17)  POOL_WORD_OP(18)  POOL_WORD_OP(19)
+#endif
+#if SERVED_WORDS > 20
+        POOL_WORD_OP(20)  POOL_WORD_OP(21)  POOL_WORD_OP(22)  POOL_WORD_OP(23)
+#endif
+#if SERVED_WORDS > 24
+        POOL_WORD_OP(24)  POOL_WORD_OP(25)  POOL_WORD_OP(26)  POOL_WORD_OP(27)
+#endif
+#if SERVED_WORDS > 28
+        POOL_WORD_OP(28)  POOL_WORD_OP(29)  POOL_WORD_OP(30)  POOL_WORD_OP(31)
+#endif
+        slot_check_hi_op.apply();
+        slot_check_lo_op.apply();
     }
 }
 

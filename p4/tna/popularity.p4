@@ -129,9 +129,44 @@ control Popularity(inout headers_t hdr,
         b1 = bloom1_hash.get({ BLOOM_SALT, hdr.kv.chunk_key });
     }
 
-    action below0(bit<32> n) { d0 = n - hot_threshold; }
-    action below1(bit<32> n) { d1 = n - hot_threshold; }
-    action below2(bit<32> n) { d2 = n - hot_threshold; }
+    bit<1> pop_go = 0;    // pop_gate: counted in the sketch
+    bit<1> reached = 0;   // hot_check: the estimate reached the threshold
+    bit<32> n0;           // the rows' counts (pop_go only; the arithmetic on them runs anyway)
+    bit<32> n1;
+    bit<32> n2;
+    bit<1> seen0 = 0;
+    bit<1> seen1 = 0;
+
+    @hidden
+    action pop_counted() {
+        pop_go = 1;
+        meta.popularity_stat = POP_COUNTED;
+    }
+
+    // hot_check and bloom_check (decide_popularity.p4, scripts/tna_decisions.py): ternary tables
+    // on the rows' signs and the Bloom rows' answers, not nested ifs (a table and a stage each).
+    @hidden
+    action hot_reached() {
+        reached = 1;
+    }
+
+    @hidden
+    action hot_seen() {
+        meta.popularity_stat = POP_SUPPRESSED;
+    }
+
+    @hidden
+    action hot_report() {
+        meta.epoch = cur_epoch;
+        meta.report_hot = 1;   // digested at the end of the ingress
+        meta.popularity_stat = POP_REPORTED;
+    }
+
+#include "decide_popularity.p4"
+
+    action below0() { d0 = n0 - hot_threshold; }
+    action below1() { d1 = n1 - hot_threshold; }
+    action below2() { d2 = n2 - hot_threshold; }
 
     // The configuration and the hash indices only read, so they run for every KV packet,
     // beside Safety; the registers wait for the GET's verdict (meta.get_ok), which Safety
@@ -144,45 +179,27 @@ control Popularity(inout headers_t hdr,
         row2_index();
         bloom0_index();
         bloom1_index();
-        // (two conditions: a gateway reads 4 bytes and 12 bits of PHV at most)
-        bool counted = meta.get_ok == 1 && meta.from_fabric == 0 && meta.pool_found == 0;
-        if (counted && hdr.kv.opcode == OP_GET) {
-          if (hdr.kv.frag_index == 0 && (hdr.kv.flags & FLAG_RETRANSMIT) == 0) {
-            bit<32> n0 = sketch_row0_count.execute((bit<32>)i0[11:0]);
-            bit<32> n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
-            bit<32> n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
-            below0(n0);
-            below1(n1);
-            below2(n2);
-            n12 = min(n1, n2);
-            meta.estimate = min(n0, n12);
-
-            meta.count_popularity = 1;
-            meta.popularity_stat = POP_COUNTED;
-            // (one sign bit per condition: "too complex" for a gateway otherwise)
-            bool reached = false;
-            if (d0[31:31] == 0) {
-                if (d1[31:31] == 0) {
-                    if (d2[31:31] == 0) {
-                        reached = true;
-                    }
-                }
-            }
-            if (reached) {
-                bit<1> seen0 = bloom_row0_set.execute((bit<32>)b0[11:0]);
-                bit<1> seen1 = bloom_row1_set.execute((bit<32>)b1[11:0]);
-                if (seen0 == 1 && seen1 == 1) {
-                    meta.popularity_stat = POP_SUPPRESSED;
-                } else {
-                    meta.epoch = cur_epoch;
-                    meta.report_hot = 1;   // digested at the end of the ingress
-                    meta.popularity_stat = POP_REPORTED;
-                }
-            }
-            if (meta.count_popularity == 1) {
-                popularity_stats.count(meta.popularity_stat);
-            }
-          }
+        // Each `if` holds one stage of tables (Tofino 1 has no long branches: a table after
+        // an `if` waits for every table inside it), and what follows reads pop_go / reached.
+        pop_gate.apply();   // pop_go: a GET the sketch counts
+        if (pop_go == 1) {
+            n0 = sketch_row0_count.execute((bit<32>)i0[11:0]);
+            n1 = sketch_row1_count.execute((bit<32>)i1[11:0]);
+            n2 = sketch_row2_count.execute((bit<32>)i2[11:0]);
+        }
+        below0();
+        below1();
+        below2();
+        n12 = min(n1, n2);
+        meta.estimate = min(n0, n12);
+        hot_check.apply();   // reached: counted, and the estimate reached the threshold
+        if (reached == 1) {
+            seen0 = bloom_row0_set.execute((bit<32>)b0[11:0]);
+            seen1 = bloom_row1_set.execute((bit<32>)b1[11:0]);
+        }
+        bloom_check.apply();
+        if (pop_go == 1) {
+            popularity_stats.count(meta.popularity_stat);
         }
     }
 }

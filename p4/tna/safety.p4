@@ -18,10 +18,12 @@
 
 control Safety(inout headers_t hdr,
                inout ig_metadata_t meta,
-               in ingress_intrinsic_metadata_t standard_metadata) {
+               in ingress_intrinsic_metadata_t standard_metadata,
+               in ingress_intrinsic_metadata_from_parser_t ig_prsr_md) {
 
     ip4Addr_t host_addr = 0;
     bit<1> guarded = 0;
+    bit<32> spoof;   // srcAddr ^ the guarded host's address: not 0 when spoofed
 
     // x * 1408 for idx = frag_index and cnt = frag_count: the sum of its bytes' products,
     // read from constant tables (products.p4, generated from FRAG_PAYLOAD).  Tofino has no
@@ -135,6 +137,10 @@ control Safety(inout headers_t hdr,
         over_sign = copy_over.get({ over });
     }
 
+    action spoof_of() {
+        spoof = hdr.ipv4.srcAddr ^ host_addr;
+    }
+
     action guard_source(ip4Addr_t addr) {
         guarded = 1;
         host_addr = addr;
@@ -165,108 +171,102 @@ control Safety(inout headers_t hdr,
         default_action = NoAction();
     }
 
-    // Each group of checks decides into a reason of its own and one chain at the end picks
-    // the first, in v1model's order: a chain that read drop_reason between groups made every
+    // Each group of checks decides into a reason of its own and safety_verdict picks the
+    // first, in v1model's order: a chain that read drop_reason between groups made every
     // group wait for the one before (a stage each), and everything downstream waits for it.
+    // Each group is one ternary table (decide_safety.p4, scripts/tna_decisions.py): Tofino 1
+    // makes a table of every branch of an if chain, and the chains took 25 of them.
     bit<8> header_reason = DROP_NONE;
     bit<8> data_reason = DROP_NONE;
     bit<8> status_reason = DROP_NONE;
 
+    @hidden
+    action header_is(bit<8> reason) {
+        header_reason = reason;
+    }
+
+    @hidden
+    action data_is(bit<8> reason) {
+        data_reason = reason;
+    }
+
+    @hidden
+    action status_is(bit<8> reason) {
+        status_reason = reason;
+    }
+
+    @hidden
+    action take_header_reason() {
+        meta.drop_reason = header_reason;
+    }
+
+    @hidden
+    action take_data_reason() {
+        meta.drop_reason = data_reason;
+    }
+
+    @hidden
+    action take_status_reason() {
+        meta.drop_reason = status_reason;
+    }
+
+    @hidden
+    action drop_for(dropReason_t reason) {
+        meta.drop_reason = reason;
+    }
+
+    @hidden
+    action get_passes() {
+        meta.get_ok = 1;
+    }
+
+#include "decide_safety.p4"
+
+    // Tofino 1 has no long branches: a table that follows an `if` in its sequence waits until
+    // every table inside it is placed.  So the arithmetic runs for every packet (it only
+    // writes this control's variables; garbage for a packet with no kvpool header, which no
+    // decision reads), each `if` holds one table, and the ingress's own checks before Safety
+    // (parser, IPv4 checksum, IPv4 only) are rules of safety_verdict: nothing after Safety
+    // waits for all of it.
     apply {
         host_guard.apply();
         // Looked up for every packet (it only reads): is_writer is read for DATA, NACK and
         // INVALIDATE only, as v1model's writers lookup leaves it 0 for a GET.
         writers.apply();
+        spoof_of();
+        widen_index();
+        widen_count();
+        payload_less();
+        is_last();
+        widen_chunk_len();
+        idx_lo_times.apply();
+        idx_hi_times.apply();
+        cnt_lo_times.apply();
+        cnt_hi_times.apply();
+        sums();
+        bounds();
+        export_done();
+        margins();
+        low_over();
+        tail_check();
+        sign_of_slack();
+        sign_of_over();
+
+        // v1model's one chain, cut in three: header_check takes the checks of every opcode
+        // and those of the others, data_check those of a DATA, status_check the status.  A
+        // DATA's checks need the fragment arithmetic (five stages); the others are known
+        // early, so a GET's verdict (get_ok) is too, and Popularity does not wait for a DATA's.
         if (hdr.kv.isValid()) {
-            widen_index();
-            widen_count();
-            payload_less();
-            is_last();
-            widen_chunk_len();
-            idx_lo_times.apply();
-            idx_hi_times.apply();
-            cnt_lo_times.apply();
-            cnt_hi_times.apply();
-            sums();
-            bounds();
-            export_done();
-            margins();
-            low_over();
-            tail_check();
-            sign_of_slack();
-            sign_of_over();
-
-            // v1model's one chain, cut in two: header_reason takes the checks of every
-            // opcode and those of the others, data_reason those of a DATA.  A DATA's checks
-            // need the fragment arithmetic (five stages); the others are known by the third,
-            // so a GET's verdict (get_ok) is too, and Popularity does not wait for a DATA's.
-            if (hdr.kv.version != KVPOOL_VERSION) {
-                header_reason = DROP_BAD_VERSION;
-            } else if (hdr.kv.opcode == 0 || hdr.kv.opcode > OP_MAX) {
-                header_reason = DROP_BAD_OPCODE;
-            } else if ((hdr.kv.flags & ~KNOWN_FLAGS) != 0) {
-                header_reason = DROP_BAD_FLAGS;
-            } else if (hdr.kv.frag_count == 0 || hdr.kv.frag_index == MAX_FRAG_INDEX) {
-                header_reason = DROP_BAD_RANGE;
-            } else if (hdr.kv.opcode == OP_DATA) {
-                // data_reason decides
-            } else if (hdr.kv.payload_len != 0) {
-                header_reason = DROP_BAD_LENGTH;
-            } else if (hdr.udp.length != KV_UDP_LEN_NO_PAYLOAD
-                       && !(hdr.kv.opcode == OP_GET && hdr.udp.length == KV_UDP_LEN_DATA)) {
-                header_reason = DROP_BAD_LENGTH;
-            } else if (hdr.kv.opcode == OP_GET && end > (bit<32>)MAX_FRAG_INDEX) {
-                header_reason = DROP_BAD_RANGE;
-            }
-
-            if (hdr.kv.opcode == OP_DATA) {
-                if (left == 0 || left[31:31] == 1) {
-                    data_reason = DROP_BAD_RANGE;    // frag_index >= frag_count
-                } else if (hdr.kv.payload_len == 0) {
-                    // (one longer than a fragment fails a check below, with the same reason)
-                    data_reason = DROP_BAD_LENGTH;
-                } else if (hdr.udp.length != KV_UDP_LEN_DATA) {
-                    data_reason = DROP_BAD_LENGTH;
-                } else if (slack_sign[31:31] == 1) {
-                    data_reason = DROP_BAD_LENGTH;   // chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408
-                } else if (over_sign != 0 && over_sign[31:31] == 0) {
-                    data_reason = DROP_BAD_LENGTH;   // chunk_len > cnt*1408
-                } else if (last_diff != 0 && hdr.kv.payload_len != (bit<16>)FRAG_PAYLOAD) {
-                    data_reason = DROP_BAD_LENGTH;   // not the last fragment, not 1408 bytes
-                } else if (last_diff == 0 && tail_diff != 0) {
-                    data_reason = DROP_BAD_LENGTH;   // the last fragment, not the chunk's tail
-                }
-            }
-
-            if (hdr.kv.opcode == OP_NACK) {
-                // status > STATUS_MAX in slices a gateway compares (a range over 12 bits at most)
-                if (hdr.kv.status == STATUS_OK || hdr.kv.status[15:12] != 0
-                        || hdr.kv.status[11:0] > STATUS_MAX[11:0]) {
-                    status_reason = DROP_BAD_STATUS;
-                }
-            } else if (hdr.kv.status != STATUS_OK) {
-                status_reason = DROP_BAD_STATUS;
-            }
+            header_check.apply();
         }
-
-        if (guarded == 1 && hdr.ipv4.srcAddr != host_addr) {
-            meta.drop_reason = DROP_SPOOFED;
-        } else {
-            if (header_reason != DROP_NONE) {
-                meta.drop_reason = header_reason;
-            } else if (data_reason != DROP_NONE) {
-                meta.drop_reason = data_reason;
-            } else if (status_reason != DROP_NONE) {
-                meta.drop_reason = status_reason;
-            } else if (hdr.kv.isValid() && hdr.kv.opcode == OP_INVALIDATE && meta.is_writer == 0) {
-                meta.drop_reason = DROP_NOT_WRITER;
-            }
-            // A GET passes every check of Safety exactly when these hold (a GET has no
-            // data_reason and needs no writer).
-            if (hdr.kv.isValid() && header_reason == DROP_NONE && status_reason == DROP_NONE) {
-                meta.get_ok = 1;
-            }
+        if (hdr.kv.isValid() && hdr.kv.opcode == OP_DATA) {
+            data_check.apply();
         }
+        if (hdr.kv.isValid()) {
+            status_check.apply();
+        }
+        safety_verdict.apply();
+        get_verdict.apply();
     }
 }
 
