@@ -214,6 +214,8 @@ FWD_ROUTE, FWD_UNICAST, FWD_FLOOD, FWD_NO_ROUTE = (_tna_const(n) for n in ("FWD_
                                                                           "FWD_NO_ROUTE"))
 POOL_DO = {n: _tna_const(f"POOL_DO_{n}") for n in ("SERVE", "MISMATCH", "FILL_IF_STALE", "FILL_REPAIR",
                                                     "FILL_ALWAYS")}
+CO_K = {n: _tna_const(f"CO_K_{n}") for n in ("NO_WAITER", "GET", "PEEK", "ANSWER", "ANSWER_LAST")}
+PRED = {n: _tna_const(f"PRED_{n}") for n in ("NEITHER", "OVER", "MINE", "OVER_MINE")}
 _DL = c.KV_UDP_LEN_DATA
 _NP = c.KV_UDP_LEN_NO_PAYLOAD
 _SLOT_BITS = c.TNA_POOL_SLOTS - 1  # POOL_SLOTS is a power of 2: an index is in range when it is at most this
@@ -249,8 +251,8 @@ HEADER_CHECK = Table(
 DATA_CHECK = Table(
     name="data_check",
     keys=(Key("left", "left", 32), Key("payload_len", "hdr.kv.payload_len", 16),
-          Key("udp_length", "hdr.udp.length", 16), Key("slack_sign", "slack_sign", 32),
-          Key("over_sign", "over_sign", 32), Key("last_diff", "last_diff", 16),
+          Key("udp_length", "hdr.udp.length", 16), Key("slack", "slack", 32),
+          Key("over", "over", 32), Key("last_diff", "last_diff", 16),
           Key("tail_diff", "tail_diff", 16)),
     rules=(
         rule("frag_index >= frag_count (left == 0)", "data_is(DROP_BAD_RANGE)", eq("left", 0)),
@@ -258,8 +260,8 @@ DATA_CHECK = Table(
         rule("payload_len == 0", "data_is(DROP_BAD_LENGTH)", eq("payload_len", 0)),
         rule("UDP length not a DATA's", "data_is(DROP_BAD_LENGTH)", ne("udp_length", _DL, 16)),
         rule("chunk_len <= (cnt-1)*1408, or past 2^31 + cnt*1408", "data_is(DROP_BAD_LENGTH)",
-             sign("slack_sign", 32, 1)),
-        rule("chunk_len > cnt*1408", "data_is(DROP_BAD_LENGTH)", sign("over_sign", 32, 0), nonzero("over_sign", 32)),
+             sign("slack", 32, 1)),
+        rule("chunk_len > cnt*1408", "data_is(DROP_BAD_LENGTH)", sign("over", 32, 0), nonzero("over", 32)),
         # v1model tests "not last and not 1408" before "last and not the tail": exclusive, so either order.
         rule("the last fragment, not the chunk's tail", "data_is(DROP_BAD_LENGTH)",
              eq("last_diff", 0), nonzero("tail_diff", 16)),
@@ -497,11 +499,61 @@ BLOOM_CHECK = Table(
     doc="A hot chunk is reported once per epoch: unless the Bloom filter has seen it.",
 )
 
+CO_KIND = Table(
+    name="co_kind_check",
+    keys=(Key("opcode", "hdr.kv.opcode", 8), Key("frag_count", "hdr.kv.frag_count", 16),
+          Key("flags", "hdr.kv.flags", 16), Key("has_waiter", "meta.has_waiter", 1),
+          Key("past_last", "past_last", 16)),
+    rules=(
+        rule("a range GET from a host with no waiter id", "co_kind_is(CO_K_NO_WAITER)",
+             eq("opcode", c.OP_GET), gt("frag_count", 1, 16), eq("has_waiter", 0)),
+        rule("a range GET re-asked: joins nothing, opens nothing", "co_kind_is(CO_K_PEEK)",
+             eq("opcode", c.OP_GET), gt("frag_count", 1, 16), any_bit("flags", c.FLAG_RETRANSMIT)),
+        rule("a range GET", "co_kind_is(CO_K_GET)", eq("opcode", c.OP_GET), gt("frag_count", 1, 16)),
+        rule("a response to a host with no waiter id", "NoAction()", eq("has_waiter", 0)),
+        rule("a NACK ends the answer", "co_kind_is(CO_K_ANSWER_LAST)", eq("opcode", c.OP_NACK)),
+        rule("the chunk's last fragment ends the answer", "co_kind_is(CO_K_ANSWER_LAST)",
+             eq("opcode", c.OP_DATA), eq("past_last", 0)),
+        rule("a fragment of the answer", "co_kind_is(CO_K_ANSWER)", eq("opcode", c.OP_DATA)),
+    ),
+    default="NoAction()",
+    actions=("co_kind_is", "NoAction"),
+    doc="What a kvpool packet is to Coalesce, before Safety's verdict (each path then waits for its own).",
+)
+
+_GETS = (CO_K["GET"], CO_K["PEEK"])
+_OVER = (PRED["OVER"], PRED["OVER_MINE"])
+_LIVE = (PRED["NEITHER"], PRED["MINE"])
+
+CO_FINISH = Table(
+    name="co_finish",
+    keys=(Key("get_ok", "meta.get_ok", 1), Key("co_kind", "co_kind", 8), Key("pred", "pred", 8),
+          Key("same_key", "same_key", 1), Key("same_gen", "same_gen", 1)),
+    rules=(
+        rule("no waiter id", "co_count(CO_NO_WAITER_ID)", eq("get_ok", 1), eq("co_kind", CO_K["NO_WAITER"])),
+        rule("the slot was over: opened by this GET", "co_opened()", eq("co_kind", CO_K["GET"]), among("pred", *_OVER)),
+        rule("over, and a RETRANSMIT opens nothing", "co_count(CO_RETRANSMIT)", eq("co_kind", CO_K["PEEK"]),
+             among("pred", *_OVER)),
+        rule("live with another chunk", "co_count(CO_COLLISION)", among("co_kind", *_GETS), among("pred", *_LIVE),
+             eq("same_key", 0)),
+        rule("live with another generation", "co_count(CO_OTHER_GENERATION)", among("co_kind", *_GETS),
+             among("pred", *_LIVE), eq("same_gen", 0)),
+        rule("the owner's next GET", "co_owner()", among("co_kind", *_GETS), eq("pred", PRED["MINE"])),
+        rule("a RETRANSMIT joins nothing", "co_count(CO_RETRANSMIT)", eq("co_kind", CO_K["PEEK"]),
+             eq("pred", PRED["NEITHER"])),
+        rule("a duplicate: absorbed", "co_absorbed()", eq("co_kind", CO_K["GET"]), eq("pred", PRED["NEITHER"])),
+    ),
+    default="NoAction()",
+    actions=("co_count", "co_opened", "co_owner", "co_absorbed", "NoAction"),
+    doc="A range GET's outcome from what pending_live, pending_key and pending_gen answered.",
+)
+
 FILES: dict[str, tuple[str, tuple[Table, ...]]] = {
     "decide_safety.p4": ("control Safety (safety.p4)", (HEADER_CHECK, DATA_CHECK, STATUS_CHECK, SAFETY_VERDICT,
                                                        GET_VERDICT)),
     "decide_pool.p4": ("control Pool (pool.p4)", (POOL_GET, POOL_DATA, POOL_OTHER, POOL_OUTCOME)),
     "decide_popularity.p4": ("control Popularity (popularity.p4)", (POP_GATE, HOT_CHECK, BLOOM_CHECK)),
+    "decide_coalesce.p4": ("control Coalesce (coalesce.p4)", (CO_KIND, CO_FINISH)),
     "decide_ingress.p4": ("control MyIngress (ingress.p4)", (FORWARD_VERDICT,)),
 }
 """Generated file -> (where it is included, its tables)."""

@@ -16,19 +16,30 @@ import sys
 
 from kvpool import wire
 
-#: (table, key, the byte's weight, the Safety variable it sets)
-TABLES: tuple[tuple[str, str, int, str], ...] = (
-    ("idx_lo_times", "hdr.kv.frag_index[7:0]", 1, "done"),
-    ("idx_hi_times", "hdr.kv.frag_index[15:8]", 256, "idx_hi"),
-    ("cnt_lo_times", "hdr.kv.frag_count[7:0]", 1, "upto"),
-    ("cnt_hi_times", "hdr.kv.frag_count[15:8]", 256, "cnt_hi"),
+#: (table, key, the byte's weight, what it sets: (Safety variable, width, offset added to the product)).
+#: The cnt tables give Safety's three sums their terms at once: cnt * 1408, cnt * 1408 - 1407
+#: (chunk_len minus it is over + 1407, the short-chunk test) and the low 16 bits of cnt * 1408
+#: (the last fragment's tail, off the 32-bit chain).
+TABLES: tuple[tuple[str, str, int, tuple[tuple[str, int, int], ...]], ...] = (
+    ("idx_lo_times", "hdr.kv.frag_index[7:0]", 1, (("done", 32, 0),)),
+    ("idx_hi_times", "hdr.kv.frag_index[15:8]", 256, (("idx_hi", 32, 0),)),
+    ("cnt_lo_times", "hdr.kv.frag_count[7:0]", 1,
+     (("upto", 32, 0), ("upto_m", 32, -(wire.FRAG_PAYLOAD - 1)), ("upto16", 16, 0))),
+    ("cnt_hi_times", "hdr.kv.frag_count[15:8]", 256, (("cnt_hi", 32, 0), ("cnt_hi16", 16, 0))),
 )
 
 
-def _table(name: str, key: str, weight: int, var: str) -> str:
-    entries = "\n".join(f"            {b} : {name}_set(32w{b * weight * wire.FRAG_PAYLOAD});" for b in range(256))
-    return (f"    action {name}_set(bit<32> product) {{\n"
-            f"        {var} = product;\n"
+def _table(name: str, key: str, weight: int, outputs: tuple[tuple[str, int, int], ...]) -> str:
+    def args(b: int) -> str:
+        product = b * weight * wire.FRAG_PAYLOAD
+        return ", ".join(f"{w}w{(product + off) % (1 << w)}" for _, w, off in outputs)
+
+    params = ", ".join(f"bit<{w}> {var}_v" if len(outputs) > 1 else f"bit<{w}> product" for var, w, _ in outputs)
+    body = "\n".join(f"        {var} = {var + '_v' if len(outputs) > 1 else 'product'};" for var, _, _ in outputs)
+    entries = "\n".join(f"            {b} : {name}_set({args(b)});" for b in range(256))
+    default = ", ".join("0" for _ in outputs)
+    return (f"    action {name}_set({params}) {{\n"
+            f"{body}\n"
             f"    }}\n\n"
             f"    @hidden\n"
             f"    table {name} {{\n"
@@ -37,7 +48,7 @@ def _table(name: str, key: str, weight: int, var: str) -> str:
             f"        size = 256;\n"
             f"        const entries = {{\n{entries}\n"
             f"        }}\n"
-            f"        const default_action = {name}_set(0);  // never taken: every byte has its entry\n"
+            f"        const default_action = {name}_set({default});  // never taken: every byte has its entry\n"
             f"    }}\n")
 
 

@@ -58,6 +58,14 @@ const bit<8> PRED_OVER     = 2;  // over, not mine
 const bit<8> PRED_MINE     = 4;  // live, mine
 const bit<8> PRED_OVER_MINE = 8; // over, mine (over wins)
 
+// What a kvpool packet is to Coalesce (co_kind_check, before Safety's verdict).
+const bit<8> CO_K_NONE        = 0;
+const bit<8> CO_K_NO_WAITER   = 1;   // a range GET from a host with no waiter id
+const bit<8> CO_K_GET         = 2;   // a range GET: opens, joins or refreshes the chunk's slot
+const bit<8> CO_K_PEEK        = 3;   // a range GET re-asked (RETRANSMIT): refreshes only its own
+const bit<8> CO_K_ANSWER      = 4;   // DATA to a waiter: released to the slot's waiters
+const bit<8> CO_K_ANSWER_LAST = 5;   // the last DATA or a NACK: released, and ends the slot
+
 /*************************************************************************
  ***********************  C O A L E S C E   (ingress)  *******************
  *************************************************************************/
@@ -88,6 +96,16 @@ control Coalesce(inout headers_t hdr,
     // each step an action: a gateway does not compare two fields.
     bit<16> next;
     bit<16> past_last;
+
+    // What the registers answered, and what co_kind_check made of the packet.
+    bit<8> co_kind = CO_K_NONE;
+    bit<8> pred = 0;                // pending_live's predicate (PRED_*), 0 when it did not run
+    bit<1> same_key = 0;
+    bit<1> same_gen = 0;
+    bit<1> answers = 0;
+    waiterMask_t before = 0;        // the waiters of a slot this GET reopened
+    waiterMask_t mask = 0;          // the waiters an answer is released to
+
 
     // One hash output per action: an action takes at most 32 bits from hash units.
     action bridge_slot() {
@@ -195,8 +213,8 @@ control Coalesce(inout headers_t hdr,
     };
 
     RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_open = {
-        void apply(inout waiterMask_t v, out waiterMask_t before) {
-            before = v;
+        void apply(inout waiterMask_t v, out waiterMask_t waiting) {
+            waiting = v;
             v = meta.me;
         }
     };
@@ -208,14 +226,14 @@ control Coalesce(inout headers_t hdr,
     };
 
     RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_read = {
-        void apply(inout waiterMask_t v, out waiterMask_t mask) {
-            mask = v;
+        void apply(inout waiterMask_t v, out waiterMask_t waiting) {
+            waiting = v;
         }
     };
 
     RegisterAction<waiterMask_t, bit<32>, waiterMask_t>(pending_waiters) waiters_take = {
-        void apply(inout waiterMask_t v, out waiterMask_t mask) {
-            mask = v;
+        void apply(inout waiterMask_t v, out waiterMask_t waiting) {
+            waiting = v;
             v = 0;
         }
     };
@@ -328,13 +346,18 @@ control Coalesce(inout headers_t hdr,
         meta.my_tag = owner;
     }
 
+    @hidden
+    action no_waiter_bit() {
+        meta.has_waiter = 0;   // an id past MAX_WAITERS cannot wait
+    }
+
     // Waiter id -> 1 << id, and the owner part of its tag, {1, 00, id:8, 21w0}; an id with no
     // bit (>= MAX_WAITERS) misses and cannot wait.
     @hidden
     table waiter_bits {
         key = { meta.waiter_id: exact; }
-        actions = { waiter_bit; NoAction; }
-        default_action = NoAction();
+        actions = { waiter_bit; no_waiter_bit; }
+        const default_action = no_waiter_bit();
         const entries = {
             0: waiter_bit(32w0x1, 32w0x80000000);
             1: waiter_bit(32w0x2, 32w0x80200000);
@@ -378,7 +401,7 @@ control Coalesce(inout headers_t hdr,
     // Bitmap -> the group of its highest waiter id: entry t matches bit t set, bits above clear.
     @hidden
     table release_group {
-        key = { hdr.bridge.release_mask: ternary; }
+        key = { mask: ternary; }
         actions = { release_to; NoAction; }
         default_action = NoAction();
         const entries = {
@@ -417,6 +440,59 @@ control Coalesce(inout headers_t hdr,
         }
     }
 
+    @hidden
+    action co_kind_is(bit<8> kind) {
+        co_kind = kind;
+    }
+
+    // co_finish's outcomes (decide_coalesce.p4): every range GET with a verdict is counted.
+    @hidden
+    action co_count(bit<32> stat) {
+        meta.count_coalesce = 1;
+        meta.coalesce_stat = stat;
+    }
+
+    @hidden
+    action co_opened() {
+        meta.count_coalesce = 1;
+        meta.coalesce_stat = CO_FIRST;   // CO_EXPIRED_REUSED when the slot had waiters
+        hdr.bridge.flags = BRIDGE_RECORD;
+    }
+
+    @hidden
+    action co_owner() {
+        meta.count_coalesce = 1;
+        meta.coalesce_stat = CO_OWNER;
+        hdr.bridge.flags = BRIDGE_RECORD;
+    }
+
+    @hidden
+    action co_absorbed() {
+        meta.count_coalesce = 1;
+        meta.coalesce_stat = CO_ABSORBED;
+        hdr.bridge.flags = BRIDGE_RECORD | BRIDGE_ABSORB;
+    }
+
+    @hidden
+    action co_reused() {
+        meta.coalesce_stat = CO_EXPIRED_REUSED;
+    }
+
+    @hidden
+    action release() {
+        hdr.bridge.flags = BRIDGE_RELEASE;
+        hdr.bridge.release_mask = mask;
+        hdr.bridge.release_dst = meta.waiter_id[7:0];
+        meta.coalesce_stat = CO_RELEASE;
+        meta.count_coalesce = 1;
+    }
+
+#include "decide_coalesce.p4"
+
+    // Tofino 1 has no long branches (a table after an `if` waits for every table inside it),
+    // so each `if` below holds one stage: the four registers in their order, each access
+    // chosen by a gateway on co_kind and what the register before answered, and the
+    // outcome by co_finish beside pending_waiters.
     apply {
         coalesce_config.apply();
         if (hdr.kv.opcode == OP_GET) {
@@ -425,11 +501,7 @@ control Coalesce(inout headers_t hdr,
             meta.waiter_addr = hdr.ipv4.dstAddr;
         }
         waiter_lookup.apply();
-        if (meta.has_waiter == 1) {
-            if (!waiter_bits.apply().hit) {
-                meta.has_waiter = 0;
-            }
-        }
+        waiter_bits.apply();   // has_waiter = 0 for an id with no bit
 
         bit<32> crc = pending_hash.get({ hdr.kv.chunk_key });
         bit<32> idx = (bit<32>)crc[10:0];   // mod PENDING_SLOTS (2048)
@@ -438,93 +510,65 @@ control Coalesce(inout headers_t hdr,
         // 65.536 us units; pending_timeout holds the timeout in them already (set_pending_timeout).
         meta.now = ig_prsr_md.global_tstamp[47:16];
         tick_shift.apply();
-        bool retransmit = (hdr.kv.flags & FLAG_RETRANSMIT) != 0;
         next_fragment();
         last_fragment();
+        if (hdr.kv.isValid()) {
+            co_kind_check.apply();
+        }
 
-        // The prologue above only reads and writes metadata (and the bridged slot, which
-        // egress reads only for a packet this marks), so it runs for every KV packet beside
-        // Safety; a range GET waits for a GET's verdict (get_ok), a response for the whole.
-        if (hdr.kv.opcode == OP_GET && hdr.kv.frag_count > 1 && meta.get_ok == 1) {
-            meta.count_coalesce = 1;
-            if (meta.has_waiter == 0) {
-                meta.coalesce_stat = CO_NO_WAITER_ID;
-            } else {
-                bit<8> pred;
-                if (retransmit) {
-                    pred = live_peek.execute(idx);
-                } else {
-                    pred = live_get.execute(idx);
-                }
-                // pred decides each branch itself: a local set from it (v1model's live)
-                // would take a stage of its own.
-                if ((pred == PRED_OVER || pred == PRED_OVER_MINE) && !retransmit) {
-                    // over: opened by this GET
-                    key_open.execute(idx);
-                    gen_open.execute(idx);
-                    meta.coalesce_stat = CO_FIRST;
-                    if (waiters_open.execute(idx) != 0) {
-                        meta.coalesce_stat = CO_EXPIRED_REUSED;
-                    }
-                    hdr.bridge.flags = BRIDGE_RECORD;
-                } else if (pred == PRED_OVER || pred == PRED_OVER_MINE) {
-                    meta.coalesce_stat = CO_RETRANSMIT;   // over, and a RETRANSMIT opens nothing
-                } else {
-                    // Both compares read only, so both run: neither register's stage then
-                    // waits on the other's answer.
-                    bit<1> same_key = key_same.execute(idx);
-                    bit<1> same_gen = gen_same.execute(idx);
-                    if (same_key == 0) {
-                        meta.coalesce_stat = CO_COLLISION;
-                    } else if (same_gen == 0) {
-                        meta.coalesce_stat = CO_OTHER_GENERATION;
-                    } else if (pred == PRED_MINE) {
-                        hdr.bridge.flags = BRIDGE_RECORD;
-                        meta.coalesce_stat = CO_OWNER;
-                    } else if (retransmit) {
-                        meta.coalesce_stat = CO_RETRANSMIT;
-                    } else {
-                        waiters_join.execute(idx);
-                        hdr.bridge.flags = BRIDGE_RECORD | BRIDGE_ABSORB;
-                        meta.coalesce_stat = CO_ABSORBED;
-                    }
-                }
-            }
-        } else if (meta.drop_reason == DROP_NONE && meta.is_writer == 1 && hdr.kv.isValid()
-                   && (hdr.kv.opcode == OP_DATA || hdr.kv.opcode == OP_NACK)) {
-            // DATA or NACK from a writer: released when it answers the slot's owner.
-            meta.count_coalesce = 0;
-            if (meta.has_waiter == 1) {
-                bool over = hdr.kv.opcode == OP_NACK || past_last == 0;
-                bit<8> pred;
-                if (over) {
-                    pred = live_answer_last.execute(idx);
-                } else {
-                    pred = live_answer.execute(idx);
-                }
-                bit<1> same_key = 0;
-                bit<1> answers = 0;
-                if (pred == PRED_OVER) {
-                    same_key = key_same.execute(idx);
-                    answers = gen_answers.execute(idx);
-                }
-                if (same_key == 1 && answers == 1) {
-                    waiterMask_t mask;
-                    if (over) {
-                        mask = waiters_take.execute(idx);
-                    } else {
-                        mask = waiters_read.execute(idx);
-                    }
-                    if (mask != 0 && mask != meta.me) {
-                        hdr.bridge.flags = BRIDGE_RELEASE;
-                        hdr.bridge.release_mask = mask;
-                        hdr.bridge.release_dst = meta.waiter_id[7:0];
-                        release_group.apply();
-                        meta.coalesce_stat = CO_RELEASE;
-                        meta.count_coalesce = 1;
-                    }
-                }
-            }
+        // pending_live: a range GET once it has a GET's verdict (get_ok), an answer once it
+        // has the whole verdict, from a writer.
+        bool answer_ok = meta.drop_reason == DROP_NONE && meta.is_writer == 1;
+        if (meta.get_ok == 1 && co_kind == CO_K_GET) {
+            pred = live_get.execute(idx);
+        } else if (meta.get_ok == 1 && co_kind == CO_K_PEEK) {
+            pred = live_peek.execute(idx);
+        } else if (answer_ok && co_kind == CO_K_ANSWER) {
+            pred = live_answer.execute(idx);
+        } else if (answer_ok && co_kind == CO_K_ANSWER_LAST) {
+            pred = live_answer_last.execute(idx);
+        }
+
+        // pending_key and pending_gen: written by the GET that opens the slot, compared by the
+        // others (both read only, so both run) and by an answer to the slot's owner (an
+        // answer's PRED_OVER is "mine": live_answer tests one condition).
+        bool over = pred == PRED_OVER || pred == PRED_OVER_MINE;
+        bool live = pred == PRED_NEITHER || pred == PRED_MINE;
+        bool a_get = co_kind == CO_K_GET || co_kind == CO_K_PEEK;
+        bool an_answer = co_kind == CO_K_ANSWER || co_kind == CO_K_ANSWER_LAST;
+        if (co_kind == CO_K_GET && over) {
+            key_open.execute(idx);
+            gen_open.execute(idx);
+        } else if (a_get && live) {
+            same_key = key_same.execute(idx);
+            same_gen = gen_same.execute(idx);
+        } else if (an_answer && pred == PRED_OVER) {
+            same_key = key_same.execute(idx);
+            answers = gen_answers.execute(idx);
+        }
+
+        co_finish.apply();
+        // pending_waiters: {me} for the GET that opened the slot, me added for a duplicate, and
+        // an answer to the owner reads them (or takes them, the last).
+        if (co_kind == CO_K_GET && over) {
+            before = waiters_open.execute(idx);
+        } else if (co_kind == CO_K_GET && pred == PRED_NEITHER && same_key == 1 && same_gen == 1) {
+            waiters_join.execute(idx);
+        } else if (co_kind == CO_K_ANSWER_LAST && pred == PRED_OVER && same_key == 1 && answers == 1) {
+            mask = waiters_take.execute(idx);
+        } else if (co_kind == CO_K_ANSWER && pred == PRED_OVER && same_key == 1 && answers == 1) {
+            mask = waiters_read.execute(idx);
+        }
+
+        // A reopened slot that had waiters (only waiters_open sets before), or an answer
+        // released when someone other than the addressee waits (only an answer sets mask): one
+        // chain, as both write the statistic, so that neither waits for the other.  The group
+        // of the highest waiter replicates it.
+        if (before != 0) {
+            co_reused();
+        } else if (mask != 0 && mask != meta.me) {
+            release();
+            release_group.apply();
         }
         if (meta.count_coalesce == 1) {
             coalesce_stats.count(meta.coalesce_stat);

@@ -123,8 +123,8 @@
             left:               ternary;
             hdr.kv.payload_len: ternary;
             hdr.udp.length:     ternary;
-            slack_sign:         ternary;
-            over_sign:          ternary;
+            slack:              ternary;
+            over:               ternary;
             last_diff:          ternary;
             tail_diff:          ternary;
         }

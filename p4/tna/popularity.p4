@@ -131,9 +131,9 @@ control Popularity(inout headers_t hdr,
 
     bit<1> pop_go = 0;    // pop_gate: counted in the sketch
     bit<1> reached = 0;   // hot_check: the estimate reached the threshold
-    bit<32> n0;           // the rows' counts (pop_go only; the arithmetic on them runs anyway)
-    bit<32> n1;
-    bit<32> n2;
+    bit<32> n0 = 0;       // the rows' counts (pop_go only; the arithmetic on them runs anyway)
+    bit<32> n1 = 0;
+    bit<32> n2 = 0;
     bit<1> seen0 = 0;
     bit<1> seen1 = 0;
 

@@ -44,35 +44,33 @@ control Safety(inout headers_t hdr,
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_done;
     bit<32> clen;
     bit<32> cnt;
-    // Compares a gateway cannot make (two fields, or a range over more bits than it reads)
-    // become a subtraction here and a test of its sign bit there: every value compared is
-    // below 2^31, so the sign bit of a - b says a < b.
-    bit<32> left;        // frag_count - frag_index: 0 or negative when the index is past the end
+    // Compares of two fields become a difference here and a ternary match on its sign bit
+    // or its zero in data_check: every value compared is below 2^31, so the sign bit of
+    // a - b says a < b.  The chain is three stages: products, sums, differences.
+    bit<32> left;    // frag_count - frag_index: 0 or negative when the index is past the end
     bit<32> done;    // idx * 1408: payload bytes before this fragment (its low byte's product first)
     bit<32> upto;    // cnt * 1408 (its low byte's product first)
+    bit<32> upto_m;  // cnt * 1408 - 1407
     bit<32> idx_hi;  // the high bytes' products
     bit<32> cnt_hi;
     bit<32> end;     // idx + cnt
     bit<32> over;    // chunk_len - upto: in [-1407, 0] exactly when chunk_len fits cnt fragments
-    bit<32> slack;   // over + 1407: negative when chunk_len is too short for cnt fragments
-                     // (or past 2^31 beyond them, where over itself looks negative)
+    bit<32> slack;   // chunk_len - upto_m = over + 1407: negative when chunk_len is too short
+                     // for cnt fragments (or past 2^31 beyond them, where over looks negative)
     // The payload_len a DATA must carry, in 16 bits (off the 32-bit chain above, whose
     // values must share one container group): 1408, or for the last fragment the chunk's
     // tail, chunk_len - (cnt-1)*1408 = over + 1408, which is in [1, 1408] once the two
-    // checks on over hold, so its low 16 bits are all of it.
-    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) copy_over16;
-    bit<16> over16;     // over's low 16 bits
+    // checks on over hold, so 16 bits of it decide: payload_len - 1408 == chunk_len - upto,
+    // that is upto16 == clen16 - plen_less (mod 2^16).
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) copy_clen16;
+    bit<16> clen16;     // chunk_len's low 16 bits
+    bit<16> upto16;     // cnt * 1408, low 16 bits (its low byte's product first)
+    bit<16> cnt_hi16;
     bit<16> plen_less;  // payload_len - 1408
-    bit<16> tail_diff;  // over16 ^ plen_less: 0 when payload_len is the tail
+    bit<16> tail_rhs;   // clen16 - plen_less
+    bit<16> tail_diff;  // upto16 ^ tail_rhs: 0 when payload_len is the tail
     bit<16> next16;     // frag_index + 1
     bit<16> last_diff;  // next16 ^ frag_count: 0 for the last fragment
-    // slack and over copied through hash units before their sign bits are tested: a slice of
-    // a value in the chain of 32-bit sums above splits the whole chain, and no PHV
-    // allocation holds it split.
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_slack;
-    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) copy_over;
-    bit<32> slack_sign;
-    bit<32> over_sign;
 
 #include "products.p4"
 
@@ -94,16 +92,12 @@ control Safety(inout headers_t hdr,
         last_diff = next16 ^ hdr.kv.frag_count;
     }
 
-    action low_over() {
-        over16 = copy_over16.get({ over });
-    }
-
-    action tail_check() {
-        tail_diff = over16 ^ plen_less;
-    }
-
     action widen_chunk_len() {
         clen = copy_chunk_len.get({ hdr.kv.chunk_len });
+    }
+
+    action low_chunk_len() {
+        clen16 = copy_clen16.get({ hdr.kv.chunk_len[15:0] });
     }
 
     action export_done() {
@@ -113,28 +107,23 @@ control Safety(inout headers_t hdr,
     action sums() {
         done = done + idx_hi;
         upto = upto + cnt_hi;
+        upto_m = upto_m + cnt_hi;
         end = meta.want_index + cnt;
         left = cnt - meta.want_index;
     }
 
-    // The length checks reduced to one field against a constant each: a gateway compares at
-    // most 4 bytes (+12 bits) of PHV, and a compare of two 32-bit fields put them all in
-    // one container group that no PHV allocation satisfied.
+    action sums16() {
+        upto16 = upto16 + cnt_hi16;
+        tail_rhs = clen16 - plen_less;
+    }
+
     action bounds() {
         over = clen - upto;
+        slack = clen - upto_m;
     }
 
-    action margins() {
-        slack = over + (bit<32>)(FRAG_PAYLOAD - 1);
-    }
-
-
-    action sign_of_slack() {
-        slack_sign = copy_slack.get({ slack });
-    }
-
-    action sign_of_over() {
-        over_sign = copy_over.get({ over });
+    action tail_check() {
+        tail_diff = upto16 ^ tail_rhs;
     }
 
     action spoof_of() {
@@ -239,18 +228,16 @@ control Safety(inout headers_t hdr,
         payload_less();
         is_last();
         widen_chunk_len();
+        low_chunk_len();
         idx_lo_times.apply();
         idx_hi_times.apply();
         cnt_lo_times.apply();
         cnt_hi_times.apply();
         sums();
+        sums16();
         bounds();
         export_done();
-        margins();
-        low_over();
         tail_check();
-        sign_of_slack();
-        sign_of_over();
 
         // v1model's one chain, cut in three: header_check takes the checks of every opcode
         // and those of the others, data_check those of a DATA, status_check the status.  A

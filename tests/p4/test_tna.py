@@ -285,8 +285,13 @@ def test_it_fits_one_tofino1_pipe(resources: dict[str, Any]) -> None:
         for unit, use in stage.items():
             if unit != "stage":
                 assert use["used"] <= use["available"], (stage["stage"], unit)
+    for kind, use in resources.get("phv_containers", {}).items():
+        assert use["used"] <= use["available"], kind
     # The pool's words and the rest of the stateful state: 48 stateful ALUs in a pipe.
     assert resources["totals"]["stateful_alus"] >= contract.TNA_SERVED_WORDS
+    # The assembler (which the bf-p4c driver runs, or make's BFAS) accepted it: it checks the
+    # stage count and every unit against the chip.
+    assert resources["assembled"] is True
 
 
 @needs_resources

@@ -2,8 +2,9 @@
 
 Each table's constant entries, matched as a TCAM matches them (first entry in priority order),
 are compared with a transcription of the ``if`` chain it replaces (p4/include/safety.p4,
-pool.p4, popularity.p4, ingress.p4, in the TNA program's terms: the sign bits and differences Safety and the
-pool compute), on every combination of boundary values that matters and on random values.
+pool.p4, popularity.p4, coalesce.p4, ingress.p4, in the TNA program's terms: the sign bits
+and differences Safety and the pool compute), on boundary values, quiet values and random
+ones, half of them made to match one of the table's entries.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ def data_check(v: Values) -> str:
         return "data_is(DROP_BAD_RANGE)"
     if v["payload_len"] == 0 or v["udp_length"] != c.KV_UDP_LEN_DATA:
         return "data_is(DROP_BAD_LENGTH)"
-    if v["slack_sign"] & S31:
+    if v["slack"] & S31:
         return "data_is(DROP_BAD_LENGTH)"
-    if v["over_sign"] != 0 and not v["over_sign"] & S31:
+    if v["over"] != 0 and not v["over"] & S31:
         return "data_is(DROP_BAD_LENGTH)"
     if v["last_diff"] != 0 and v["payload_len"] != c.FRAG_PAYLOAD:
         return "data_is(DROP_BAD_LENGTH)"
@@ -222,12 +223,44 @@ def pool_outcome(v: Values) -> str:
     return "NoAction()"
 
 
+CO_K, PRED = GEN["CO_K"], GEN["PRED"]
+
+
+def co_kind_check(v: Values) -> str:
+    if v["opcode"] == c.OP_GET and v["frag_count"] > 1:
+        if not v["has_waiter"]:
+            return "co_kind_is(CO_K_NO_WAITER)"
+        return "co_kind_is(CO_K_PEEK)" if v["flags"] & c.FLAG_RETRANSMIT else "co_kind_is(CO_K_GET)"
+    if v["has_waiter"] and v["opcode"] in (c.OP_DATA, c.OP_NACK):
+        over = v["opcode"] == c.OP_NACK or v["past_last"] == 0
+        return "co_kind_is(CO_K_ANSWER_LAST)" if over else "co_kind_is(CO_K_ANSWER)"
+    return "NoAction()"
+
+
+def co_finish(v: Values) -> str:
+    kind, pred = v["co_kind"], v["pred"]
+    if kind == CO_K["NO_WAITER"]:
+        return "co_count(CO_NO_WAITER_ID)" if v["get_ok"] else "NoAction()"
+    if kind not in (CO_K["GET"], CO_K["PEEK"]) or pred not in PRED.values():
+        return "NoAction()"   # pending_live did not run
+    retransmit = kind == CO_K["PEEK"]
+    if pred in (PRED["OVER"], PRED["OVER_MINE"]):
+        return "co_count(CO_RETRANSMIT)" if retransmit else "co_opened()"
+    if not v["same_key"]:
+        return "co_count(CO_COLLISION)"
+    if not v["same_gen"]:
+        return "co_count(CO_OTHER_GENERATION)"
+    if pred == PRED["MINE"]:
+        return "co_owner()"
+    return "co_count(CO_RETRANSMIT)" if retransmit else "co_absorbed()"
+
+
 REFERENCE: dict[str, Callable[[Values], str]] = {
     "header_check": header_check, "data_check": data_check, "status_check": status_check,
     "safety_verdict": safety_verdict, "pool_get_decide": pool_get_decide, "pool_data_decide": pool_data_decide,
     "pool_other_decide": pool_other_decide, "forward_verdict": forward_verdict,
     "get_verdict": get_verdict, "pop_gate": pop_gate, "hot_check": hot_check, "bloom_check": bloom_check,
-    "pool_outcome": pool_outcome,
+    "pool_outcome": pool_outcome, "co_kind_check": co_kind_check, "co_finish": co_finish,
 }
 
 
@@ -255,13 +288,15 @@ ENTRY = {"parser_err": 0, "ipv4_valid": 1, "ihl": 5, "checksum_error": 0, "guard
 QUIET: dict[str, dict[str, int]] = {
     "header_check": {"version": c.KVPOOL_VERSION, "opcode": c.OP_GET, "flags": 0, "frag_count": 1, "frag_index": 0,
                      "payload_len": 0, "udp_length": c.KV_UDP_LEN_NO_PAYLOAD, "end": 1},
-    "data_check": {"left": 1, "payload_len": c.FRAG_PAYLOAD, "udp_length": c.KV_UDP_LEN_DATA, "slack_sign": 5,
-                   "over_sign": S31 + 5, "last_diff": 1, "tail_diff": 0},
+    "data_check": {"left": 1, "payload_len": c.FRAG_PAYLOAD, "udp_length": c.KV_UDP_LEN_DATA, "slack": 5,
+                   "over": S31 + 5, "last_diff": 1, "tail_diff": 0},
     "status_check": {"opcode": c.OP_GET, "status": 0},
     "safety_verdict": {**ENTRY, "header_reason": 0, "data_reason": 0, "status_reason": 0, "kv_valid": 1,
                        "opcode": c.OP_GET, "is_writer": 0},
     "get_verdict": {**ENTRY, "header_reason": 0, "status_reason": 0, "kv_valid": 1},
     "pop_gate": {"get_ok": 1, "from_fabric": 0, "pool_found": 0, "opcode": c.OP_GET, "frag_index": 0, "flags": 0},
+    "co_kind_check": {"opcode": c.OP_GET, "frag_count": 4, "flags": 0, "has_waiter": 1, "past_last": 3},
+    "co_finish": {"get_ok": 1, "co_kind": CO_K["GET"], "pred": PRED["NEITHER"], "same_key": 1, "same_gen": 1},
     "pool_outcome": {"pool_do": POOL_DO["SERVE"], "hit": 1, "current": 0, "fresh": 1},
     "pool_get_decide": {"pool_found": 1, "pool_state": c.PoolState.VALID, "frag_count": 1, "flags": 0, "gen_bad": 0,
                         "placement": 3, "index_past": 2, "rest_sign": 0, "room_sign": 0, "sidx": 5, "base": 4,
