@@ -74,6 +74,18 @@ def test_client_and_server_round_trip_over_tcp_and_unix(server: ApiServer, tmp_p
     assert stat.S_IMODE((tmp_path / "api.sock").stat().st_mode) == 0o660
 
 
+def test_answers_go_out_at_once_on_tcp(server: ApiServer) -> None:
+    """The server's TCP connections have TCP_NODELAY: an answer written as head then body
+    would otherwise wait for the client's delayed ACK (40 ms a request on Linux)."""
+    c = JsonClient(server.url, 5, "test API", TOKEN.value)
+    assert c.get("/v1/echo/x") == {"word": "x", "q": ""}
+    conns = list(server._server.server_state.connections)
+    assert conns
+    for proto in conns:
+        sock = proto.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
 def test_unknown_paths_methods_and_bugs_are_json_errors(server: ApiServer) -> None:
     c = JsonClient(server.url, 5, token=TOKEN.value)
     for method, path, status, code in (("GET", "/v1/none", 404, "unknown_path"), ("DELETE", "/v1/json", 405,
