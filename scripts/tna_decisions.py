@@ -80,12 +80,6 @@ class Table:
     actions: tuple[str, ...]
     doc: str
 
-    def key(self, name: str) -> Key:
-        for k in self.keys:
-            if k.name == name:
-                return k
-        raise KeyError(f"{self.name} has no key {name!r}")
-
 
 @dataclass(frozen=True, slots=True)
 class Entry:
